@@ -1,0 +1,292 @@
+/*
+ * gpumem.h — the whole public API of gpumem, a caching, stream-ordered GPU
+ * memory manager built on 2 MiB physical pages mapped into reserved virtual
+ * address space.
+ *
+ * Conventions: every function that can fail returns an int status (GM_OK == 0)
+ * and hands results back through trailing out-parameters, the object first.
+ * On failure gm_last_error() holds a detailed, per-thread message.  Structs
+ * that cross the ABI (config, stats, device info) start with `size` and
+ * `version`; initialise them with the *_INIT macros.
+ */
+#ifndef GPUMEM_H
+#define GPUMEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define GM_API __attribute__((visibility("default")))
+#else
+#define GM_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                  */
+/* ------------------------------------------------------------------------ */
+
+#define GM_VERSION_MAJOR 0
+#define GM_VERSION_MINOR 1
+#define GM_VERSION_PATCH 0
+#define GM_VERSION_STRING "0.1.0"
+
+GM_API const char *gm_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* X(NAME, value, description).  0 is success; errors are positive. */
+#define GM_ERRNO_MAP(X)                                                        \
+    X(OK,               0,  "success")                                         \
+    X(INVALID_ARGUMENT, 1,  "invalid argument")                                \
+    X(OUT_OF_MEMORY,    2,  "out of device memory")                            \
+    X(LIMIT,            3,  "pool limit reached")                              \
+    X(INVALID_POINTER,  4,  "pointer was not allocated by this pool")          \
+    X(DOUBLE_FREE,      5,  "pointer was already freed")                       \
+    X(NOT_SUPPORTED,    6,  "operation not supported by this backend")         \
+    X(NO_DEVICE,        7,  "no usable device")                                \
+    X(BACKEND,          8,  "backend (driver) call failed")                    \
+    X(NOT_READY,        9,  "work not complete yet")                           \
+    X(PARSE,            10, "malformed input")                                 \
+    X(IO,               11, "input/output error")                              \
+    X(NO_HOST_MEMORY,   12, "out of host memory")                              \
+    X(INTERNAL,         13, "internal error (a bug in gpumem)")
+
+enum {
+#define GM__ERR_ENUM(name, value, desc) GM_##name = value,
+    GM_ERRNO_MAP(GM__ERR_ENUM)
+#undef GM__ERR_ENUM
+    GM_ERRNO_COUNT
+};
+
+/* Short description of a status ("out of device memory"). Never NULL. */
+GM_API const char *gm_strerror(int status);
+/* The status's name ("GM_OUT_OF_MEMORY"). Never NULL. */
+GM_API const char *gm_errname(int status);
+/* Detailed message for the last error of this thread ("" when none). */
+GM_API const char *gm_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Streams and backends                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* A CUstream / cudaStream_t; NULL = the default stream.  On the sim backend
+ * any value names a stream. */
+typedef void *gm_stream_t;
+
+typedef enum gm_backend_kind {
+    GM_BACKEND_AUTO = 0, /* cuda when a GPU is usable, else sim */
+    GM_BACKEND_SIM  = 1, /* host memory with the same VMM semantics */
+    GM_BACKEND_CUDA = 2  /* the CUDA driver API, loaded at run time */
+} gm_backend_kind_t;
+
+/* Backend call kinds, counted in stats and targeted by fault injection.
+ * X(name) */
+#define GM_CALL_KINDS(X)                                                       \
+    X(va_reserve) X(va_free) X(phys_create) X(phys_release) X(map) X(unmap)    \
+    X(set_access) X(export_fd) X(import_fd) X(mem_alloc) X(mem_free)           \
+    X(event_create) X(event_destroy) X(event_record) X(event_query)            \
+    X(event_sync) X(stream_sync) X(memcpy) X(memset) X(stream_create)          \
+    X(stream_destroy)
+
+typedef enum gm_call {
+#define GM__CALL_ENUM(name) GM_CALL_##name,
+    GM_CALL_KINDS(GM__CALL_ENUM)
+#undef GM__CALL_ENUM
+    GM_CALL_COUNT
+} gm_call_t;
+
+/* "map", "set_access", … ; NULL for an unknown kind. */
+GM_API const char *gm_call_name(int kind);
+/* The kind named `name`, or -1. */
+GM_API int gm_call_from_name(const char *name);
+
+/* ------------------------------------------------------------------------ */
+/* Pools                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct gm_pool gm_pool_t;
+
+#define GM_POOL_CONFIG_VERSION 1
+
+typedef struct gm_pool_config {
+    size_t size;                /* sizeof(gm_pool_config_t) */
+    unsigned version;           /* GM_POOL_CONFIG_VERSION */
+    gm_backend_kind_t backend;  /* GM_BACKEND_AUTO: see gm_pool_create */
+    int device;                 /* device ordinal */
+    size_t initial_reserve;     /* bytes mapped at creation (rounded up to pages) */
+    size_t limit;               /* hard cap on reserved bytes; 0 = device memory */
+    size_t release_threshold;   /* cached bytes kept mapped after a free;
+                                   SIZE_MAX = keep all until gm_trim */
+    size_t sim_capacity;        /* sim backend: device size; 0 = GPUMEM_SIM_CAPACITY or 80 GiB */
+    unsigned flags;             /* GM_POOL_* below */
+} gm_pool_config_t;
+
+/* Disable the per-thread cache of small freed blocks. */
+#define GM_POOL_NO_THREAD_CACHE 0x1u
+
+#define GM_POOL_CONFIG_INIT                                                    \
+    { sizeof(gm_pool_config_t), GM_POOL_CONFIG_VERSION, GM_BACKEND_AUTO, 0,    \
+      0, 0, SIZE_MAX, 0, 0u }
+
+/* Fill *cfg with the defaults, overridden by the environment (GPUMEM_BACKEND,
+ * GPUMEM_LIMIT, GPUMEM_SIM_CAPACITY, GPUMEM_RELEASE_THRESHOLD, GPUMEM_DEVICE). */
+GM_API int gm_config_from_env(gm_pool_config_t *cfg);
+
+/* Create a pool.  cfg NULL: gm_config_from_env().  Backend AUTO picks cuda
+ * when the driver loads and a device is usable, else sim. */
+GM_API int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **pool);
+/* Destroy a pool and give all of its memory back.  Live allocations are
+ * released with it (and counted in gm_last_error's leak note). NULL is a no-op. */
+GM_API void gm_pool_destroy(gm_pool_t *pool);
+/* The process-default pool, created on first use from the environment. */
+GM_API int gm_default_pool(gm_pool_t **pool);
+
+/* Change the hard limit (0 = device memory).  Does not release memory. */
+GM_API int gm_pool_set_limit(gm_pool_t *pool, size_t limit);
+
+/* Give cached memory back to the device until at most `keep` bytes of cached
+ * (mapped but unused) memory remain.  Waits for pending stream work on the
+ * pages it releases.  *released (optional) receives the bytes given back. */
+GM_API int gm_trim(gm_pool_t *pool, size_t keep, size_t *released);
+
+/* ------------------------------------------------------------------------ */
+/* Allocation                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Every block is aligned to at least GM_ALIGNMENT bytes. */
+#define GM_ALIGNMENT 256u
+
+/* Allocate `size` bytes usable on `stream`.  pool NULL: the process-default
+ * pool.  size 0 returns a NULL pointer and GM_OK. */
+GM_API int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr);
+/* Free: the block is reusable at once on `stream` (pass the stream the last
+ * work on it was queued on); other streams reuse it only after that work is
+ * done.  NULL ptr is a no-op. */
+GM_API int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream);
+/* Declare that ptr is used on `stream` too (like PyTorch's record_stream):
+ * after it is freed, it is not reused anywhere before that stream's work
+ * queued until the free has completed. */
+GM_API int gm_record_stream(gm_pool_t *pool, void *ptr, gm_stream_t stream);
+/* The requested size of a live block (*size) — for plug-ins and checks. */
+GM_API int gm_block_size(gm_pool_t *pool, const void *ptr, size_t *size);
+
+/* ------------------------------------------------------------------------ */
+/* Device work (for tests, staging and tools)                               */
+/* ------------------------------------------------------------------------ */
+
+/* Copy n bytes (device or host addresses; unified addressing) on stream. */
+GM_API int gm_memcpy(gm_pool_t *pool, void *dst, const void *src, size_t n, gm_stream_t stream);
+GM_API int gm_memset(gm_pool_t *pool, void *dst, int value, size_t n, gm_stream_t stream);
+GM_API int gm_stream_synchronize(gm_pool_t *pool, gm_stream_t stream);
+/* A new stream of the pool's device (a non-blocking CUstream on cuda, a
+ * token on sim), and its destruction.  Streams from the CUDA runtime,
+ * PyTorch or CuPy work just as well wherever a gm_stream_t is taken. */
+GM_API int gm_stream_create(gm_pool_t *pool, gm_stream_t *stream);
+GM_API int gm_stream_destroy(gm_pool_t *pool, gm_stream_t stream);
+
+/* ------------------------------------------------------------------------ */
+/* Device information                                                       */
+/* ------------------------------------------------------------------------ */
+
+#define GM_DEVICE_INFO_VERSION 1
+
+typedef struct gm_device_info {
+    size_t size;
+    unsigned version;
+    gm_backend_kind_t backend;   /* the backend actually in use */
+    char backend_name[16];       /* "sim", "cuda" */
+    char backend_reason[128];    /* why this backend was chosen */
+    char device_name[128];
+    int device;
+    int driver_version;          /* e.g. 13000; 0 for sim */
+    size_t total_memory;
+    size_t free_memory;
+    size_t granularity;          /* physical page size */
+    int vmm_supported;           /* 1: pages + VA; 0: plain allocations */
+} gm_device_info_t;
+
+#ifdef __cplusplus
+#define GM_DEVICE_INFO_INIT { sizeof(gm_device_info_t), GM_DEVICE_INFO_VERSION }
+#else
+#define GM_DEVICE_INFO_INIT { .size = sizeof(gm_device_info_t), .version = GM_DEVICE_INFO_VERSION }
+#endif
+
+GM_API int gm_pool_device_info(gm_pool_t *pool, gm_device_info_t *info);
+
+/* ------------------------------------------------------------------------ */
+/* Statistics                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* X(name, description).  Every field is a uint64_t of bytes or a count.
+ * This list drives the struct and the JSON output. */
+#define GM_STAT_FIELDS(X)                                                      \
+    X(allocated,          "bytes requested by live allocations")               \
+    X(allocated_peak,     "peak of allocated")                                 \
+    X(active,             "bytes in live blocks (aligned sizes)")              \
+    X(active_peak,        "peak of active")                                    \
+    X(reserved,           "physical bytes held from the device")               \
+    X(reserved_peak,      "peak of reserved")                                  \
+    X(mapped,             "physical bytes mapped into the pool's address space") \
+    X(cached,             "reserved bytes not in live blocks")                 \
+    X(alloc_count,        "successful allocations")                            \
+    X(free_count,         "successful frees")                                  \
+    X(live_blocks,        "allocations not yet freed")                         \
+    X(free_blocks,        "free ranges in the address space")                  \
+    X(largest_free_block, "largest free range whose pages are all mapped")     \
+    X(fragmentation_ppm,  "1 - largest_free_block / free mapped bytes, in ppm") \
+    X(oom_count,          "allocations that failed for lack of memory")        \
+    X(retries,            "allocations served after reclaiming memory")        \
+    X(pages_stolen,       "empty mapped pages moved to serve another range")   \
+    X(thread_cache_hits,  "allocations served by a per-thread cache")          \
+    X(backend_ns,         "wall time spent inside backend calls")              \
+    X(modeled_device_ns,  "sim backend: modeled device time of its calls")
+
+#define GM_STATS_VERSION 1
+
+typedef struct gm_stats {
+    size_t size;
+    unsigned version;
+#define GM__STAT_MEMBER(name, desc) uint64_t name;
+    GM_STAT_FIELDS(GM__STAT_MEMBER)
+#undef GM__STAT_MEMBER
+    uint64_t backend_calls[GM_CALL_COUNT];
+} gm_stats_t;
+
+#ifdef __cplusplus
+#define GM_STATS_INIT { sizeof(gm_stats_t), GM_STATS_VERSION }
+#else
+#define GM_STATS_INIT { .size = sizeof(gm_stats_t), .version = GM_STATS_VERSION }
+#endif
+
+GM_API int gm_pool_stats(gm_pool_t *pool, gm_stats_t *stats);
+/* Reset the *_peak fields to the current values. */
+GM_API int gm_pool_reset_peaks(gm_pool_t *pool);
+/* Write the stats as one JSON object into buf (always NUL-terminated when
+ * cap > 0); *len (optional) receives the length it needed. */
+GM_API int gm_stats_json(const gm_stats_t *stats, char *buf, size_t cap, size_t *len);
+
+/* Walk every internal structure of the pool and check its invariants.
+ * GM_INTERNAL with a message naming the broken one. */
+GM_API int gm_pool_check(gm_pool_t *pool);
+
+/* ------------------------------------------------------------------------ */
+/* Sim backend controls (testing); GM_NOT_SUPPORTED on other backends       */
+/* ------------------------------------------------------------------------ */
+
+/* Make the n-th next call of `kind` (1 = the very next) fail; 0 disarms. */
+GM_API int gm_sim_fail_nth(gm_pool_t *pool, int kind, unsigned long n);
+/* hold != 0: work queued on `stream` stays "in flight" (its events do not
+ * complete, synchronizing it fails with GM_NOT_READY) until released. */
+GM_API int gm_sim_hold_stream(gm_pool_t *pool, gm_stream_t stream, int hold);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GPUMEM_H */

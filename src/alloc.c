@@ -1,0 +1,658 @@
+/*
+ * alloc.c — blocks, the free-range index, split/merge, and the stream rule.
+ *
+ * Blocks tile each arena's address space.  Free blocks sit in two-level
+ * segregated-fit indexes (32 buckets per power of two over 256-byte units):
+ * a lookup checks a few blocks of the request's own bucket for the tightest
+ * fit — so a training step that frees and re-requests the same sizes gets
+ * the same places back — and otherwise takes any block from the next
+ * non-empty bucket, which always fits.  Both are O(1).
+ *
+ * Every stream has its own index: a block freed on stream S is reusable at
+ * once by S (S's queue orders the reuse after the earlier work) and by other
+ * streams only after S was synchronized and the block moved ("drained") to
+ * the global index.  Only blocks of the same index merge.  The global index
+ * is also the only place whose pages may be unmapped (see pages.c).
+ *
+ * Live blocks are found by address in an open-addressing hash table.  Block
+ * descriptors are recycled through a free list and allocated in slabs.
+ *
+ * Every function here expects the pool lock to be held.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool.h"
+
+/* How many blocks of the request's own bucket are compared for a best fit. */
+#define OWN_BUCKET_SCAN 8
+#define SLAB_BLOCKS 1024
+
+/* ---- hash: live block by address ----------------------------------------- */
+
+static inline size_t hash_slot(uintptr_t key, size_t cap)
+{
+    return (size_t)(((uint64_t)key >> 8) * UINT64_C(0x9E3779B97F4A7C15) >> 17) & (cap - 1);
+}
+
+int gm__hash_init(gm__hash_t *h, size_t cap)
+{
+    h->cap = cap;
+    h->count = 0;
+    h->keys = calloc(cap, sizeof *h->keys);
+    h->vals = calloc(cap, sizeof *h->vals);
+    if (!h->keys || !h->vals) {
+        free(h->keys);
+        free(h->vals);
+        h->keys = NULL;
+        h->vals = NULL;
+        return GM_NO_HOST_MEMORY;
+    }
+    return GM_OK;
+}
+
+void gm__hash_fini(gm__hash_t *h)
+{
+    free(h->keys);
+    free(h->vals);
+    h->keys = NULL;
+    h->vals = NULL;
+}
+
+static int hash_grow(gm__hash_t *h)
+{
+    gm__hash_t n;
+    GM_CHECK(gm__hash_init(&n, h->cap * 2));
+    for (size_t i = 0; i < h->cap; i++)
+        if (h->keys[i]) {
+            size_t j = hash_slot(h->keys[i], n.cap);
+            while (n.keys[j]) j = (j + 1) & (n.cap - 1);
+            n.keys[j] = h->keys[i];
+            n.vals[j] = h->vals[i];
+        }
+    n.count = h->count;
+    gm__hash_fini(h);
+    *h = n;
+    return GM_OK;
+}
+
+int gm__hash_put(gm__hash_t *h, uintptr_t key, gm__block_t *b)
+{
+    if (GM_UNLIKELY((h->count + 1) * 2 > h->cap)) GM_CHECK(hash_grow(h));
+    size_t j = hash_slot(key, h->cap);
+    while (h->keys[j]) j = (j + 1) & (h->cap - 1);
+    h->keys[j] = key;
+    h->vals[j] = b;
+    h->count++;
+    return GM_OK;
+}
+
+gm__block_t *gm__hash_get(const gm__hash_t *h, uintptr_t key)
+{
+    size_t j = hash_slot(key, h->cap);
+    while (h->keys[j]) {
+        if (h->keys[j] == key) return h->vals[j];
+        j = (j + 1) & (h->cap - 1);
+    }
+    return NULL;
+}
+
+/* Remove key; backward-shift deletion keeps probe chains intact. */
+gm__block_t *gm__hash_take(gm__hash_t *h, uintptr_t key)
+{
+    size_t mask = h->cap - 1, j = hash_slot(key, h->cap);
+    while (h->keys[j] && h->keys[j] != key) j = (j + 1) & mask;
+    if (!h->keys[j]) return NULL;
+    gm__block_t *b = h->vals[j];
+    size_t hole = j;
+    for (size_t k = (j + 1) & mask; h->keys[k]; k = (k + 1) & mask) {
+        size_t home = hash_slot(h->keys[k], h->cap);
+        /* Move k into the hole unless its home lies cyclically in (hole, k]. */
+        bool stays = hole <= k ? (home > hole && home <= k) : (home > hole || home <= k);
+        if (!stays) {
+            h->keys[hole] = h->keys[k];
+            h->vals[hole] = h->vals[k];
+            hole = k;
+        }
+    }
+    h->keys[hole] = 0;
+    h->vals[hole] = NULL;
+    h->count--;
+    return b;
+}
+
+/* ---- block descriptors ----------------------------------------------------- */
+
+gm__block_t *gm__block_new_locked(gm_pool_t *pool)
+{
+    gm__block_t *b = pool->block_freelist;
+    if (GM_UNLIKELY(!b)) {
+        if (pool->n_slabs == pool->cap_slabs) {
+            size_t cap = pool->cap_slabs ? pool->cap_slabs * 2 : 16;
+            void **s = realloc(pool->slabs, cap * sizeof *s);
+            if (!s) return NULL;
+            pool->slabs = s;
+            pool->cap_slabs = cap;
+        }
+        gm__block_t *slab = malloc(SLAB_BLOCKS * sizeof *slab);
+        if (!slab) return NULL;
+        pool->slabs[pool->n_slabs++] = slab;
+        for (size_t i = 0; i < SLAB_BLOCKS; i++) {
+            slab[i].fnext = pool->block_freelist;
+            pool->block_freelist = &slab[i];
+        }
+        b = pool->block_freelist;
+    }
+    pool->block_freelist = b->fnext;
+    memset(b, 0, sizeof *b);
+    return b;
+}
+
+static void block_recycle(gm_pool_t *pool, gm__block_t *b)
+{
+    b->fnext = pool->block_freelist;
+    pool->block_freelist = b;
+}
+
+/* ---- the segregated-fit index ---------------------------------------------- */
+
+static inline unsigned log2_floor(uint64_t x) { return 63u - (unsigned)__builtin_clzll(x); }
+
+static inline uint32_t bucket_of(size_t size)
+{
+    uint64_t u = size >> GM_UNIT_SHIFT;
+    if (u < GM_SL_COUNT) return (uint32_t)u;
+    unsigned l = log2_floor(u);
+    unsigned fl = l - GM_SL_BITS + 1;
+    unsigned sl = (unsigned)(u >> (l - GM_SL_BITS)) - GM_SL_COUNT;
+    if (fl >= GM_FL_COUNT) return GM_FL_COUNT * GM_SL_COUNT - 1;
+    return fl * GM_SL_COUNT + sl;
+}
+
+void gm__freeidx_insert(gm__freeidx_t *idx, gm__block_t *b)
+{
+    uint32_t bk = bucket_of(b->size);
+    unsigned fl = bk / GM_SL_COUNT, sl = bk % GM_SL_COUNT;
+    b->bucket = bk;
+    b->fprev = NULL;
+    b->fnext = idx->heads[fl][sl];
+    if (b->fnext) b->fnext->fprev = b;
+    idx->heads[fl][sl] = b;
+    idx->sl_bits[fl] |= 1u << sl;
+    idx->fl_bits |= (uint64_t)1 << fl;
+    idx->count++;
+    idx->bytes += b->size;
+}
+
+static void freeidx_remove(gm__freeidx_t *idx, gm__block_t *b)
+{
+    unsigned fl = b->bucket / GM_SL_COUNT, sl = b->bucket % GM_SL_COUNT;
+    if (b->fprev) b->fprev->fnext = b->fnext;
+    else idx->heads[fl][sl] = b->fnext;
+    if (b->fnext) b->fnext->fprev = b->fprev;
+    if (!idx->heads[fl][sl]) {
+        idx->sl_bits[fl] &= ~(1u << sl);
+        if (!idx->sl_bits[fl]) idx->fl_bits &= ~((uint64_t)1 << fl);
+    }
+    idx->count--;
+    idx->bytes -= b->size;
+}
+
+/* A free block of at least `size` bytes, or NULL. */
+static gm__block_t *freeidx_find(const gm__freeidx_t *idx, size_t size)
+{
+    if (!idx->fl_bits) return NULL;
+    uint32_t bk = bucket_of(size);
+    unsigned fl = bk / GM_SL_COUNT, sl = bk % GM_SL_COUNT;
+    /* Own bucket: blocks may be smaller or larger than size; take the best. */
+    gm__block_t *best = NULL;
+    int n = 0;
+    for (gm__block_t *b = idx->heads[fl][sl]; b && n < OWN_BUCKET_SCAN; b = b->fnext, n++) {
+        if (b->size < size) continue;
+        if (!best || b->size < best->size || (b->size == best->size && b->addr < best->addr))
+            best = b;
+        if (best->size == size) break;
+    }
+    if (best) return best;
+    /* Any block of a higher bucket fits. */
+    uint32_t slm = sl + 1 < GM_SL_COUNT ? idx->sl_bits[fl] & (~0u << (sl + 1)) : 0;
+    if (!slm) {
+        uint64_t flm = fl + 1 < 64 ? idx->fl_bits & (~(uint64_t)0 << (fl + 1)) : 0;
+        if (!flm) return NULL;
+        fl = (unsigned)__builtin_ctzll(flm);
+        slm = idx->sl_bits[fl];
+    }
+    sl = (unsigned)__builtin_ctz(slm);
+    /* Every block here fits; prefer the smallest, then the lowest address,
+     * so placement depends on the free ranges more than on their history. */
+    best = idx->heads[fl][sl];
+    n = 0;
+    for (gm__block_t *b = best->fnext; b && ++n < OWN_BUCKET_SCAN; b = b->fnext)
+        if (b->size < best->size || (b->size == best->size && b->addr < best->addr)) best = b;
+    return best;
+}
+
+/* ---- streams ------------------------------------------------------------------ */
+
+gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle)
+{
+    gm__stream_t *s = pool->last_stream;
+    if (GM_LIKELY(s && s->handle == handle)) return s;
+    for (size_t i = 0; i < pool->n_streams; i++)
+        if (pool->streams[i]->handle == handle) return pool->last_stream = pool->streams[i];
+    if (pool->n_streams == pool->cap_streams) {
+        size_t cap = pool->cap_streams ? pool->cap_streams * 2 : 8;
+        gm__stream_t **a = realloc(pool->streams, cap * sizeof *a);
+        if (!a) return NULL;
+        pool->streams = a;
+        pool->cap_streams = cap;
+    }
+    s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->handle = handle;
+    pool->streams[pool->n_streams++] = s;
+    return pool->last_stream = s;
+}
+
+/* ---- free blocks into an index, with merging ----------------------------------- */
+
+static inline gm__freeidx_t *idx_of(gm__stream_t *owner, const gm__block_t *b)
+{
+    return &owner->idx[b->arena->cls];
+}
+
+/* Can a block freed into owner's index take in its free neighbour n?  Same
+ * index always; a stream's block also absorbs global blocks (memory anyone may
+ * use), except an arena's last block, whose untouched address space is left
+ * to the global index.  Merging this far keeps the free ranges maximal, so a
+ * repeating step starts from the same layout every time. */
+static inline bool mergeable(const gm__block_t *n, const gm__stream_t *owner)
+{
+    if (!n || !n->free) return false;
+    if (n->owner == owner) return true;
+    return !owner->is_global && n->owner->is_global && n->next != NULL;
+}
+
+static void absorb(gm_pool_t *pool, gm__block_t *n, gm__stream_t *owner)
+{
+    freeidx_remove(idx_of(n->owner, n), n);
+    if (n->owner != owner) /* global pages now wait on owner's stream */
+        gm__pages_mark_used_locked(n->arena, n->addr, n->size, pool->page_shift);
+}
+
+/* Make b a free block of owner's index, merged with its neighbours as
+ * mergeable() allows.  Returns the merged block. */
+static gm__block_t *release_block(gm_pool_t *pool, gm__block_t *b, gm__stream_t *owner)
+{
+    uintptr_t lo = b->addr, hi = b->addr + b->size;
+    gm__block_t *p = b->prev, *n = b->next;
+    if (mergeable(p, owner)) {
+        absorb(pool, p, owner);
+        p->size += b->size;
+        p->next = n;
+        if (n) n->prev = p;
+        block_recycle(pool, b);
+        b = p;
+    }
+    if (mergeable(n, owner)) {
+        absorb(pool, n, owner);
+        b->size += n->size;
+        b->next = n->next;
+        if (n->next) n->next->prev = b;
+        block_recycle(pool, n);
+    }
+    b->free = 1;
+    b->pending = 0;
+    b->owner = owner;
+    gm__freeidx_insert(idx_of(owner, b), b);
+    if (owner->is_global) {
+        /* Only pages near the newly freed range can have changed state. */
+        uintptr_t page = pool->page;
+        uintptr_t wlo = lo - b->addr >= page ? lo - page : b->addr;
+        uintptr_t whi = b->addr + b->size - hi >= page ? hi + page : b->addr + b->size;
+        gm__pages_mark_unused_locked(b->arena, wlo, whi - wlo, pool->page_shift);
+    }
+    return b;
+}
+
+/* ---- draining streams -------------------------------------------------------- */
+
+static void destroy_recorded(gm_pool_t *pool, gm__block_t *b)
+{
+    gm__recorded_t *r = b->recorded;
+    while (r) {
+        gm__recorded_t *next = r->next;
+        if (r->event) {
+            int rc;
+            GM_BK(rc, pool, event_destroy, (pool->bk, r->event));
+            (void)rc;
+        }
+        free(r);
+        r = next;
+    }
+    b->recorded = NULL;
+}
+
+/* Move pending blocks whose recorded streams have all passed the free into
+ * the index of the stream that freed them. */
+static void process_pending(gm_pool_t *pool)
+{
+    gm__block_t **pp = &pool->pending;
+    while (*pp) {
+        gm__block_t *b = *pp;
+        bool done = true;
+        for (gm__recorded_t *r = b->recorded; r && done; r = r->next) {
+            int rc;
+            if (!r->event) continue;
+            GM_BK(rc, pool, event_query, (pool->bk, r->event));
+            if (rc != GM_OK) done = false;
+        }
+        if (!done) {
+            pp = &b->fnext;
+            continue;
+        }
+        *pp = b->fnext;
+        destroy_recorded(pool, b);
+        release_block(pool, b, b->owner);
+    }
+}
+
+size_t gm__drain_streams_locked(gm_pool_t *pool)
+{
+    size_t moved = 0;
+    if (pool->pending) process_pending(pool);
+    for (size_t i = 0; i < pool->n_streams; i++) {
+        gm__stream_t *s = pool->streams[i];
+        if (!s->idx[GM_CLASS_SMALL].count && !s->idx[GM_CLASS_LARGE].count) continue;
+        int rc;
+        GM_BK(rc, pool, stream_sync, (pool->bk, s->handle));
+        if (rc != GM_OK) continue; /* still in flight: its blocks stay put */
+        for (int c = 0; c < GM_CLASS_COUNT; c++) {
+            gm__freeidx_t *idx = &s->idx[c];
+            while (idx->fl_bits) {
+                unsigned fl = (unsigned)__builtin_ctzll(idx->fl_bits);
+                unsigned sl = (unsigned)__builtin_ctz(idx->sl_bits[fl]);
+                gm__block_t *b = idx->heads[fl][sl];
+                freeidx_remove(idx, b);
+                /* merging may absorb neighbours already moved */
+                release_block(pool, b, &pool->global);
+                moved++;
+            }
+        }
+    }
+    gm__clear_error(); /* a held stream's NOT_READY is no error of the caller's */
+    return moved;
+}
+
+/* ---- allocation ---------------------------------------------------------------- */
+
+static int oom_error(gm_pool_t *pool, int rc, size_t size)
+{
+    char a[32], r[32], l[32], f[32];
+    pool->st.oom_count++;
+    return gm__set_error(rc == GM_LIMIT ? GM_LIMIT : GM_OUT_OF_MEMORY,
+                         "gm_alloc: cannot allocate %zu bytes: %s; allocated %s, reserved %s, "
+                         "limit %s, device free %s",
+                         size, rc == GM_LIMIT ? "the pool limit is reached" : "out of device memory",
+                         gm__fmt_bytes(pool->st.allocated, a, sizeof a),
+                         gm__fmt_bytes(pool->st.reserved, r, sizeof r),
+                         gm__fmt_bytes(pool->limit, l, sizeof l),
+                         gm__fmt_bytes(pool->info.total_memory - pool->st.reserved, f, sizeof f));
+}
+
+int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
+{
+    size_t asize = GM_ALIGN_UP(size, GM_ALIGNMENT);
+    int cls = asize <= GM_SMALL_MAX ? GM_CLASS_SMALL : GM_CLASS_LARGE;
+
+    gm__block_t *b = freeidx_find(&s->idx[cls], asize);
+    if (!b || b->size != asize) {
+        gm__block_t *g = freeidx_find(&pool->global.idx[cls], asize);
+        if (g && (!b || g->size < b->size || (g->size == b->size && g->addr < b->addr))) b = g;
+    }
+    if (GM_UNLIKELY(!b)) {
+        /* No address range left: free ranges may wait in other streams. */
+        gm__drain_streams_locked(pool);
+        b = freeidx_find(&pool->global.idx[cls], asize);
+        if (!b) b = freeidx_find(&s->idx[cls], asize);
+        if (!b) {
+            pool->st.oom_count++;
+            return gm__set_error(GM_OUT_OF_MEMORY,
+                                 "gm_alloc: cannot allocate %zu bytes: the pool's address space "
+                                 "is exhausted (fragmented by blocks still in flight)", size);
+        }
+    }
+    gm__stream_t *owner = b->owner;
+    freeidx_remove(idx_of(owner, b), b);
+    if (b->size > asize) {
+        gm__block_t *r = gm__block_new_locked(pool);
+        if (GM_UNLIKELY(!r)) {
+            gm__freeidx_insert(idx_of(owner, b), b);
+            return gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a block");
+        }
+        r->addr = b->addr + asize;
+        r->size = b->size - asize;
+        r->arena = b->arena;
+        r->prev = b;
+        r->next = b->next;
+        if (b->next) b->next->prev = r;
+        b->next = r;
+        r->free = 1;
+        r->owner = owner;
+        gm__freeidx_insert(idx_of(owner, r), r);
+        b->size = asize;
+    }
+    b->free = 0;
+    b->owner = s;
+    b->requested = size;
+    gm__pages_mark_used_locked(b->arena, b->addr, b->size, pool->page_shift);
+    int rc = gm__pages_ensure_mapped_locked(pool, b->arena, b->addr, b->size, size);
+    if (GM_LIKELY(rc == GM_OK)) rc = gm__hash_put(&pool->live, b->addr, b);
+    if (GM_UNLIKELY(rc != GM_OK)) {
+        release_block(pool, b, owner);
+        if (rc == GM_NO_HOST_MEMORY) return gm__set_error(rc, "gm_alloc: out of host memory");
+        if (rc == GM_LIMIT || rc == GM_OUT_OF_MEMORY) return oom_error(pool, rc, size);
+        return rc; /* a backend failure: its message stands */
+    }
+    pool->st.allocated += size;
+    pool->st.active += asize;
+    pool->st.alloc_count++;
+    pool->st.live_blocks++;
+    if (pool->st.allocated > pool->st.allocated_peak) pool->st.allocated_peak = pool->st.allocated;
+    if (pool->st.active > pool->st.active_peak) pool->st.active_peak = pool->st.active;
+    *ptr = (void *)b->addr;
+    return GM_OK;
+}
+
+/* ---- free ---------------------------------------------------------------------- */
+
+/* Explain why ptr is not a live block of this pool (error path only). */
+static int bad_free(gm_pool_t *pool, void *ptr)
+{
+    uintptr_t p = (uintptr_t)ptr;
+    for (int c = 0; c < GM_CLASS_COUNT; c++) {
+        gm__arena_t *a = &pool->arena[c];
+        if (p < a->base || p >= a->base + a->size) continue;
+        for (gm__block_t *b = a->first; b; b = b->next) {
+            if (p < b->addr || p >= b->addr + b->size) continue;
+            if (b->free || b->pending) {
+                if (b->addr == p)
+                    return gm__set_error(GM_DOUBLE_FREE, "gm_free: %p was already freed", ptr);
+                return gm__set_error(GM_DOUBLE_FREE,
+                                     "gm_free: %p lies in free memory (already freed?)", ptr);
+            }
+            return gm__set_error(GM_INVALID_POINTER,
+                                 "gm_free: %p points inside the live block %p of %zu bytes, "
+                                 "not at its start", ptr, (void *)b->addr, b->requested);
+        }
+    }
+    return gm__set_error(GM_INVALID_POINTER, "gm_free: %p was not allocated by this pool", ptr);
+}
+
+int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s)
+{
+    gm__block_t *b = gm__hash_take(&pool->live, (uintptr_t)ptr);
+    if (GM_UNLIKELY(!b)) return bad_free(pool, ptr);
+    pool->st.allocated -= b->requested;
+    pool->st.active -= b->size;
+    pool->st.free_count++;
+    pool->st.live_blocks--;
+    if (GM_UNLIKELY(b->recorded != NULL)) {
+        /* Other streams used it: reusable once they pass this point. */
+        for (gm__recorded_t *r = b->recorded; r; r = r->next) {
+            int rc;
+            GM_BK(rc, pool, event_create, (pool->bk, &r->event));
+            if (rc == GM_OK) GM_BK(rc, pool, event_record, (pool->bk, r->event, r->stream->handle));
+            if (rc != GM_OK) {
+                /* Cannot order the reuse: wait for that stream now. */
+                if (r->event) GM_BK(rc, pool, event_destroy, (pool->bk, r->event));
+                r->event = 0;
+                GM_BK(rc, pool, stream_sync, (pool->bk, r->stream->handle));
+                gm__clear_error();
+            }
+        }
+        b->pending = 1;
+        b->owner = s;
+        b->fnext = pool->pending;
+        pool->pending = b;
+        return GM_OK;
+    }
+    release_block(pool, b, s);
+    return GM_OK;
+}
+
+int gm__record_stream_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s)
+{
+    gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
+    if (!b) {
+        int rc = bad_free(pool, ptr);
+        return gm__set_error(rc, "gm_record_stream: %p is not a live block of this pool", ptr);
+    }
+    if (s == b->owner) return GM_OK;
+    for (gm__recorded_t *r = b->recorded; r; r = r->next)
+        if (r->stream == s) return GM_OK;
+    gm__recorded_t *r = calloc(1, sizeof *r);
+    if (!r) return gm__set_error(GM_NO_HOST_MEMORY, "gm_record_stream: out of host memory");
+    r->stream = s;
+    r->next = b->recorded;
+    b->recorded = r;
+    return GM_OK;
+}
+
+/* ---- statistics and validation -------------------------------------------------- */
+
+void gm__alloc_free_summary_locked(gm_pool_t *pool, uint64_t *largest, uint64_t *free_blocks)
+{
+    uint64_t best = 0, n = 0;
+    size_t shift = pool->page_shift;
+    for (int c = 0; c < GM_CLASS_COUNT; c++) {
+        gm__arena_t *a = &pool->arena[c];
+        for (gm__block_t *b = a->first; b; b = b->next) {
+            if (!b->free) continue;
+            n++;
+            /* Longest stretch of the block whose pages are all mapped. */
+            size_t p0 = (b->addr - a->base) >> shift;
+            size_t p1 = ((b->addr + b->size - 1 - a->base) >> shift) + 1;
+            uintptr_t run_lo = 0;
+            bool in_run = false;
+            for (size_t p = p0; p <= p1; p++) {
+                bool m = p < p1 && ((a->mapped[p >> 6] >> (p & 63)) & 1);
+                uintptr_t pa = a->base + (p << shift);
+                if (m && !in_run) {
+                    in_run = true;
+                    run_lo = pa > b->addr ? pa : b->addr;
+                } else if (!m && in_run) {
+                    in_run = false;
+                    uintptr_t run_hi = pa < b->addr + b->size ? pa : b->addr + b->size;
+                    if (run_hi - run_lo > best) best = run_hi - run_lo;
+                }
+            }
+        }
+    }
+    *largest = best;
+    *free_blocks = n;
+}
+
+int gm__alloc_check_locked(gm_pool_t *pool)
+{
+    uint64_t live = 0, active = 0, allocated = 0, free_blocks = 0;
+    size_t idx_count[GM_CLASS_COUNT] = {0};
+    for (int c = 0; c < GM_CLASS_COUNT; c++) {
+        gm__arena_t *a = &pool->arena[c];
+        uintptr_t at = a->base;
+        gm__block_t *prev = NULL;
+        for (gm__block_t *b = a->first; b; prev = b, b = b->next) {
+            if (b->addr != at || b->prev != prev || b->arena != a || b->size == 0 ||
+                b->size % GM_ALIGNMENT)
+                return gm__set_error(GM_INTERNAL, "arena %d: block list broken at %#lx", c,
+                                     (unsigned long)b->addr);
+            at += b->size;
+            if (b->free) {
+                free_blocks++;
+                if (b->bucket != bucket_of(b->size))
+                    return gm__set_error(GM_INTERNAL, "free block %#lx in the wrong bucket",
+                                         (unsigned long)b->addr);
+                if (prev && prev->free && prev->owner == b->owner)
+                    return gm__set_error(GM_INTERNAL, "free blocks %#lx and %#lx not merged",
+                                         (unsigned long)prev->addr, (unsigned long)b->addr);
+                /* Is it in its owner's list? */
+                unsigned fl = b->bucket / GM_SL_COUNT, sl = b->bucket % GM_SL_COUNT;
+                gm__block_t *x = b->owner->idx[c].heads[fl][sl];
+                while (x && x != b) x = x->fnext;
+                if (!x)
+                    return gm__set_error(GM_INTERNAL, "free block %#lx missing from its index",
+                                         (unsigned long)b->addr);
+            } else if (!b->pending) {
+                live++;
+                active += b->size;
+                allocated += b->requested;
+                if (gm__hash_get(&pool->live, b->addr) != b)
+                    return gm__set_error(GM_INTERNAL, "live block %#lx missing from the table",
+                                         (unsigned long)b->addr);
+            }
+        }
+        if (at != a->base + a->size)
+            return gm__set_error(GM_INTERNAL, "arena %d: blocks do not cover it", c);
+        GM_CHECK(gm__pages_check_locked(pool, a));
+    }
+    gm__stream_t *owners[1 + 64];
+    size_t n_owners = 0;
+    owners[n_owners++] = &pool->global;
+    for (size_t i = 0; i < pool->n_streams && n_owners < 65; i++) owners[n_owners++] = pool->streams[i];
+    for (size_t i = 0; i < n_owners; i++)
+        for (int c = 0; c < GM_CLASS_COUNT; c++) idx_count[c] += owners[i]->idx[c].count;
+    if (pool->n_streams < 64 && idx_count[0] + idx_count[1] != free_blocks)
+        return gm__set_error(GM_INTERNAL, "indexes hold %zu blocks, arenas %lu free blocks",
+                             idx_count[0] + idx_count[1], (unsigned long)free_blocks);
+    if (live != pool->live.count || live != pool->st.live_blocks)
+        return gm__set_error(GM_INTERNAL, "live blocks: %lu found, table %zu, counter %lu",
+                             (unsigned long)live, pool->live.count,
+                             (unsigned long)pool->st.live_blocks);
+    if (active != pool->st.active || allocated != pool->st.allocated)
+        return gm__set_error(GM_INTERNAL, "active/allocated counters drifted");
+    size_t mapped = 0;
+    for (int c = 0; c < GM_CLASS_COUNT; c++) mapped += pool->arena[c].n_mapped;
+    if ((mapped + pool->n_spare) * pool->page != pool->st.reserved ||
+        mapped * pool->page != pool->st.mapped)
+        return gm__set_error(GM_INTERNAL, "reserved %lu != (mapped %zu + spare %zu) pages",
+                             (unsigned long)pool->st.reserved, mapped, pool->n_spare);
+    return GM_OK;
+}
+
+void gm__alloc_fini(gm_pool_t *pool)
+{
+    while (pool->pending) {
+        gm__block_t *b = pool->pending;
+        pool->pending = b->fnext;
+        destroy_recorded(pool, b);
+    }
+    for (int c = 0; c < GM_CLASS_COUNT; c++)
+        for (gm__block_t *b = pool->arena[c].first; b; b = b->next)
+            if (b->recorded) destroy_recorded(pool, b);
+    for (size_t i = 0; i < pool->n_streams; i++) free(pool->streams[i]);
+    free(pool->streams);
+    for (size_t i = 0; i < pool->n_slabs; i++) free(pool->slabs[i]);
+    free(pool->slabs);
+    gm__hash_fini(&pool->live);
+}

@@ -1,0 +1,126 @@
+/*
+ * backend.c — the table of backends and the choice between them, plus the
+ * names of backend call kinds.
+ *
+ * The one idea: the core never asks which device it runs on; it asks this
+ * file for a gm__backend_ops_t once, at pool creation, and from then on only
+ * calls through that table.  AUTO means "the real device when its probe says
+ * it is usable, else the simulator", and the reason for the choice is kept so
+ * that `gpumem info` and gm_pool_device_info can say why.  The environment is
+ * not read here (the pool reads it and passes the kind in).  No state, no lock.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "backend.h"
+#include "internal.h"
+
+static const char *const call_names[GM_CALL_COUNT] = {
+#define GM__CALL_NAME(name) #name,
+    GM_CALL_KINDS(GM__CALL_NAME)
+#undef GM__CALL_NAME
+};
+
+const char *gm_call_name(int kind)
+{
+    if (kind < 0 || kind >= GM_CALL_COUNT) return NULL;
+    return call_names[kind];
+}
+
+int gm_call_from_name(const char *name)
+{
+    if (name == NULL) return -1;
+    for (int k = 0; k < GM_CALL_COUNT; k++)
+        if (strcmp(call_names[k], name) == 0) return k;
+    return -1;
+}
+
+/* The backends this build knows, by kind. AUTO tries them in this order and
+ * takes the first whose probe succeeds; the sim is last and always usable. */
+static const struct {
+    gm_backend_kind_t kind;
+    const gm__backend_ops_t *ops;
+} backend_table[] = {
+    {GM_BACKEND_CUDA, &gm__backend_cuda},
+    {GM_BACKEND_SIM, &gm__backend_sim},
+};
+#define BACKEND_COUNT (sizeof backend_table / sizeof backend_table[0])
+
+/* Append s to the string in dst[cap], truncating. */
+static void append(char *dst, size_t cap, const char *s)
+{
+    size_t len = strlen(dst), n = strlen(s);
+    if (len + 1 >= cap) return;
+    if (n > cap - len - 1) n = cap - len - 1;
+    memcpy(dst + len, s, n);
+    dst[len + n] = '\0';
+}
+
+/* Probe one backend; a backend without a probe counts as unusable. */
+static int probe_backend(const gm__backend_ops_t *ops, int device, char *why, size_t cap)
+{
+    if (ops->probe == NULL) {
+        snprintf(why, cap, "backend has no probe");
+        return GM_NO_DEVICE;
+    }
+    why[0] = '\0';
+    int rc = ops->probe(device, why, cap);
+    if (rc != GM_OK && why[0] == '\0') snprintf(why, cap, "%s", gm_strerror(rc));
+    return rc;
+}
+
+int gm__backend_select(gm_backend_kind_t kind, int device, const gm__backend_ops_t **ops,
+                       gm_backend_kind_t *chosen, char *why, size_t why_cap)
+{
+    char scratch[1];
+    if (why == NULL || why_cap == 0) {
+        why = scratch;
+        why_cap = sizeof scratch;
+    }
+    why[0] = '\0';
+    if (ops == NULL || chosen == NULL)
+        return gm__set_error(GM_INVALID_ARGUMENT, "backend select: NULL out-parameter");
+    if (device < 0)
+        return gm__set_error(GM_INVALID_ARGUMENT, "backend select: device %d is negative",
+                             device);
+
+    if (kind == GM_BACKEND_AUTO) {
+        /* Collect every failed probe's reason: "cuda: <reason>; using sim". */
+        char reasons[256] = "";
+        for (size_t i = 0; i < BACKEND_COUNT; i++) {
+            char r[256];
+            const char *name = backend_table[i].ops->name;
+            if (probe_backend(backend_table[i].ops, device, r, sizeof r) == GM_OK) {
+                *ops = backend_table[i].ops;
+                *chosen = backend_table[i].kind;
+                if (reasons[0] != '\0')
+                    snprintf(why, why_cap, "%s; using %s", reasons, name);
+                else
+                    snprintf(why, why_cap, "auto: %s device %d is usable", name, device);
+                return GM_OK;
+            }
+            if (reasons[0] != '\0') append(reasons, sizeof reasons, "; ");
+            append(reasons, sizeof reasons, name);
+            append(reasons, sizeof reasons, ": ");
+            append(reasons, sizeof reasons, r);
+        }
+        snprintf(why, why_cap, "%s", reasons);
+        return gm__set_error(GM_NO_DEVICE, "no usable backend: %s", reasons);
+    }
+
+    for (size_t i = 0; i < BACKEND_COUNT; i++) {
+        if (backend_table[i].kind != kind) continue;
+        const char *name = backend_table[i].ops->name;
+        char r[256];
+        if (probe_backend(backend_table[i].ops, device, r, sizeof r) != GM_OK) {
+            snprintf(why, why_cap, "%s: %s", name, r);
+            return gm__set_error(GM_NO_DEVICE, "%s backend unusable: %s", name, r);
+        }
+        *ops = backend_table[i].ops;
+        *chosen = kind;
+        snprintf(why, why_cap, "%s requested", name);
+        return GM_OK;
+    }
+    return gm__set_error(GM_INVALID_ARGUMENT, "backend select: unknown backend kind %d",
+                         (int)kind);
+}

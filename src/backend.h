@@ -1,0 +1,121 @@
+/*
+ * backend.h — the backend contract: the only place a device is touched.
+ *
+ * It mirrors the CUDA virtual memory management API: reserve virtual address
+ * ranges, create physical handles of N x granularity, map a whole handle at an
+ * address (offset 0, as CUDA requires), set access, unmap exactly what one map
+ * call mapped, release.  Events and stream sync carry the cross-stream reuse
+ * rule; memcpy/memset serve tests and staging.  Backends are chosen through
+ * gm__backend_table (backend.c), never by #ifdef in the core.
+ *
+ * Every member returns a gm status; on failure it has already set the
+ * per-thread message with gm__set_error() (naming the driver's own error where
+ * there is one).  Members are called with the pool lock held or not, as the
+ * caller needs: a backend keeps its own state thread-safe.
+ */
+#ifndef GM_BACKEND_H
+#define GM_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpumem.h"
+
+typedef uint64_t gm__phys_t;  /* physical allocation handle */
+typedef uint64_t gm__event_t; /* event handle */
+
+typedef struct gm__backend_config {
+    int device;
+    size_t sim_capacity; /* sim: bytes of "device" memory */
+} gm__backend_config_t;
+
+typedef struct gm__backend_info {
+    char name[128];          /* device name */
+    int driver_version;
+    size_t total_memory;
+    size_t free_memory;
+    size_t granularity;      /* physical page size, a power of two */
+    int vmm_supported;
+} gm__backend_info_t;
+
+typedef struct gm__backend_ops {
+    const char *name; /* "sim", "cuda" */
+
+    /* Can this backend run here?  GM_OK, or GM_NO_DEVICE with a message that
+     * says why (used by AUTO and by `gpumem info`).  No state is kept. */
+    int (*probe)(int device, char *why, size_t why_cap);
+
+    /* Open a device context.  *ctx is the backend's own object. */
+    int (*open)(const gm__backend_config_t *cfg, void **ctx);
+    /* Close it.  Precondition: everything created through ctx was released. */
+    void (*close)(void *ctx);
+    int (*info)(void *ctx, gm__backend_info_t *out);
+
+    /* Reserve [*va, *va+size) of address space, size and alignment multiples
+     * of granularity.  No memory is committed. */
+    int (*va_reserve)(void *ctx, size_t size, size_t align, uintptr_t *va);
+    /* Precondition: nothing is mapped in the range. */
+    int (*va_free)(void *ctx, uintptr_t va, size_t size);
+
+    /* Create a physical allocation of size bytes (multiple of granularity),
+     * exportable as a POSIX file descriptor where the device allows. */
+    int (*phys_create)(void *ctx, size_t size, gm__phys_t *h);
+    /* Precondition: h is not mapped anywhere. */
+    int (*phys_release)(void *ctx, gm__phys_t h);
+
+    /* Map all of h (size bytes, from offset 0) at va, inside a reservation.
+     * The mapping is not accessible until set_access. */
+    int (*map)(void *ctx, uintptr_t va, size_t size, gm__phys_t h);
+    /* Unmap exactly one earlier map call's range.  Precondition: no queued
+     * device work may still touch it. */
+    int (*unmap)(void *ctx, uintptr_t va, size_t size);
+    /* Grant read/write access to the device of ctx over mapped [va, va+size),
+     * which may span several handles. */
+    int (*set_access)(void *ctx, uintptr_t va, size_t size);
+
+    /* Share a handle with another process as a file descriptor.  export_fd
+     * returns a new descriptor the caller owns (and closes); import_fd does
+     * not take ownership of fd.  size must equal the exporter's handle size. */
+    int (*export_fd)(void *ctx, gm__phys_t h, int *fd);
+    int (*import_fd)(void *ctx, int fd, size_t size, gm__phys_t *h);
+
+    /* Plain allocation path for a device without VMM support. */
+    int (*mem_alloc)(void *ctx, size_t size, uintptr_t *ptr);
+    int (*mem_free)(void *ctx, uintptr_t ptr);
+
+    int (*event_create)(void *ctx, gm__event_t *ev);
+    int (*event_destroy)(void *ctx, gm__event_t ev);
+    /* Record ev at the current end of stream's queue. */
+    int (*event_record)(void *ctx, gm__event_t ev, gm_stream_t stream);
+    /* GM_OK when the recorded work is complete, GM_NOT_READY when not. */
+    int (*event_query)(void *ctx, gm__event_t ev);
+    /* Wait for it.  The sim returns GM_NOT_READY for a held stream. */
+    int (*event_sync)(void *ctx, gm__event_t ev);
+    int (*stream_sync)(void *ctx, gm_stream_t stream);
+    /* A new stream of the device; destroy: pending work still completes. */
+    int (*stream_create)(void *ctx, gm_stream_t *stream);
+    int (*stream_destroy)(void *ctx, gm_stream_t stream);
+
+    /* Device-visible copies and fills (addresses of either side, unified). */
+    int (*memcpy)(void *ctx, uintptr_t dst, uintptr_t src, size_t n, gm_stream_t stream);
+    int (*memset)(void *ctx, uintptr_t dst, int value, size_t n, gm_stream_t stream);
+
+    /* Optional (NULL when absent). */
+    /* Sim: modeled device time of all calls so far, in ns. */
+    uint64_t (*modeled_ns)(void *ctx);
+    /* Sim: arm fault injection / hold a stream in flight. */
+    int (*fail_nth)(void *ctx, int kind, unsigned long n);
+    int (*hold_stream)(void *ctx, gm_stream_t stream, int hold);
+} gm__backend_ops_t;
+
+/* ---- defined in src/backend/sim.c ---- */
+extern const gm__backend_ops_t gm__backend_sim;
+/* ---- defined in src/backend/cuda.c ---- */
+extern const gm__backend_ops_t gm__backend_cuda;
+
+/* ---- defined in src/backend.c ---- */
+/* Resolve AUTO, probe, and return the ops for `kind`; `why` says why. */
+int gm__backend_select(gm_backend_kind_t kind, int device, const gm__backend_ops_t **ops,
+                       gm_backend_kind_t *chosen, char *why, size_t why_cap);
+
+#endif /* GM_BACKEND_H */

@@ -1,0 +1,757 @@
+/*
+ * cuda.c — the CUDA driver backend: the backend contract (backend.h) carried
+ * out with the driver's virtual memory management calls.
+ *
+ * It owns three things: the driver itself, loaded once per process
+ * (dlopen("libcuda.so.1"), then every entry point through cuGetProcAddress at
+ * one ABI version, never dlclose'd); one small immutable object per open
+ * device (the retained primary context and what the device supports); and the
+ * translation of every CUresult into a gpumem status plus a message naming the
+ * call and the driver's own error name and text.  The idea: be the driver's
+ * thinnest possible skin.  We use the device's *primary* context, the one the
+ * CUDA runtime, PyTorch and CuPy use, so our memory and their kernels and
+ * streams live in one context; each call makes that context current for its
+ * duration and gives the thread back the context it had, so a program that
+ * works on another device meanwhile is not disturbed.
+ *
+ * Thread safety: no lock is taken anywhere.  The loader runs under
+ * pthread_once; a device object is written only in open and read-only after;
+ * the driver is thread-safe itself.  Nothing here sits on a hot path: the
+ * allocator calls the backend only to grow, shrink or sync.
+ */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backend.h"
+#include "../internal.h"
+#include "cuda_driver.h"
+
+/* Page size reported when the device has no VMM support: the plain path
+ * (cuMemAlloc) has no granularity of its own, and the layers above want one. */
+#define PLAIN_PATH_GRANULARITY ((size_t)2 << 20)
+
+/* ------------------------------------------------------------------------ */
+/* The driver, loaded once                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Every entry point we use; NULL until loaded, and optional ones may stay
+ * NULL (see GM__CUDA_DRIVER_FUNCS). */
+static struct {
+#define DRIVER_MEMBER(name, required, params) gm__pfn_##name name;
+    GM__CUDA_DRIVER_FUNCS(DRIVER_MEMBER)
+#undef DRIVER_MEMBER
+} drv;
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static int load_status = GM_NO_DEVICE; /* GM_OK once the driver is usable */
+static char load_error[160];           /* why it is not, when it is not */
+static int have_vmm_calls;             /* every VMM entry point resolved */
+static int have_fd_calls;              /* export/import resolved */
+
+/* The two ways of looking symbols up: cuGetProcAddress_v2 (CUDA 12+) or the
+ * original cuGetProcAddress (11.3+).  Written only inside load_driver. */
+static gm__pfn_cuGetProcAddress_v2 get_proc_v2;
+static gm__pfn_cuGetProcAddress get_proc_v1;
+
+/* dlsym's object pointer to a function pointer, without the cast ISO C
+ * frowns on. */
+static void store_fn(void *slot, void *fn, size_t size)
+{
+    memcpy(slot, &fn, size);
+}
+
+static CUresult lookup_result; /* of the last lookup, for load_driver's message */
+
+static void *lookup(const char *name)
+{
+    void *fn = NULL;
+    CUresult r;
+    if (get_proc_v2) {
+        CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        r = get_proc_v2(name, &fn, GM_CUDA_ABI_VERSION, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &found);
+        if (found != CU_GET_PROC_ADDRESS_SUCCESS) fn = NULL;
+    } else {
+        r = get_proc_v1(name, &fn, GM_CUDA_ABI_VERSION, CU_GET_PROC_ADDRESS_LEGACY_STREAM);
+    }
+    lookup_result = r;
+    return r == CUDA_SUCCESS ? fn : NULL;
+}
+
+/* The pthread_once routine: fills drv, load_status and load_error.  It cannot
+ * set a per-thread error (it runs on whichever thread came first); callers
+ * copy load_error into their own. */
+static void load_driver(void)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *why = dlerror();
+        if (!why || strstr(why, "No such file"))
+            snprintf(load_error, sizeof load_error, "libcuda.so.1 not found (no NVIDIA driver)");
+        else
+            snprintf(load_error, sizeof load_error, "libcuda.so.1 failed to load: %s", why);
+        return;
+    }
+    /* Never dlclose'd: driver threads and atexit handlers outlive us. */
+    store_fn(&get_proc_v2, dlsym(lib, "cuGetProcAddress_v2"), sizeof get_proc_v2);
+    if (!get_proc_v2) store_fn(&get_proc_v1, dlsym(lib, "cuGetProcAddress"), sizeof get_proc_v1);
+    if (!get_proc_v2 && !get_proc_v1) {
+        snprintf(load_error, sizeof load_error,
+                 "libcuda.so.1 has no cuGetProcAddress (driver older than CUDA 11.3)");
+        return;
+    }
+
+    const char *missing = NULL;
+#define RESOLVE(name, required, params)                                        \
+    store_fn(&drv.name, lookup(#name), sizeof drv.name);                       \
+    if (!drv.name && (required) && !missing) missing = #name;
+    GM__CUDA_DRIVER_FUNCS(RESOLVE)
+#undef RESOLVE
+    if (missing) {
+        if (lookup_result == CUDA_ERROR_STUB_LIBRARY)
+            snprintf(load_error, sizeof load_error,
+                     "libcuda.so.1 is the CUDA toolkit's stub library, not an NVIDIA driver");
+        else if (lookup_result != CUDA_SUCCESS)
+            snprintf(load_error, sizeof load_error, "cuGetProcAddress(%s) failed: CUresult %d",
+                     missing, (int)lookup_result);
+        else
+            snprintf(load_error, sizeof load_error, "libcuda.so.1 is too old: no %s", missing);
+        return;
+    }
+    have_vmm_calls = drv.cuMemGetAllocationGranularity && drv.cuMemAddressReserve &&
+                     drv.cuMemAddressFree && drv.cuMemCreate && drv.cuMemRelease && drv.cuMemMap &&
+                     drv.cuMemUnmap && drv.cuMemSetAccess;
+    have_fd_calls = drv.cuMemExportToShareableHandle && drv.cuMemImportFromShareableHandle;
+
+    CUresult r = drv.cuInit(0);
+    if (r != CUDA_SUCCESS) {
+        const char *name = NULL;
+        if (drv.cuGetErrorName(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
+        snprintf(load_error, sizeof load_error, "cuInit failed: %s (%d)", name, (int)r);
+        return;
+    }
+    load_status = GM_OK;
+}
+
+/* GM_OK when the driver is loaded and initialised; else GM_NO_DEVICE with the
+ * loader's message set for this thread. */
+static int load(void)
+{
+    pthread_once(&load_once, load_driver);
+    if (load_status != GM_OK) return gm__set_error(load_status, "cuda: %s", load_error);
+    return GM_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static int status_of(CUresult r)
+{
+    switch (r) {
+    case CUDA_SUCCESS:
+        return GM_OK;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        return GM_OUT_OF_MEMORY;
+    case CUDA_ERROR_NOT_READY:
+        return GM_NOT_READY;
+    case CUDA_ERROR_NOT_SUPPORTED:
+        return GM_NOT_SUPPORTED;
+    case CUDA_ERROR_NOT_INITIALIZED:
+    case CUDA_ERROR_STUB_LIBRARY:
+    case CUDA_ERROR_DEVICE_UNAVAILABLE:
+    case CUDA_ERROR_NO_DEVICE:
+    case CUDA_ERROR_INVALID_DEVICE:
+    case CUDA_ERROR_DEVICE_NOT_LICENSED:
+    case CUDA_ERROR_SYSTEM_NOT_READY:
+    case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
+    case CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE:
+        return GM_NO_DEVICE;
+    default:
+        return GM_BACKEND;
+    }
+}
+
+/* Set this thread's error for a failed driver call and return its status.
+ * fmt describes the call ("cuMemCreate(2097152 bytes)").  Formats into stack
+ * buffers only: never allocates. */
+static int cu_fail(CUresult r, const char *fmt, ...) GM_PRINTF(2, 3);
+static int cu_fail(CUresult r, const char *fmt, ...)
+{
+    char call[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(call, sizeof call, fmt, ap);
+    va_end(ap);
+
+    const char *name = NULL, *text = NULL;
+    if (drv.cuGetErrorName(r, &name) != CUDA_SUCCESS) name = NULL;
+    if (drv.cuGetErrorString(r, &text) != CUDA_SUCCESS) text = NULL;
+    if (!name) return gm__set_error(status_of(r), "%s failed: CUresult %d", call, (int)r);
+    return gm__set_error(status_of(r), "%s failed: %s (%s)", call, name,
+                         text ? text : "no description");
+}
+
+/* ------------------------------------------------------------------------ */
+/* The device object                                                        */
+/* ------------------------------------------------------------------------ */
+
+/* Written once by cuda_open, read-only afterwards (so shared freely between
+ * threads).  primary holds one reference on the device's primary context,
+ * dropped by cuda_close. */
+typedef struct cuda_ctx {
+    int ordinal;
+    CUdevice device;
+    CUcontext primary;
+    int vmm;                               /* device + driver do VMM */
+    CUmemAllocationHandleType handle_type; /* what phys_create asks for */
+    size_t granularity;
+    int driver_version;
+    char name[128];
+} cuda_ctx_t;
+
+/* The properties of every physical allocation: pinned memory on this device,
+ * exportable as a POSIX fd when the device can (handle_type). */
+static CUmemAllocationProp alloc_prop(int ordinal, CUmemAllocationHandleType handle_type)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = handle_type;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal;
+    return prop;
+}
+
+/* Make c's primary context current on this thread for one backend call;
+ * *prev receives what was current, for ctx_leave.  Cheap (a thread-local
+ * read) when it already is. */
+static int ctx_enter(const cuda_ctx_t *c, CUcontext *prev)
+{
+    CUresult r = drv.cuCtxGetCurrent(prev);
+    if (r != CUDA_SUCCESS) return cu_fail(r, "cuCtxGetCurrent");
+    if (*prev == c->primary) return GM_OK;
+    r = drv.cuCtxSetCurrent(c->primary);
+    if (r != CUDA_SUCCESS) return cu_fail(r, "cuCtxSetCurrent(device %d)", c->ordinal);
+    return GM_OK;
+}
+
+/* Give the thread back the context it had before ctx_enter.  A failure here
+ * cannot be reported better than the call's own result, so it is ignored. */
+static void ctx_leave(const cuda_ctx_t *c, CUcontext prev)
+{
+    if (prev != c->primary) (void)drv.cuCtxSetCurrent(prev);
+}
+
+/* Run one driver call `expr` with the context current; on failure, report it
+ * described by the printf-style rest.  Used by every member below that
+ * issues exactly one driver call. */
+#define CU_CALL(c, expr, ...)                                                  \
+    do {                                                                       \
+        CUcontext prev_;                                                       \
+        GM_CHECK(ctx_enter((c), &prev_));                                      \
+        CUresult r_ = (expr);                                                  \
+        ctx_leave((c), prev_);                                                 \
+        if (r_ != CUDA_SUCCESS) return cu_fail(r_, __VA_ARGS__);               \
+    } while (0)
+
+/* Preconditions of the VMM members: a device that does VMM, and sizes that
+ * are non-zero multiples of the granularity. */
+static int check_vmm(const cuda_ctx_t *c, const char *what)
+{
+    if (!c->vmm)
+        return gm__set_error(GM_NOT_SUPPORTED, "cuda: %s: device %d has no virtual memory management",
+                             what, c->ordinal);
+    return GM_OK;
+}
+
+static int check_pages(const cuda_ctx_t *c, const char *what, uintptr_t va, size_t size)
+{
+    if (size == 0 || size % c->granularity != 0 || va % c->granularity != 0)
+        return gm__set_error(GM_INVALID_ARGUMENT,
+                             "cuda: %s(%#lx, %zu bytes): address and size must be non-zero "
+                             "multiples of the granularity %zu",
+                             what, (unsigned long)va, size, c->granularity);
+    return GM_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Probe, open, close, info                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Checks that device `ordinal` exists; sets the error (GM_NO_DEVICE) if not.
+ * Precondition: load() succeeded. */
+static int check_ordinal(int ordinal)
+{
+    int count = 0;
+    CUresult r = drv.cuDeviceGetCount(&count);
+    if (r != CUDA_SUCCESS) return cu_fail(r, "cuDeviceGetCount");
+    if (count == 0) return gm__set_error(GM_NO_DEVICE, "cuda: no CUDA device is visible");
+    if (ordinal < 0 || ordinal >= count)
+        return gm__set_error(GM_NO_DEVICE, "cuda: device %d does not exist (%d device%s visible)",
+                             ordinal, count, count == 1 ? " is" : "s are");
+    return GM_OK;
+}
+
+/* Preconditions: none; may be called any number of times from any thread.
+ * Loads the driver on first use (process state, kept), but keeps no device
+ * state.  On GM_OK, why says which device was found. */
+static int cuda_probe(int ordinal, char *why, size_t why_cap)
+{
+    int rc = load();
+    if (rc == GM_OK) rc = check_ordinal(ordinal);
+    if (rc != GM_OK) {
+        /* The message without our "cuda: " prefix: the caller names us. */
+        char msg[256];
+        const char *text = gm_last_error();
+        if (strncmp(text, "cuda: ", 6) == 0) text += 6;
+        snprintf(msg, sizeof msg, "%s", text);
+        if (why && why_cap) snprintf(why, why_cap, "%s", msg);
+        return rc == GM_NO_DEVICE ? rc : gm__set_error(GM_NO_DEVICE, "cuda: %s", msg);
+    }
+    if (why && why_cap) {
+        CUdevice dev;
+        char name[128] = "?";
+        int version = 0;
+        if (drv.cuDeviceGet(&dev, ordinal) == CUDA_SUCCESS)
+            (void)drv.cuDeviceGetName(name, (int)sizeof name, dev);
+        (void)drv.cuDriverGetVersion(&version);
+        snprintf(why, why_cap, "cuda device %d: %s, driver %d.%d", ordinal, name, version / 1000,
+                 version % 1000 / 10);
+    }
+    return GM_OK;
+}
+
+/* Preconditions: cfg->device is an ordinal probe accepted.  Retains the
+ * primary context (activating it if no one had); *ctx is valid until
+ * cuda_close. */
+static int cuda_open(const gm__backend_config_t *cfg, void **ctx)
+{
+    int rc;
+    CUresult r;
+    *ctx = NULL;
+    GM_CHECK(load());
+    GM_CHECK(check_ordinal(cfg->device));
+
+    cuda_ctx_t *c = calloc(1, sizeof *c);
+    if (!c) return gm__set_error(GM_NO_HOST_MEMORY, "cuda: no memory for a device object");
+    c->ordinal = cfg->device;
+
+    r = drv.cuDeviceGet(&c->device, c->ordinal);
+    if (r != CUDA_SUCCESS) {
+        rc = cu_fail(r, "cuDeviceGet(%d)", c->ordinal);
+        goto fail_free;
+    }
+    r = drv.cuDeviceGetName(c->name, (int)sizeof c->name, c->device);
+    if (r != CUDA_SUCCESS) {
+        rc = cu_fail(r, "cuDeviceGetName(%d)", c->ordinal);
+        goto fail_free;
+    }
+    r = drv.cuDriverGetVersion(&c->driver_version);
+    if (r != CUDA_SUCCESS) {
+        rc = cu_fail(r, "cuDriverGetVersion");
+        goto fail_free;
+    }
+
+    int vmm = 0, fd = 0;
+    if (have_vmm_calls) {
+        r = drv.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                     c->device);
+        if (r != CUDA_SUCCESS) vmm = 0; /* an old driver that lacks the attribute */
+    }
+    if (vmm && have_fd_calls) {
+        r = drv.cuDeviceGetAttribute(
+            &fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, c->device);
+        if (r != CUDA_SUCCESS) fd = 0;
+    }
+    c->vmm = vmm != 0;
+    c->handle_type = fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+
+    r = drv.cuDevicePrimaryCtxRetain(&c->primary, c->device);
+    if (r != CUDA_SUCCESS) {
+        rc = cu_fail(r, "cuDevicePrimaryCtxRetain(device %d)", c->ordinal);
+        goto fail_free;
+    }
+
+    c->granularity = PLAIN_PATH_GRANULARITY;
+    if (c->vmm) {
+        CUmemAllocationProp prop = alloc_prop(c->ordinal, c->handle_type);
+        CUcontext prev;
+        GM_CHECK_GOTO(ctx_enter(c, &prev), rc, fail_release);
+        r = drv.cuMemGetAllocationGranularity(&c->granularity, &prop,
+                                              CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        ctx_leave(c, prev);
+        if (r != CUDA_SUCCESS) {
+            rc = cu_fail(r, "cuMemGetAllocationGranularity(device %d)", c->ordinal);
+            goto fail_release;
+        }
+        if (c->granularity == 0 || (c->granularity & (c->granularity - 1)) != 0) {
+            rc = gm__set_error(GM_BACKEND, "cuda: granularity %zu of device %d is not a power of two",
+                               c->granularity, c->ordinal);
+            goto fail_release;
+        }
+    }
+    *ctx = c;
+    return GM_OK;
+
+fail_release:
+    (void)drv.cuDevicePrimaryCtxRelease(c->device);
+fail_free:
+    free(c);
+    return rc;
+}
+
+/* Precondition: everything created through ctx was released.  Drops our
+ * reference on the primary context; the context lives on while the runtime
+ * or another pool still holds it. */
+static void cuda_close(void *ctx)
+{
+    cuda_ctx_t *c = ctx;
+    if (!c) return;
+    (void)drv.cuDevicePrimaryCtxRelease(c->device);
+    free(c);
+}
+
+/* Preconditions: none beyond an open ctx.  free_memory is the driver's
+ * current figure for the whole device (other processes included). */
+static int cuda_info(void *ctx, gm__backend_info_t *out)
+{
+    cuda_ctx_t *c = ctx;
+    size_t free_bytes = 0, total_bytes = 0;
+    CU_CALL(c, drv.cuMemGetInfo(&free_bytes, &total_bytes), "cuMemGetInfo(device %d)", c->ordinal);
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", c->name);
+    out->driver_version = c->driver_version;
+    out->total_memory = total_bytes;
+    out->free_memory = free_bytes;
+    out->granularity = c->granularity;
+    out->vmm_supported = c->vmm;
+    return GM_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Virtual address space and physical pages                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Preconditions: size a non-zero multiple of the granularity; align 0 (means
+ * the granularity) or a multiple of it. */
+static int cuda_va_reserve(void *ctx, size_t size, size_t align, uintptr_t *va)
+{
+    cuda_ctx_t *c = ctx;
+    GM_CHECK(check_vmm(c, "va_reserve"));
+    GM_CHECK(check_pages(c, "va_reserve", 0, size));
+    if (align % c->granularity != 0)
+        return gm__set_error(GM_INVALID_ARGUMENT, "cuda: va_reserve: alignment %zu is not a multiple of %zu",
+                             align, c->granularity);
+    CUdeviceptr p = 0;
+    CU_CALL(c, drv.cuMemAddressReserve(&p, size, align, 0, 0),
+            "cuMemAddressReserve(%zu bytes, align %zu)", size, align);
+    *va = (uintptr_t)p;
+    return GM_OK;
+}
+
+/* Precondition: [va, va+size) is exactly one reservation and nothing is
+ * mapped in it. */
+static int cuda_va_free(void *ctx, uintptr_t va, size_t size)
+{
+    cuda_ctx_t *c = ctx;
+    GM_CHECK(check_vmm(c, "va_free"));
+    CU_CALL(c, drv.cuMemAddressFree((CUdeviceptr)va, size), "cuMemAddressFree(%#lx, %zu bytes)",
+            (unsigned long)va, size);
+    return GM_OK;
+}
+
+/* Precondition: size a non-zero multiple of the granularity.  The handle is
+ * exportable as a POSIX fd when the device supports that. */
+static int cuda_phys_create(void *ctx, size_t size, gm__phys_t *h)
+{
+    cuda_ctx_t *c = ctx;
+    GM_CHECK(check_vmm(c, "phys_create"));
+    GM_CHECK(check_pages(c, "phys_create", 0, size));
+    CUmemAllocationProp prop = alloc_prop(c->ordinal, c->handle_type);
+    CUmemGenericAllocationHandle handle = 0;
+    CU_CALL(c, drv.cuMemCreate(&handle, size, &prop, 0), "cuMemCreate(%zu bytes, device %d)", size,
+            c->ordinal);
+    *h = (gm__phys_t)handle;
+    return GM_OK;
+}
+
+/* Precondition: h is not mapped anywhere (the driver would keep its memory
+ * alive until the last unmap, hiding a leak). */
+static int cuda_phys_release(void *ctx, gm__phys_t h)
+{
+    cuda_ctx_t *c = ctx;
+    GM_CHECK(check_vmm(c, "phys_release"));
+    CU_CALL(c, drv.cuMemRelease((CUmemGenericAllocationHandle)h), "cuMemRelease(handle %#llx)",
+            (unsigned long long)h);
+    return GM_OK;
+}
+
+/* Preconditions: [va, va+size) lies in one reservation, is unmapped, and
+ * size is h's whole size (CUDA maps from offset 0). */
+static int cuda_map(void *ctx, uintptr_t va, size_t size, gm__phys_t h)
+{
+    cuda_ctx_t *c = ctx;
+    GM_CHECK(check_vmm(c, "map"));
+    GM_CHECK(check_pages(c, "map", va, size));
+    CU_CALL(c, drv.cuMemMap((CUdeviceptr)va, size, 0, (CUmemGenericAllocationHandle)h, 0),
+            "cuMemMap(%#lx, %zu bytes, handle %#llx)", (unsigned long)va, size,
+            (unsigned long long)h);
+    return GM_OK;
+}
+
+/* Preconditions: [va, va+size) is exactly what one map call mapped (the
+ * driver rejects a sub-range), and no queued device work still touches it. */
+static int cuda_unmap(void *ctx, uintptr_t va, size_t size)
+{
+    cuda_ctx_t *c = ctx;
+    GM_CHECK(check_vmm(c, "unmap"));
+    GM_CHECK(check_pages(c, "unmap", va, size));
+    CU_CALL(c, drv.cuMemUnmap((CUdeviceptr)va, size), "cuMemUnmap(%#lx, %zu bytes)",
+            (unsigned long)va, size);
+    return GM_OK;
+}
+
+/* Precondition: every page of [va, va+size) is mapped; the range may span
+ * several handles (one call for all of them is much cheaper). */
+static int cuda_set_access(void *ctx, uintptr_t va, size_t size)
+{
+    cuda_ctx_t *c = ctx;
+    GM_CHECK(check_vmm(c, "set_access"));
+    GM_CHECK(check_pages(c, "set_access", va, size));
+    CUmemAccessDesc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = c->ordinal;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CU_CALL(c, drv.cuMemSetAccess((CUdeviceptr)va, size, &desc, 1),
+            "cuMemSetAccess(%#lx, %zu bytes, device %d read-write)", (unsigned long)va, size,
+            c->ordinal);
+    return GM_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sharing between processes                                                */
+/* ------------------------------------------------------------------------ */
+
+static int check_fd_sharing(const cuda_ctx_t *c, const char *what)
+{
+    GM_CHECK(check_vmm(c, what));
+    if (c->handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return gm__set_error(GM_NOT_SUPPORTED,
+                             "cuda: %s: device %d cannot share memory as POSIX file descriptors",
+                             what, c->ordinal);
+    return GM_OK;
+}
+
+/* Precondition: h came from phys_create on this ctx.  *fd is a new file
+ * descriptor owned by the caller (close it when sent). */
+static int cuda_export_fd(void *ctx, gm__phys_t h, int *fd)
+{
+    cuda_ctx_t *c = ctx;
+    GM_CHECK(check_fd_sharing(c, "export_fd"));
+    int out = -1;
+    CU_CALL(c,
+            drv.cuMemExportToShareableHandle(&out, (CUmemGenericAllocationHandle)h,
+                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+            "cuMemExportToShareableHandle(handle %#llx, POSIX fd)", (unsigned long long)h);
+    *fd = out;
+    return GM_OK;
+}
+
+/* Precondition: fd came from export_fd (here or in another process).  The
+ * fd stays the caller's; size is not needed by CUDA (the handle knows it). */
+static int cuda_import_fd(void *ctx, int fd, size_t size, gm__phys_t *h)
+{
+    cuda_ctx_t *c = ctx;
+    (void)size;
+    GM_CHECK(check_fd_sharing(c, "import_fd"));
+    if (fd < 0) return gm__set_error(GM_INVALID_ARGUMENT, "cuda: import_fd: bad descriptor %d", fd);
+    CUmemGenericAllocationHandle handle = 0;
+    CU_CALL(c,
+            drv.cuMemImportFromShareableHandle(&handle, (void *)(intptr_t)fd,
+                                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+            "cuMemImportFromShareableHandle(fd %d)", fd);
+    *h = (gm__phys_t)handle;
+    return GM_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Plain allocations                                                        */
+/* ------------------------------------------------------------------------ */
+
+/* Precondition: size > 0.  Works with or without VMM support. */
+static int cuda_mem_alloc(void *ctx, size_t size, uintptr_t *ptr)
+{
+    cuda_ctx_t *c = ctx;
+    if (size == 0) return gm__set_error(GM_INVALID_ARGUMENT, "cuda: mem_alloc of 0 bytes");
+    CUdeviceptr p = 0;
+    CU_CALL(c, drv.cuMemAlloc(&p, size), "cuMemAlloc(%zu bytes, device %d)", size, c->ordinal);
+    *ptr = (uintptr_t)p;
+    return GM_OK;
+}
+
+/* Precondition: ptr came from mem_alloc and no queued work touches it
+ * (cuMemFree does not wait for other streams). */
+static int cuda_mem_free(void *ctx, uintptr_t ptr)
+{
+    cuda_ctx_t *c = ctx;
+    CU_CALL(c, drv.cuMemFree((CUdeviceptr)ptr), "cuMemFree(%#lx)", (unsigned long)ptr);
+    return GM_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Events and streams                                                       */
+/* ------------------------------------------------------------------------ */
+
+static CUevent event_of(gm__event_t ev)
+{
+    return (CUevent)(uintptr_t)ev;
+}
+
+/* Preconditions: none.  Timing is off: these events only order work. */
+static int cuda_event_create(void *ctx, gm__event_t *ev)
+{
+    cuda_ctx_t *c = ctx;
+    CUevent e = NULL;
+    CU_CALL(c, drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    *ev = (gm__event_t)(uintptr_t)e;
+    return GM_OK;
+}
+
+/* Precondition: ev came from event_create.  Pending work it was recorded
+ * after is not waited for (the driver frees the event when it completes). */
+static int cuda_event_destroy(void *ctx, gm__event_t ev)
+{
+    cuda_ctx_t *c = ctx;
+    CU_CALL(c, drv.cuEventDestroy(event_of(ev)), "cuEventDestroy");
+    return GM_OK;
+}
+
+/* Preconditions: ev from event_create; stream NULL (the legacy default
+ * stream) or a CUstream/cudaStream_t of this device's primary context. */
+static int cuda_event_record(void *ctx, gm__event_t ev, gm_stream_t stream)
+{
+    cuda_ctx_t *c = ctx;
+    CU_CALL(c, drv.cuEventRecord(event_of(ev), (CUstream)stream), "cuEventRecord(stream %p)",
+            stream);
+    return GM_OK;
+}
+
+/* Precondition: ev from event_create.  GM_NOT_READY is an answer, not a
+ * failure: it leaves the thread's error message alone. */
+static int cuda_event_query(void *ctx, gm__event_t ev)
+{
+    cuda_ctx_t *c = ctx;
+    CUcontext prev;
+    GM_CHECK(ctx_enter(c, &prev));
+    CUresult r = drv.cuEventQuery(event_of(ev));
+    ctx_leave(c, prev);
+    if (r == CUDA_SUCCESS) return GM_OK;
+    if (r == CUDA_ERROR_NOT_READY) return GM_NOT_READY;
+    return cu_fail(r, "cuEventQuery");
+}
+
+/* Precondition: ev from event_create.  Blocks until the work recorded before
+ * it is done. */
+static int cuda_event_sync(void *ctx, gm__event_t ev)
+{
+    cuda_ctx_t *c = ctx;
+    CU_CALL(c, drv.cuEventSynchronize(event_of(ev)), "cuEventSynchronize");
+    return GM_OK;
+}
+
+/* Precondition: stream as for event_record. */
+static int cuda_stream_sync(void *ctx, gm_stream_t stream)
+{
+    cuda_ctx_t *c = ctx;
+    CU_CALL(c, drv.cuStreamSynchronize((CUstream)stream), "cuStreamSynchronize(stream %p)", stream);
+    return GM_OK;
+}
+
+/* Non-blocking: the stream does not wait for the legacy default stream. */
+static int cuda_stream_create(void *ctx, gm_stream_t *stream)
+{
+    cuda_ctx_t *c = ctx;
+    CUstream s = NULL;
+    CU_CALL(c, drv.cuStreamCreate(&s, 0x1 /* CU_STREAM_NON_BLOCKING */), "cuStreamCreate");
+    *stream = (gm_stream_t)s;
+    return GM_OK;
+}
+
+/* Precondition: stream came from stream_create. */
+static int cuda_stream_destroy(void *ctx, gm_stream_t stream)
+{
+    cuda_ctx_t *c = ctx;
+    CU_CALL(c, drv.cuStreamDestroy((CUstream)stream), "cuStreamDestroy(%p)", stream);
+    return GM_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Copies and fills                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Preconditions: both ranges are valid device memory or host memory
+ * (unified addressing tells them apart); stream as for event_record.  Queued
+ * on the stream: the caller syncs before reading a host destination. */
+static int cuda_memcpy(void *ctx, uintptr_t dst, uintptr_t src, size_t n, gm_stream_t stream)
+{
+    cuda_ctx_t *c = ctx;
+    if (n == 0) return GM_OK;
+    CU_CALL(c, drv.cuMemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, n, (CUstream)stream),
+            "cuMemcpyAsync(%#lx <- %#lx, %zu bytes, stream %p)", (unsigned long)dst,
+            (unsigned long)src, n, stream);
+    return GM_OK;
+}
+
+/* Preconditions: [dst, dst+n) is device memory (mapped and accessible);
+ * stream as for event_record.  Only the low byte of value is used. */
+static int cuda_memset(void *ctx, uintptr_t dst, int value, size_t n, gm_stream_t stream)
+{
+    cuda_ctx_t *c = ctx;
+    if (n == 0) return GM_OK;
+    CU_CALL(c, drv.cuMemsetD8Async((CUdeviceptr)dst, (unsigned char)value, n, (CUstream)stream),
+            "cuMemsetD8Async(%#lx, %#x, %zu bytes, stream %p)", (unsigned long)dst,
+            (unsigned)(unsigned char)value, n, stream);
+    return GM_OK;
+}
+
+const gm__backend_ops_t gm__backend_cuda = {
+    .name = "cuda",
+    .probe = cuda_probe,
+    .open = cuda_open,
+    .close = cuda_close,
+    .info = cuda_info,
+    .va_reserve = cuda_va_reserve,
+    .va_free = cuda_va_free,
+    .phys_create = cuda_phys_create,
+    .phys_release = cuda_phys_release,
+    .map = cuda_map,
+    .unmap = cuda_unmap,
+    .set_access = cuda_set_access,
+    .export_fd = cuda_export_fd,
+    .import_fd = cuda_import_fd,
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_query = cuda_event_query,
+    .event_sync = cuda_event_sync,
+    .stream_sync = cuda_stream_sync,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .memcpy = cuda_memcpy,
+    .memset = cuda_memset,
+    .modeled_ns = NULL, /* sim only */
+    .fail_nth = NULL,
+    .hold_stream = NULL,
+};

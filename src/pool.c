@@ -1,0 +1,515 @@
+/*
+ * pool.c — pools: configuration, the environment table, creation and
+ * teardown, the public allocation entry points, limits, trim, statistics.
+ *
+ * A pool owns one backend context, two arenas of reserved address space
+ * (small requests packed apart from large ones), the free indexes and the
+ * live-block table.  One mutex guards all of it; every public function here
+ * takes it (none is called with it held) and nothing below it blocks on
+ * anything but backend calls, which only growth, trim and stream draining
+ * make.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool.h"
+
+/* ---- environment: one table, read by gm_config_from_env ------------------ */
+
+typedef enum { ENV_BACKEND, ENV_INT, ENV_SIZE, ENV_SIZE_OR_MAX } env_type_t;
+
+static const struct env_option {
+    const char *name;
+    env_type_t type;
+    const char *def;
+    const char *doc;
+    size_t offset;
+} env_table[] = {
+    {"GPUMEM_BACKEND", ENV_BACKEND, "auto", "auto | sim | cuda (auto: cuda when a GPU is usable, else sim)",
+     offsetof(gm_pool_config_t, backend)},
+    {"GPUMEM_DEVICE", ENV_INT, "0", "device ordinal", offsetof(gm_pool_config_t, device)},
+    {"GPUMEM_LIMIT", ENV_SIZE, "0", "hard cap on reserved bytes, e.g. 8GiB (0: device memory)",
+     offsetof(gm_pool_config_t, limit)},
+    {"GPUMEM_INITIAL_RESERVE", ENV_SIZE, "0", "bytes mapped when the pool is created",
+     offsetof(gm_pool_config_t, initial_reserve)},
+    {"GPUMEM_RELEASE_THRESHOLD", ENV_SIZE_OR_MAX, "max",
+     "cached bytes kept after a free before giving memory back (max: keep all)",
+     offsetof(gm_pool_config_t, release_threshold)},
+    {"GPUMEM_SIM_CAPACITY", ENV_SIZE, "80GiB", "device size of the sim backend",
+     offsetof(gm_pool_config_t, sim_capacity)},
+};
+
+static int env_apply(const struct env_option *o, const char *v, gm_pool_config_t *cfg)
+{
+    char *base = (char *)cfg + o->offset;
+    switch (o->type) {
+    case ENV_BACKEND:
+        if (!strcmp(v, "auto")) *(gm_backend_kind_t *)(void *)base = GM_BACKEND_AUTO;
+        else if (!strcmp(v, "sim")) *(gm_backend_kind_t *)(void *)base = GM_BACKEND_SIM;
+        else if (!strcmp(v, "cuda")) *(gm_backend_kind_t *)(void *)base = GM_BACKEND_CUDA;
+        else return GM_INVALID_ARGUMENT;
+        return GM_OK;
+    case ENV_INT: {
+        char *end;
+        errno = 0;
+        long x = strtol(v, &end, 10);
+        if (errno || *end || end == v || x < 0 || x > 1 << 20) return GM_INVALID_ARGUMENT;
+        *(int *)(void *)base = (int)x;
+        return GM_OK;
+    }
+    case ENV_SIZE_OR_MAX:
+        if (!strcmp(v, "max")) {
+            *(size_t *)(void *)base = SIZE_MAX;
+            return GM_OK;
+        }
+        /* fall through */
+    case ENV_SIZE:
+        return gm__parse_size(v, (size_t *)(void *)base);
+    }
+    return GM_INVALID_ARGUMENT;
+}
+
+int gm_config_from_env(gm_pool_config_t *cfg)
+{
+    if (!cfg) return gm__set_error(GM_INVALID_ARGUMENT, "gm_config_from_env: cfg is NULL");
+    gm_pool_config_t d = GM_POOL_CONFIG_INIT;
+    for (size_t i = 0; i < sizeof env_table / sizeof env_table[0]; i++) {
+        const struct env_option *o = &env_table[i];
+        const char *v = getenv(o->name);
+        if (!v || !*v) v = o->def;
+        if (env_apply(o, v, &d) != GM_OK)
+            return gm__set_error(GM_INVALID_ARGUMENT, "%s=\"%s\" is not valid: %s", o->name, v,
+                                 o->doc);
+    }
+    *cfg = d;
+    return GM_OK;
+}
+
+/* ---- creation and teardown ------------------------------------------------- */
+
+static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
+{
+    gm_pool_config_t d = GM_POOL_CONFIG_INIT;
+    if (in->size < offsetof(gm_pool_config_t, backend) || in->version == 0 ||
+        in->version > GM_POOL_CONFIG_VERSION)
+        return gm__set_error(GM_INVALID_ARGUMENT,
+                             "gm_pool_create: config has size %zu and version %u; initialise it "
+                             "with GM_POOL_CONFIG_INIT", in->size, in->version);
+    memcpy(&d, in, in->size < sizeof d ? in->size : sizeof d);
+    d.size = sizeof d;
+    d.version = GM_POOL_CONFIG_VERSION;
+    if (d.backend != GM_BACKEND_AUTO && d.backend != GM_BACKEND_SIM && d.backend != GM_BACKEND_CUDA)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: unknown backend %d",
+                             (int)d.backend);
+    if (d.device < 0)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: device %d", d.device);
+    if (d.sim_capacity == 0) {
+        const char *v = getenv("GPUMEM_SIM_CAPACITY");
+        if (!v || gm__parse_size(v, &d.sim_capacity) != GM_OK || d.sim_capacity == 0)
+            d.sim_capacity = (size_t)80 << 30;
+    }
+    *out = d;
+    return GM_OK;
+}
+
+void gm_pool_destroy(gm_pool_t *pool)
+{
+    if (!pool) return;
+    gm__lock(&pool->lock);
+    int rc;
+    for (int c = 0; c < GM_CLASS_COUNT; c++) gm__arena_fini(pool, &pool->arena[c]);
+    for (size_t i = 0; i < pool->n_spare; i++) GM_BK(rc, pool, phys_release, (pool->bk, pool->spare[i]));
+    (void)rc;
+    free(pool->spare);
+    gm__alloc_fini(pool);
+    if (pool->bk) pool->ops->close(pool->bk);
+    gm__unlock(&pool->lock);
+    free(pool);
+}
+
+int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
+{
+    int rc;
+    if (!out) return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: pool is NULL");
+    *out = NULL;
+    gm_pool_t *pool = calloc(1, sizeof *pool);
+    if (!pool) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
+    pool->st.size = sizeof pool->st;
+    pool->st.version = GM_STATS_VERSION;
+    pool->global.is_global = true;
+
+    if (cfg) GM_CHECK_GOTO(config_copy(cfg, &pool->cfg), rc, fail);
+    else GM_CHECK_GOTO(gm_config_from_env(&pool->cfg), rc, fail);
+    if (cfg == NULL) GM_CHECK_GOTO(config_copy(&pool->cfg, &pool->cfg), rc, fail);
+
+    GM_CHECK_GOTO(gm__backend_select(pool->cfg.backend, pool->cfg.device, &pool->ops,
+                                     &pool->backend_kind, pool->backend_reason,
+                                     sizeof pool->backend_reason), rc, fail);
+    gm__backend_config_t bc = {.device = pool->cfg.device, .sim_capacity = pool->cfg.sim_capacity};
+    GM_CHECK_GOTO(pool->ops->open(&bc, &pool->bk), rc, fail);
+    GM_CHECK_GOTO(pool->ops->info(pool->bk, &pool->info), rc, fail);
+    if (!pool->info.vmm_supported) {
+        rc = gm__set_error(GM_NOT_SUPPORTED, "gm_pool_create: device %d (%s) has no virtual "
+                           "memory management support; gpumem needs it",
+                           pool->cfg.device, pool->info.name);
+        goto fail;
+    }
+    pool->page = pool->info.granularity;
+    if (pool->page < 4096 || (pool->page & (pool->page - 1))) {
+        rc = gm__set_error(GM_BACKEND, "gm_pool_create: backend granularity %zu is not a power "
+                           "of two", pool->page);
+        goto fail;
+    }
+    pool->page_shift = (unsigned)__builtin_ctzll(pool->page);
+    pool->limit = pool->info.total_memory;
+    if (pool->cfg.limit && pool->cfg.limit < pool->limit) pool->limit = pool->cfg.limit;
+
+    GM_CHECK_GOTO(gm__hash_init(&pool->live, 1024), rc, fail);
+    if (!gm__stream_get_locked(pool, NULL)) {
+        rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
+        goto fail;
+    }
+    /* Address space is cheap: room for the whole device several times over,
+     * so holes never force a failure while physical pages are free. */
+    size_t total = GM_ALIGN_UP(pool->info.total_memory, pool->page);
+    GM_CHECK_GOTO(gm__arena_init(pool, &pool->arena[GM_CLASS_SMALL], GM_CLASS_SMALL, total * 2),
+                  rc, fail);
+    GM_CHECK_GOTO(gm__arena_init(pool, &pool->arena[GM_CLASS_LARGE], GM_CLASS_LARGE, total * 4),
+                  rc, fail);
+    if (pool->cfg.initial_reserve) {
+        rc = gm__pages_prefault_locked(pool, pool->cfg.initial_reserve);
+        if (rc != GM_OK) {
+            gm__set_error(rc, "gm_pool_create: initial reserve of %zu bytes failed: %s",
+                          pool->cfg.initial_reserve, gm_last_error());
+            goto fail;
+        }
+    }
+    gm__clear_error();
+    *out = pool;
+    return GM_OK;
+fail:
+    gm_pool_destroy(pool);
+    return rc;
+}
+
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static gm_pool_t *default_pool;
+static int default_rc;
+static char default_msg[256];
+
+static void default_create(void)
+{
+    default_rc = gm_pool_create(NULL, &default_pool);
+    if (default_rc != GM_OK) snprintf(default_msg, sizeof default_msg, "%s", gm_last_error());
+}
+
+int gm_default_pool(gm_pool_t **pool)
+{
+    if (!pool) return gm__set_error(GM_INVALID_ARGUMENT, "gm_default_pool: pool is NULL");
+    pthread_once(&default_once, default_create);
+    *pool = default_pool;
+    if (default_rc != GM_OK)
+        return gm__set_error(default_rc, "the default pool could not be created: %s", default_msg);
+    return GM_OK;
+}
+
+static inline int resolve(gm_pool_t **pool)
+{
+    if (GM_LIKELY(*pool != NULL)) return GM_OK;
+    return gm_default_pool(pool);
+}
+
+/* ---- allocation ------------------------------------------------------------ */
+
+#if GM_DEBUG >= 3
+#define VALIDATE_LOCKED(pool)                                                  \
+    do {                                                                       \
+        if (gm__alloc_check_locked(pool) != GM_OK) {                           \
+            fprintf(stderr, "gpumem: pool check failed: %s\n", gm_last_error()); \
+            gm_assert_expensive(0);                                            \
+        }                                                                      \
+    } while (0)
+#else
+#define VALIDATE_LOCKED(pool) ((void)0)
+#endif
+
+int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
+{
+    if (GM_UNLIKELY(!ptr)) return gm__set_error(GM_INVALID_ARGUMENT, "gm_alloc: ptr is NULL");
+    *ptr = NULL;
+    GM_CHECK(resolve(&pool));
+    if (GM_UNLIKELY(size == 0)) return GM_OK;
+    gm__lock(&pool->lock);
+    if (GM_UNLIKELY(size > pool->limit || size > GM_MAX_REQUEST)) {
+        char a[32];
+        bool over_device = size > pool->info.total_memory || size > GM_MAX_REQUEST;
+        size_t cap = over_device ? pool->info.total_memory : pool->limit;
+        pool->st.oom_count++;
+        gm__unlock(&pool->lock);
+        return gm__set_error(over_device ? GM_OUT_OF_MEMORY : GM_LIMIT,
+                             "gm_alloc: %zu bytes is more than the %s (%s)", size,
+                             over_device ? "device's memory" : "pool limit",
+                             gm__fmt_bytes(cap, a, sizeof a));
+    }
+    gm__stream_t *s = gm__stream_get_locked(pool, stream);
+    int rc = s ? gm__alloc_locked(pool, size, s, ptr)
+               : gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
+    VALIDATE_LOCKED(pool);
+    gm__unlock(&pool->lock);
+    return rc;
+}
+
+int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
+{
+    if (!ptr) return GM_OK;
+    GM_CHECK(resolve(&pool));
+    gm__lock(&pool->lock);
+    gm__stream_t *s = gm__stream_get_locked(pool, stream);
+    int rc = s ? gm__free_locked(pool, ptr, s)
+               : gm__set_error(GM_NO_HOST_MEMORY, "gm_free: out of host memory for a stream");
+    if (rc == GM_OK && pool->cfg.release_threshold != SIZE_MAX &&
+        pool->st.reserved - pool->st.active > pool->cfg.release_threshold) {
+        /* Giving memory back is best effort: the free itself succeeded. */
+        if (gm__pages_trim_locked(pool, pool->cfg.release_threshold, NULL) != GM_OK)
+            gm__clear_error();
+    }
+    VALIDATE_LOCKED(pool);
+    gm__unlock(&pool->lock);
+    return rc;
+}
+
+int gm_record_stream(gm_pool_t *pool, void *ptr, gm_stream_t stream)
+{
+    if (!ptr) return gm__set_error(GM_INVALID_ARGUMENT, "gm_record_stream: ptr is NULL");
+    GM_CHECK(resolve(&pool));
+    gm__lock(&pool->lock);
+    gm__stream_t *s = gm__stream_get_locked(pool, stream);
+    int rc = s ? gm__record_stream_locked(pool, ptr, s)
+               : gm__set_error(GM_NO_HOST_MEMORY, "gm_record_stream: out of host memory");
+    gm__unlock(&pool->lock);
+    return rc;
+}
+
+int gm_block_size(gm_pool_t *pool, const void *ptr, size_t *size)
+{
+    if (!ptr || !size) return gm__set_error(GM_INVALID_ARGUMENT, "gm_block_size: NULL argument");
+    GM_CHECK(resolve(&pool));
+    gm__lock(&pool->lock);
+    gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
+    if (b) *size = b->requested;
+    gm__unlock(&pool->lock);
+    if (!b)
+        return gm__set_error(GM_INVALID_POINTER, "gm_block_size: %p is not a live block of this pool",
+                             ptr);
+    return GM_OK;
+}
+
+int gm_pool_set_limit(gm_pool_t *pool, size_t limit)
+{
+    GM_CHECK(resolve(&pool));
+    gm__lock(&pool->lock);
+    pool->limit = limit && limit < pool->info.total_memory ? limit : pool->info.total_memory;
+    pool->cfg.limit = limit;
+    gm__unlock(&pool->lock);
+    return GM_OK;
+}
+
+int gm_trim(gm_pool_t *pool, size_t keep, size_t *released)
+{
+    GM_CHECK(resolve(&pool));
+    gm__lock(&pool->lock);
+    int rc = gm__pages_trim_locked(pool, keep, released);
+    VALIDATE_LOCKED(pool);
+    gm__unlock(&pool->lock);
+    return rc;
+}
+
+/* ---- device work ------------------------------------------------------------- */
+
+/* Backend calls that need no pool state: run unlocked, account after. */
+#define UNLOCKED_CALL(pool, kind, args)                                        \
+    do {                                                                       \
+        uint64_t t0_ = gm__now_ns();                                           \
+        rc = (pool)->ops->kind args;                                           \
+        gm__lock(&(pool)->lock);                                     \
+        gm__bk_account((pool), GM_CALL_##kind, t0_);                           \
+        gm__unlock(&(pool)->lock);                                   \
+    } while (0)
+
+int gm_memcpy(gm_pool_t *pool, void *dst, const void *src, size_t n, gm_stream_t stream)
+{
+    int rc;
+    if ((!dst || !src) && n) return gm__set_error(GM_INVALID_ARGUMENT, "gm_memcpy: NULL pointer");
+    GM_CHECK(resolve(&pool));
+    if (!n) return GM_OK;
+    UNLOCKED_CALL(pool, memcpy, (pool->bk, (uintptr_t)dst, (uintptr_t)src, n, stream));
+    return rc;
+}
+
+int gm_memset(gm_pool_t *pool, void *dst, int value, size_t n, gm_stream_t stream)
+{
+    int rc;
+    if (!dst && n) return gm__set_error(GM_INVALID_ARGUMENT, "gm_memset: NULL pointer");
+    GM_CHECK(resolve(&pool));
+    if (!n) return GM_OK;
+    UNLOCKED_CALL(pool, memset, (pool->bk, (uintptr_t)dst, value, n, stream));
+    return rc;
+}
+
+int gm_stream_synchronize(gm_pool_t *pool, gm_stream_t stream)
+{
+    int rc;
+    GM_CHECK(resolve(&pool));
+    UNLOCKED_CALL(pool, stream_sync, (pool->bk, stream));
+    return rc;
+}
+
+int gm_stream_create(gm_pool_t *pool, gm_stream_t *stream)
+{
+    int rc;
+    if (!stream) return gm__set_error(GM_INVALID_ARGUMENT, "gm_stream_create: stream is NULL");
+    GM_CHECK(resolve(&pool));
+    UNLOCKED_CALL(pool, stream_create, (pool->bk, stream));
+    return rc;
+}
+
+int gm_stream_destroy(gm_pool_t *pool, gm_stream_t stream)
+{
+    int rc;
+    if (!stream) return gm__set_error(GM_INVALID_ARGUMENT, "gm_stream_destroy: the default stream "
+                                      "cannot be destroyed");
+    GM_CHECK(resolve(&pool));
+    UNLOCKED_CALL(pool, stream_destroy, (pool->bk, stream));
+    return rc;
+}
+
+/* ---- information and statistics ------------------------------------------------ */
+
+int gm_pool_device_info(gm_pool_t *pool, gm_device_info_t *info)
+{
+    if (!info || info->size < offsetof(gm_device_info_t, backend))
+        return gm__set_error(GM_INVALID_ARGUMENT,
+                             "gm_pool_device_info: initialise info with GM_DEVICE_INFO_INIT");
+    GM_CHECK(resolve(&pool));
+    gm_device_info_t d = GM_DEVICE_INFO_INIT;
+    gm__backend_info_t bi;
+    gm__lock(&pool->lock);
+    int rc = pool->ops->info(pool->bk, &bi);
+    gm__unlock(&pool->lock);
+    if (rc != GM_OK) return rc;
+    d.backend = pool->backend_kind;
+    snprintf(d.backend_name, sizeof d.backend_name, "%s", pool->ops->name);
+    snprintf(d.backend_reason, sizeof d.backend_reason, "%s", pool->backend_reason);
+    snprintf(d.device_name, sizeof d.device_name, "%s", bi.name);
+    d.device = pool->cfg.device;
+    d.driver_version = bi.driver_version;
+    d.total_memory = bi.total_memory;
+    d.free_memory = bi.free_memory;
+    d.granularity = bi.granularity;
+    d.vmm_supported = bi.vmm_supported;
+    size_t n = info->size < sizeof d ? info->size : sizeof d;
+    memcpy(info, &d, n);
+    info->size = n;
+    return GM_OK;
+}
+
+int gm_pool_stats(gm_pool_t *pool, gm_stats_t *stats)
+{
+    if (!stats || stats->size < offsetof(gm_stats_t, allocated))
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_stats: initialise stats with GM_STATS_INIT");
+    GM_CHECK(resolve(&pool));
+    gm_stats_t s;
+    gm__lock(&pool->lock);
+    s = pool->st;
+    gm__alloc_free_summary_locked(pool, &s.largest_free_block, &s.free_blocks);
+    gm__unlock(&pool->lock);
+    s.cached = s.reserved - s.active;
+    uint64_t free_mapped = s.mapped > s.active ? s.mapped - s.active : 0;
+    s.fragmentation_ppm = free_mapped && s.largest_free_block < free_mapped
+                              ? (uint64_t)(1e6 * (1.0 - (double)s.largest_free_block / (double)free_mapped))
+                              : 0;
+    s.modeled_device_ns = pool->ops->modeled_ns ? pool->ops->modeled_ns(pool->bk) : 0;
+    s.size = sizeof s;
+    s.version = GM_STATS_VERSION;
+    size_t n = stats->size < sizeof s ? stats->size : sizeof s;
+    memcpy(stats, &s, n);
+    stats->size = n;
+    return GM_OK;
+}
+
+int gm_pool_reset_peaks(gm_pool_t *pool)
+{
+    GM_CHECK(resolve(&pool));
+    gm__lock(&pool->lock);
+    pool->st.allocated_peak = pool->st.allocated;
+    pool->st.active_peak = pool->st.active;
+    pool->st.reserved_peak = pool->st.reserved;
+    gm__unlock(&pool->lock);
+    return GM_OK;
+}
+
+int gm_stats_json(const gm_stats_t *st, char *buf, size_t cap, size_t *len)
+{
+    if (!st || (!buf && cap)) return gm__set_error(GM_INVALID_ARGUMENT, "gm_stats_json: NULL argument");
+    size_t at = 0;
+#define PUT(...)                                                               \
+    do {                                                                       \
+        int n_ = snprintf(buf ? buf + (at < cap ? at : cap) : NULL,            \
+                          at < cap ? cap - at : 0, __VA_ARGS__);               \
+        if (n_ > 0) at += (size_t)n_;                                          \
+    } while (0)
+    const char *sep = "";
+    PUT("{");
+#define GM__STAT_JSON(name, desc)                                              \
+    PUT("%s\"" #name "\":%llu", sep, (unsigned long long)st->name);            \
+    sep = ",";
+    GM_STAT_FIELDS(GM__STAT_JSON)
+#undef GM__STAT_JSON
+    PUT(",\"backend_calls\":{");
+    sep = "";
+    for (int k = 0; k < GM_CALL_COUNT; k++) {
+        PUT("%s\"%s\":%llu", sep, gm_call_name(k), (unsigned long long)st->backend_calls[k]);
+        sep = ",";
+    }
+    PUT("}}");
+#undef PUT
+    if (len) *len = at;
+    if (cap && at >= cap) {
+        buf[cap - 1] = '\0';
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_stats_json: needs %zu bytes, got %zu", at + 1, cap);
+    }
+    return GM_OK;
+}
+
+int gm_pool_check(gm_pool_t *pool)
+{
+    GM_CHECK(resolve(&pool));
+    gm__lock(&pool->lock);
+    int rc = gm__alloc_check_locked(pool);
+    gm__unlock(&pool->lock);
+    return rc;
+}
+
+/* ---- sim controls ------------------------------------------------------------ */
+
+int gm_sim_fail_nth(gm_pool_t *pool, int kind, unsigned long n)
+{
+    GM_CHECK(resolve(&pool));
+    if (!pool->ops->fail_nth)
+        return gm__set_error(GM_NOT_SUPPORTED, "gm_sim_fail_nth: the %s backend has no fault "
+                             "injection", pool->ops->name);
+    if (kind < 0 || kind >= GM_CALL_COUNT)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_sim_fail_nth: unknown call kind %d", kind);
+    return pool->ops->fail_nth(pool->bk, kind, n);
+}
+
+int gm_sim_hold_stream(gm_pool_t *pool, gm_stream_t stream, int hold)
+{
+    GM_CHECK(resolve(&pool));
+    if (!pool->ops->hold_stream)
+        return gm__set_error(GM_NOT_SUPPORTED, "gm_sim_hold_stream: the %s backend cannot hold "
+                             "streams", pool->ops->name);
+    return pool->ops->hold_stream(pool->bk, stream, hold);
+}

@@ -1,0 +1,208 @@
+/*
+ * pool.h — the allocator's private structures, grouped under the file that
+ * owns each: a pool (pool.c) holds arenas of reserved address space whose
+ * 2 MiB pages are mapped on demand (pages.c), tiled by blocks that are either
+ * live or sit in a free index owned by one stream or by everyone (alloc.c).
+ *
+ * The one idea: address space is free, physical pages are not.  A block's
+ * address range is contiguous; the pages behind it come from anywhere, so a
+ * free page in a hole can be unmapped and mapped where it is needed
+ * ("stealing"), and reserved memory tracks the pages that live data touches.
+ */
+#ifndef GM_POOL_H
+#define GM_POOL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "internal.h"
+#include "lock.h"
+
+/* ---- size classes (alloc.c) ------------------------------------------- */
+
+#define GM_UNIT_SHIFT 8 /* sizes are multiples of 256 B (GM_ALIGNMENT) */
+#define GM_SL_BITS 5    /* 32 second-level buckets per power of two */
+#define GM_SL_COUNT (1u << GM_SL_BITS)
+#define GM_FL_COUNT 40  /* covers sizes up to 2^(39+8) bytes */
+/* Requests up to this size live in the small arena, packed densely, so they
+ * never pin pages inside the holes of large blocks. */
+#define GM_SMALL_MAX ((size_t)1 << 20)
+/* Largest size we accept at all: far beyond any device, small enough that
+ * aligned arithmetic cannot overflow. */
+#define GM_MAX_REQUEST ((size_t)1 << 46)
+
+enum { GM_CLASS_SMALL = 0, GM_CLASS_LARGE = 1, GM_CLASS_COUNT = 2 };
+
+struct gm__stream;
+struct gm__arena;
+
+/* A block is a range of an arena's address space.  The blocks of an arena
+ * tile it exactly, in address order (prev/next).  A block is live (handed
+ * out) or free; a free block sits in exactly one free index, that of the
+ * stream that freed it or the global one.  Adjacent free blocks of the same
+ * index are always merged. */
+typedef struct gm__block {
+    uintptr_t addr;
+    size_t size;                 /* bytes of address space, multiple of 256 */
+    size_t requested;            /* live: the caller's size */
+    struct gm__block *prev, *next;   /* address order in the arena */
+    struct gm__block *fprev, *fnext; /* free index list (free blocks) */
+    struct gm__arena *arena;
+    struct gm__stream *owner;    /* free: whose index; live: alloc stream */
+    struct gm__recorded *recorded; /* live: extra streams (gm_record_stream) */
+    uint32_t bucket;             /* free: fl * GM_SL_COUNT + sl */
+    uint8_t free;
+    uint8_t pending;             /* freed, waiting for recorded streams */
+} gm__block_t;
+
+/* Streams a live block was declared used on (gm_record_stream). */
+typedef struct gm__recorded {
+    struct gm__stream *stream;
+    gm__event_t event;           /* recorded at free time */
+    struct gm__recorded *next;
+} gm__recorded_t;
+
+/* A two-level segregated-fit index of free blocks.
+ * Invariant: bit (fl) of fl_bits set <=> sl_bits[fl] != 0;
+ *            bit (sl) of sl_bits[fl] set <=> heads[fl][sl] != NULL. */
+typedef struct gm__freeidx {
+    uint64_t fl_bits;
+    uint32_t sl_bits[GM_FL_COUNT];
+    gm__block_t *heads[GM_FL_COUNT][GM_SL_COUNT];
+    size_t count;                /* blocks in the index */
+    size_t bytes;                /* bytes in the index */
+} gm__freeidx_t;
+
+/* Per-stream state.  Blocks freed on a stream are reusable at once on that
+ * stream (its queue orders the reuse after the earlier work) and by others
+ * only after the stream has been synchronized ("drained" into global). */
+typedef struct gm__stream {
+    gm_stream_t handle;
+    gm__freeidx_t idx[GM_CLASS_COUNT];
+    bool is_global;
+} gm__stream_t;
+
+/* ---- arenas and pages (pages.c) --------------------------------------- */
+
+/* One reservation of address space, cut into pages of `granularity`.
+ * Per page: mapped (a physical handle is mapped there) and used (the page is
+ * NOT wholly inside one free block of the global index — so it may hold live
+ * data or in-flight work and must stay mapped).  Pages that are mapped and
+ * not used are "empty": they can be unmapped and mapped elsewhere at once.
+ * Accounting: n_empty == popcount(mapped & ~used); n_mapped == popcount(mapped). */
+typedef struct gm__arena {
+    uintptr_t base;
+    size_t size;
+    size_t npages;
+    int cls;
+    uint64_t *mapped;            /* bitmap */
+    uint64_t *used;              /* bitmap */
+    gm__phys_t *handle;          /* per page, valid where mapped */
+    size_t n_mapped;
+    size_t n_empty;
+    size_t steal_hint;           /* page index where the next steal scan starts */
+    gm__block_t *first;          /* lowest block */
+} gm__arena_t;
+
+/* ---- the pool (pool.c) -------------------------------------------------- */
+
+typedef struct gm__hash {
+    uintptr_t *keys;             /* 0 = empty */
+    gm__block_t **vals;
+    size_t cap;                  /* power of two */
+    size_t count;
+} gm__hash_t;
+
+/* Accounting (checked by gm_pool_check):
+ *   reserved == (sum of arena n_mapped + n_spare) * page
+ *   active   == sum of live block sizes;  allocated == sum of their requests
+ *   live_blocks == hash.count
+ *   cached   == reserved - active */
+struct gm_pool {
+    gm__lock_t lock;
+    gm_pool_config_t cfg;
+    const gm__backend_ops_t *ops;
+    void *bk;                    /* backend context */
+    gm_backend_kind_t backend_kind;
+    char backend_reason[128];
+    gm__backend_info_t info;
+    size_t page;                 /* granularity */
+    unsigned page_shift;
+    size_t limit;                /* effective hard limit on reserved */
+
+    gm__arena_t arena[GM_CLASS_COUNT];
+
+    gm__stream_t global;         /* blocks reusable by every stream */
+    gm__stream_t **streams;      /* per-stream states, [0] is NULL's */
+    size_t n_streams, cap_streams;
+    gm__stream_t *last_stream;   /* lookup cache */
+
+    gm__hash_t live;             /* addr -> live block */
+
+    gm__block_t *pending;        /* freed blocks waiting on recorded streams */
+
+    gm__block_t *block_freelist; /* recycled descriptors */
+    void **slabs;                /* descriptor slabs, freed at destroy */
+    size_t n_slabs, cap_slabs;
+
+    gm__phys_t *spare;           /* created, unmapped physical pages */
+    size_t n_spare, cap_spare;
+
+    gm_stats_t st;               /* counters kept under the lock */
+};
+
+/* ---- defined in src/pages.c -------------------------------------------- */
+
+/* Backend call wrapper: rc = ops->kind args, counted and timed in stats. */
+#define GM_BK(rc, pool, kind, args)                                            \
+    do {                                                                       \
+        uint64_t gm__t0_ = gm__now_ns();                                       \
+        (rc) = (pool)->ops->kind args;                                         \
+        gm__bk_account((pool), GM_CALL_##kind, gm__t0_);                       \
+    } while (0)
+void gm__bk_account(gm_pool_t *pool, int kind, uint64_t t0);
+
+int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size);
+void gm__arena_fini(gm_pool_t *pool, gm__arena_t *a);
+/* Mark pages overlapping [addr, addr+size) used. Lock held. */
+void gm__pages_mark_used_locked(gm__arena_t *a, uintptr_t addr, size_t size, size_t page_shift);
+/* Mark pages wholly inside the global free block [addr, addr+size) unused. */
+void gm__pages_mark_unused_locked(gm__arena_t *a, uintptr_t addr, size_t size, size_t page_shift);
+/* Make every page overlapping [addr, addr+size) mapped and accessible,
+ * taking physical pages from spares, new handles or empty pages elsewhere.
+ * The range's pages must already be marked used.  Lock held. */
+int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
+                                   size_t requested);
+/* Unmap and release empty pages and spares until cached <= keep. Lock held. */
+int gm__pages_trim_locked(gm_pool_t *pool, size_t keep, size_t *released);
+/* Map `bytes` of pages at the start of the large arena (initial reserve). */
+int gm__pages_prefault_locked(gm_pool_t *pool, size_t bytes);
+int gm__pages_check_locked(gm_pool_t *pool, gm__arena_t *a);
+
+/* ---- defined in src/alloc.c -------------------------------------------- */
+
+int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr);
+int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s);
+int gm__record_stream_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s);
+gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle);
+/* Synchronize streams holding freed blocks and move those blocks to the
+ * global index, so their pages can be unmapped.  Returns blocks moved. */
+size_t gm__drain_streams_locked(gm_pool_t *pool);
+gm__block_t *gm__block_new_locked(gm_pool_t *pool);
+void gm__freeidx_insert(gm__freeidx_t *idx, gm__block_t *b);
+int gm__alloc_check_locked(gm_pool_t *pool);
+/* Largest mapped free run and total free mapped bytes, for stats. */
+void gm__alloc_free_summary_locked(gm_pool_t *pool, uint64_t *largest, uint64_t *free_blocks);
+void gm__alloc_fini(gm_pool_t *pool);
+
+/* ---- hash (alloc.c) ---- */
+int gm__hash_init(gm__hash_t *h, size_t cap);
+void gm__hash_fini(gm__hash_t *h);
+int gm__hash_put(gm__hash_t *h, uintptr_t key, gm__block_t *b);
+gm__block_t *gm__hash_take(gm__hash_t *h, uintptr_t key);
+gm__block_t *gm__hash_get(const gm__hash_t *h, uintptr_t key);
+
+#endif /* GM_POOL_H */

@@ -1,0 +1,99 @@
+/*
+ * trace.h — allocation traces in RMM's logging CSV, parsed into a compact
+ * array of operations that replay tools walk without touching text again.
+ *
+ * Format: a header `Thread,Time,Action,Pointer,Size,Stream` (spaces around
+ * names allowed), then one row per event:
+ *   thread  decimal or 0x-hex integer, at most 2^32-1
+ *   time    HH:MM:SS.fraction, or a plain number of seconds (fraction allowed)
+ *   action  allocate | free | allocate failure
+ *   pointer hex, with or without 0x (ignored on `allocate failure` rows)
+ *   size    decimal bytes
+ *   stream  decimal or 0x-hex integer (0 = the default stream)
+ * Plain text or gzip (recognised by its magic bytes).  CRLF line ends, blank
+ * lines and a last line without a newline are accepted.
+ *
+ * Pointers become dense slot ids: an allocate takes the most recently freed
+ * slot (or a new one when none is free) and a free gives its slot back, so
+ * n_slots is the largest number of allocations live at once and a replayer
+ * needs only an array of n_slots pointers.
+ *
+ * Trace bugs are kept, counted and never fatal:
+ *   - a free of a pointer that is not live (never allocated, or freed twice)
+ *     stays an op with slot GM__TRACE_NO_SLOT (unknown_frees);
+ *   - an allocate of a pointer that is already live implicitly frees the
+ *     earlier allocation: a synthetic free op (same slot, earlier size and
+ *     stream, this row's thread and time) is inserted before the allocate, so
+ *     every consumer sees consistent ops (dup_allocs; n_ops counts it).
+ */
+#ifndef GM_TRACE_H
+#define GM_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+    GM__TRACE_ALLOC = 0,      /* `allocate`: slot receives the new block */
+    GM__TRACE_FREE = 1,       /* `free`: slot, or GM__TRACE_NO_SLOT if unknown */
+    GM__TRACE_ALLOC_FAIL = 2  /* `allocate failure`: slot GM__TRACE_NO_SLOT */
+};
+
+#define GM__TRACE_NO_SLOT UINT32_MAX
+#define GM__TRACE_MAX_STREAMS 65536u /* dense stream ids are 16 bits */
+
+/* One event.  For a free of a live pointer, size is the size that pointer was
+ * allocated with (the row's own size is only compared: free_size_mismatches);
+ * for an unknown free or an allocate failure it is the row's size. */
+typedef struct gm__trace_op {
+    uint64_t size;
+    uint64_t time_ns;  /* from the Time column */
+    uint32_t slot;     /* dense pointer id, < n_slots, or GM__TRACE_NO_SLOT */
+    uint32_t thread;   /* the Thread column as written */
+    uint16_t stream;   /* dense stream id: streams[stream] is the value */
+    uint8_t action;    /* GM__TRACE_* */
+} gm__trace_op_t;
+
+/* Accounting, checked by gm__trace_check:
+ *   sum(alloc sizes) - sum(sizes of frees with a slot) == live_final
+ *   live_peak == max over the ops of that running sum
+ *   n_ops == rows + dup_allocs
+ *   n_allocs + n_frees + alloc_failures == n_ops  (frees include unknown and
+ *   synthetic ones)                                                        */
+typedef struct gm__trace {
+    char *name;              /* path or name given (owned) */
+    gm__trace_op_t *ops;
+    size_t n_ops;
+    uint32_t n_slots;        /* max allocations live at once */
+    uint32_t n_streams;      /* distinct Stream values, <= GM__TRACE_MAX_STREAMS */
+    uint64_t *streams;       /* dense id -> Stream value, in order of first use */
+    uint64_t live_peak;      /* max over time of the sum of live sizes */
+    uint64_t live_final;     /* live bytes after the last op */
+    uint64_t live_final_count; /* allocations still live after the last op */
+    uint64_t n_allocs;
+    uint64_t n_frees;
+    uint64_t alloc_failures; /* `allocate failure` rows */
+    uint64_t unknown_frees;  /* frees of a pointer not live */
+    uint64_t dup_allocs;     /* allocates of a pointer already live */
+    uint64_t free_size_mismatches; /* frees whose size differs from the allocate's */
+    size_t lines;            /* lines read, header and blank ones included */
+} gm__trace_t;
+
+/* ---- defined in src/trace.c ---- */
+
+/* Read and parse a trace file.  GM_IO when it cannot be read, GM_PARSE with
+ * "FILE:LINE: what is wrong", GM_NO_HOST_MEMORY.  On any error *t is left
+ * empty (safe to gm__trace_free) and nothing leaks. */
+int gm__trace_load(const char *path, gm__trace_t *t);
+/* Parse len bytes (plain or gzip) named `name` in messages.  data need not be
+ * NUL-terminated.  Same errors and guarantees as gm__trace_load; gzip input
+ * in a build without zlib is GM_NOT_SUPPORTED ("... built without zlib"). */
+int gm__trace_parse(const char *data, size_t len, const char *name, gm__trace_t *t);
+/* Release everything; leaves *t empty.  NULL or an empty trace is a no-op. */
+void gm__trace_free(gm__trace_t *t);
+/* Walk the ops and verify the accounting above and every slot's life cycle.
+ * GM_INTERNAL with a message naming the first broken rule. */
+int gm__trace_check(const gm__trace_t *t);
+/* "allocate", "free", "allocate failure"; "?" for anything else. */
+const char *gm__trace_action_name(int action);
+
+#endif /* GM_TRACE_H */

@@ -1,0 +1,141 @@
+/*
+ * util.c — small host-side helpers with no state: the monotonic clock, size
+ * parsing for configuration ("80GiB") and human-readable byte counts for
+ * reports ("13.59 GB").
+ *
+ * The one idea: sizes people type are binary ("2M" is 2 MiB, as in every
+ * allocator setting they know), sizes we print are decimal with the unit
+ * spelled out (kB, MB, GB), so a printed figure is never mistaken for a
+ * config value.  Parsing is exact integer arithmetic (no floating point), so
+ * "1.5G" is exactly 1610612736 and overflow is always detected.  Nothing here
+ * allocates or takes a lock.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+uint64_t gm__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The binary multiple named by unit letter c, or 0 for an unknown letter. */
+static uint64_t unit_multiple(char c)
+{
+    switch (tolower((unsigned char)c)) {
+    case 'k': return (uint64_t)1 << 10;
+    case 'm': return (uint64_t)1 << 20;
+    case 'g': return (uint64_t)1 << 30;
+    case 't': return (uint64_t)1 << 40;
+    case 'p': return (uint64_t)1 << 50;
+    case 'e': return (uint64_t)1 << 60;
+    default: return 0;
+    }
+}
+
+/* Fraction digits beyond this are ignored (they cannot change the result by
+ * a whole byte for any multiple up to 2^60). */
+#define MAX_FRACTION_DIGITS 18
+
+int gm__parse_size(const char *s, size_t *out)
+{
+    if (s == NULL || out == NULL)
+        return gm__set_error(GM_INVALID_ARGUMENT, "parse size: NULL argument");
+
+    const char *p = s;
+    while (isspace((unsigned char)*p)) p++;
+
+    /* Integer part. */
+    if (!isdigit((unsigned char)*p)) goto bad;
+    uint64_t whole = 0;
+    for (; isdigit((unsigned char)*p); p++) {
+        if (__builtin_mul_overflow(whole, 10u, &whole) ||
+            __builtin_add_overflow(whole, (uint64_t)(*p - '0'), &whole))
+            goto overflow;
+    }
+
+    /* Optional fraction: digits kept as frac / 10^frac_digits. */
+    uint64_t frac = 0, frac_scale = 1;
+    int has_fraction = 0;
+    if (*p == '.') {
+        p++;
+        if (!isdigit((unsigned char)*p)) goto bad;
+        has_fraction = 1;
+        for (int n = 0; isdigit((unsigned char)*p); p++, n++) {
+            if (n < MAX_FRACTION_DIGITS) {
+                frac = frac * 10 + (uint64_t)(*p - '0');
+                frac_scale *= 10;
+            }
+        }
+    }
+
+    /* Optional unit: one space at most, then K/M/G/T/P/E with an optional
+     * "i" and an optional "B", or a lone "B". Case-insensitive. */
+    if (*p == ' ' && p[1] != '\0' && !isspace((unsigned char)p[1])) p++;
+    uint64_t mult = 1;
+    if (*p != '\0' && !isspace((unsigned char)*p)) {
+        if (*p == 'b' || *p == 'B') {
+            p++;
+        } else {
+            mult = unit_multiple(*p);
+            if (mult == 0) goto bad;
+            p++;
+            if (*p == 'i' || *p == 'I') {
+                p++;
+                if (*p != 'b' && *p != 'B') goto bad; /* "Mi" alone is odd */
+            }
+            if (*p == 'b' || *p == 'B') p++;
+        }
+    }
+    while (isspace((unsigned char)*p)) p++;
+    if (*p != '\0') goto bad;
+    if (has_fraction && mult == 1) {
+        return gm__set_error(GM_INVALID_ARGUMENT,
+                             "invalid size \"%.64s\": a fraction needs a unit (k, M, G, ...)", s);
+    }
+
+    /* whole * mult + floor(frac * mult / frac_scale), without overflow:
+     * frac < frac_scale <= 10^18 and mult <= 2^60, so split mult's product
+     * through 128-bit arithmetic. */
+    uint64_t bytes;
+    if (__builtin_mul_overflow(whole, mult, &bytes)) goto overflow;
+    unsigned __int128 part = (unsigned __int128)frac * mult / frac_scale;
+    if (part > UINT64_MAX || __builtin_add_overflow(bytes, (uint64_t)part, &bytes))
+        goto overflow;
+    if (bytes > SIZE_MAX) goto overflow;
+    *out = (size_t)bytes;
+    return GM_OK;
+
+bad:
+    return gm__set_error(GM_INVALID_ARGUMENT,
+                         "invalid size \"%.64s\": expected a number with an optional "
+                         "unit, like 4096, 4k, 2MiB, 1.5G or 80GB (binary multiples)", s);
+overflow:
+    return gm__set_error(GM_INVALID_ARGUMENT, "invalid size \"%.64s\": too large", s);
+}
+
+const char *gm__fmt_bytes(uint64_t bytes, char *buf, size_t cap)
+{
+    static const char *const units[] = {"kB", "MB", "GB", "TB", "PB", "EB"};
+    if (buf == NULL || cap == 0) return buf;
+    if (bytes < 1000) {
+        snprintf(buf, cap, "%u B", (unsigned)bytes);
+        return buf;
+    }
+    /* Pick the unit whose value, rounded to two decimals, stays below 1000,
+     * so 999999 prints "1.00 MB" and not "1000.00 kB". */
+    double v = (double)bytes;
+    size_t u = 0;
+    v /= 1000.0;
+    while (u + 1 < sizeof units / sizeof units[0] && v >= 999.995) {
+        v /= 1000.0;
+        u++;
+    }
+    snprintf(buf, cap, "%.2f %s", v, units[u]);
+    return buf;
+}

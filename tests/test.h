@@ -1,0 +1,60 @@
+/*
+ * test.h — the tiny test helper every test program uses: CHECK macros that
+ * count, and a closing summary line "N passed, N failed" that CI reads.
+ * A test program returns test_summary() from main: 0 when nothing failed.
+ */
+#ifndef GM_TEST_H
+#define GM_TEST_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static unsigned long test_passed_, test_failed_;
+
+#define CHECK(cond)                                                            \
+    do {                                                                       \
+        if (cond) {                                                            \
+            test_passed_++;                                                    \
+        } else {                                                               \
+            test_failed_++;                                                    \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__,   \
+                    #cond);                                                    \
+        }                                                                      \
+    } while (0)
+
+/* CHECK that a gm status equals the expected one; print the message if not. */
+#define CHECK_RC(expr, want)                                                   \
+    do {                                                                       \
+        int test_rc_ = (expr);                                                 \
+        if (test_rc_ == (want)) {                                              \
+            test_passed_++;                                                    \
+        } else {                                                               \
+            test_failed_++;                                                    \
+            fprintf(stderr, "%s:%d: %s returned %d, want %d (%s)\n", __FILE__, \
+                    __LINE__, #expr, test_rc_, (int)(want), gm_last_error());  \
+        }                                                                      \
+    } while (0)
+
+#define CHECK_OK(expr) CHECK_RC(expr, GM_OK)
+
+/* Stop this test program now (a precondition for the rest failed). */
+#define REQUIRE(cond)                                                          \
+    do {                                                                       \
+        if (!(cond)) {                                                         \
+            test_failed_++;                                                    \
+            fprintf(stderr, "%s:%d: REQUIRE failed: %s\n", __FILE__,           \
+                    __LINE__, #cond);                                          \
+            return test_summary();                                             \
+        }                                                                      \
+        test_passed_++;                                                        \
+    } while (0)
+
+static inline int test_summary(void)
+{
+    printf("%lu passed, %lu failed\n", test_passed_, test_failed_);
+    fflush(stdout);
+    return test_failed_ ? 1 : 0;
+}
+
+#endif /* GM_TEST_H */

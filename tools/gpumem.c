@@ -1,0 +1,202 @@
+/*
+ * gpumem.c — the `gpumem` command: main, the subcommand table, `help`,
+ * `--version`, the `info` subcommand and the small helpers subcommands share.
+ *
+ * The one idea: main only dispatches.  Each subcommand lives in its own file
+ * behind one entry point declared in cli.h, parses its own options and
+ * returns the exit status (0 ok, 1 the work failed, 2 bad usage or input),
+ * so adding one is a row in `commands` below and nothing else here.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "gpumem.h"
+#include "internal.h"
+
+typedef struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    void (*usage)(FILE *out);
+    const char *summary;
+} command_t;
+
+static const command_t commands[] = {
+    {"replay", gm_cli_replay, gm_cli_replay_usage,
+     "replay allocation traces (RMM CSV) through a pool and report its efficiency"},
+    {"info", gm_cli_info, gm_cli_info_usage, "show the backend and device a pool uses"},
+};
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: gpumem COMMAND [OPTIONS]\n\ncommands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(out, "  %-8s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "  %-8s %s\n", "help", "show this help, or a command's: gpumem help replay");
+    fprintf(out, "\n  gpumem --version    print the version\n"
+                 "\nexit status: 0 ok, 1 the work failed, 2 bad usage or input\n");
+}
+
+static const command_t *find_command(const char *name)
+{
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (strcmp(commands[i].name, name) == 0) return &commands[i];
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--version") == 0) {
+        printf("gpumem %s\n", gm_version());
+        return 0;
+    }
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        if (argc > 2) {
+            const command_t *c = find_command(argv[2]);
+            if (!c) {
+                fprintf(stderr, "gpumem: unknown command '%s'\n", argv[2]);
+                usage(stderr);
+                return 2;
+            }
+            c->usage(stdout);
+        } else {
+            usage(stdout);
+        }
+        return 0;
+    }
+    const command_t *c = find_command(cmd);
+    if (!c) {
+        fprintf(stderr, "gpumem: unknown %s '%s'\n", cmd[0] == '-' ? "option" : "command", cmd);
+        usage(stderr);
+        return 2;
+    }
+    return c->run(argc - 1, argv + 1);
+}
+
+/* ---- shared helpers --------------------------------------------------- */
+
+const char *gm_cli_option(int argc, char **argv, int *i, const char *name, int *missing)
+{
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, "--", 2) != 0 || strncmp(a + 2, name, n) != 0) return NULL;
+    if (a[2 + n] == '=') return a + 3 + n;
+    if (a[2 + n] != '\0') return NULL;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "gpumem: option --%s needs a value\n", name);
+        *missing = 1;
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int gm_cli_parse_backend(const char *s, gm_backend_kind_t *kind)
+{
+    if (strcmp(s, "auto") == 0)
+        *kind = GM_BACKEND_AUTO;
+    else if (strcmp(s, "sim") == 0)
+        *kind = GM_BACKEND_SIM;
+    else if (strcmp(s, "cuda") == 0)
+        *kind = GM_BACKEND_CUDA;
+    else {
+        fprintf(stderr, "gpumem: unknown backend '%s' (auto, sim or cuda)\n", s);
+        return -1;
+    }
+    return 0;
+}
+
+void gm_cli_json_string(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(out, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(out, "\\u%04x", *p);
+        else
+            fputc(*p, out);
+    }
+    fputc('"', out);
+}
+
+/* ---- info ------------------------------------------------------------- */
+
+void gm_cli_info_usage(FILE *out)
+{
+    fprintf(out, "usage: gpumem info [--backend auto|sim|cuda] [--device N]\n\n"
+                 "Create a pool on the backend (default auto: cuda when a GPU is usable,\n"
+                 "else sim) and print the backend, why it was chosen, and the device.\n"
+                 "Exit status 1 when that backend cannot be used here.\n");
+}
+
+static const char *fmt_memory(size_t bytes, char *buf, size_t cap)
+{
+    char h[32];
+    snprintf(buf, cap, "%s (%zu bytes)", gm__fmt_bytes(bytes, h, sizeof h), bytes);
+    return buf;
+}
+
+int gm_cli_info(int argc, char **argv)
+{
+    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
+    for (int i = 1; i < argc; i++) {
+        int missing = 0;
+        const char *v;
+        if ((v = gm_cli_option(argc, argv, &i, "backend", &missing))) {
+            if (gm_cli_parse_backend(v, &cfg.backend)) return 2;
+        } else if ((v = gm_cli_option(argc, argv, &i, "device", &missing))) {
+            char *end;
+            long d = strtol(v, &end, 10);
+            if (*v == '\0' || *end != '\0' || d < 0 || d > 1024) {
+                fprintf(stderr, "gpumem info: bad device '%s'\n", v);
+                return 2;
+            }
+            cfg.device = (int)d;
+        } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            gm_cli_info_usage(stdout);
+            return 0;
+        } else {
+            if (!missing) fprintf(stderr, "gpumem info: unknown argument '%s'\n", argv[i]);
+            gm_cli_info_usage(stderr);
+            return 2;
+        }
+    }
+
+    gm_pool_t *pool = NULL;
+    if (gm_pool_create(&cfg, &pool) != GM_OK) {
+        static const char *const names[] = {"auto", "sim", "cuda"};
+        fprintf(stderr, "gpumem info: cannot use backend %s on device %d: %s\n",
+                names[cfg.backend], cfg.device, gm_last_error());
+        return 1;
+    }
+    gm_device_info_t di = GM_DEVICE_INFO_INIT;
+    if (gm_pool_device_info(pool, &di) != GM_OK) {
+        fprintf(stderr, "gpumem info: %s\n", gm_last_error());
+        gm_pool_destroy(pool);
+        return 1;
+    }
+    gm_pool_destroy(pool);
+
+    char buf[64], drv[32] = "none";
+    if (di.driver_version > 0)
+        snprintf(drv, sizeof drv, "%d.%d (%d)", di.driver_version / 1000,
+                 di.driver_version % 1000 / 10, di.driver_version);
+    printf("backend:        %s (%s)\n", di.backend_name, di.backend_reason);
+    printf("device:         %d: %s\n", di.device, di.device_name);
+    printf("driver version: %s\n", drv);
+    printf("total memory:   %s\n", fmt_memory(di.total_memory, buf, sizeof buf));
+    printf("free memory:    %s\n", fmt_memory(di.free_memory, buf, sizeof buf));
+    if (di.granularity && di.granularity % (1u << 20) == 0)
+        printf("granularity:    %zu MiB\n", di.granularity >> 20);
+    else
+        printf("granularity:    %zu bytes\n", di.granularity);
+    printf("VMM supported:  %s\n", di.vmm_supported ? "yes" : "no (plain allocations)");
+    return 0;
+}
