@@ -14,7 +14,8 @@
 #   make clean        remove every build directory
 #
 # Knobs: BUILD=dir (prefix of all build dirs), JOBS=n, FUZZ_TIME=s, CMAKE_ARGS=...
-# (added to every configure), PHASES="normal asan".
+# (added to every configure), PHASES="normal asan", TEST_BACKEND=sim|cuda|auto
+# (the backend every test runs on; sim by default, also on a GPU machine).
 
 SHELL := /bin/bash
 .NOTPARALLEL:
@@ -30,11 +31,12 @@ FUZZ_TIME ?= 30
 FUZZ_CC ?= clang
 CMAKE_ARGS ?=
 PHASES ?= normal valgrind asan tsan fuzz
+TEST_BACKEND ?= sim
 
 HAVE_VALGRIND := $(shell command -v valgrind >/dev/null 2>&1 && echo ON || echo OFF)
 # The same configuration for `make` and `make test`, so they share $(BUILD).
 NORMAL_CONFIG := -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGM_DEBUG_LEVEL=1 -DGM_SANITIZE= \
-                 -DGM_FUZZ=OFF -DGM_VALGRIND=$(HAVE_VALGRIND)
+                 -DGM_FUZZ=OFF -DGM_VALGRIND=$(HAVE_VALGRIND) -DGM_TEST_BACKEND=$(TEST_BACKEND)
 
 all:
 	$(CMAKE) -S . -B $(BUILD) --log-level=WARNING $(NORMAL_CONFIG) $(CMAKE_ARGS)
@@ -59,6 +61,7 @@ export GM_T_FUZZ_CC := $(FUZZ_CC)
 export GM_T_CMAKE_ARGS := $(CMAKE_ARGS)
 export GM_T_NORMAL_CONFIG := $(NORMAL_CONFIG)
 export GM_T_HAVE_VALGRIND := $(HAVE_VALGRIND)
+export GM_T_TEST_BACKEND := $(TEST_BACKEND)
 
 test:
 	@bash -c "$$GM_TEST_SCRIPT" make-test $(PHASES)
@@ -78,7 +81,8 @@ record() { # phase passed failed seconds
 }
 configure() { # dir args...
   local dir=$1; shift
-  "$GM_T_CMAKE" -S . -B "$dir" --log-level=WARNING "$@" "${EXTRA[@]}"
+  "$GM_T_CMAKE" -S . -B "$dir" --log-level=WARNING -DGM_TEST_BACKEND="$GM_T_TEST_BACKEND" "$@" \
+    "${EXTRA[@]}"
 }
 build() { # dir [targets...]; keeps going past errors so the rest still runs
   local dir=$1; shift

@@ -286,16 +286,17 @@ static void absorb(gm_pool_t *pool, gm__block_t *n, gm__stream_t *owner)
 static gm__block_t *release_block(gm_pool_t *pool, gm__block_t *b, gm__stream_t *owner)
 {
     uintptr_t lo = b->addr, hi = b->addr + b->size;
-    gm__block_t *p = b->prev, *n = b->next;
-    if (mergeable(p, owner)) {
+    /* Absorbing a global neighbour can bring the next block of this index
+     * alongside: keep going until neither side merges. */
+    for (gm__block_t *p = b->prev; mergeable(p, owner); p = b->prev) {
         absorb(pool, p, owner);
         p->size += b->size;
-        p->next = n;
-        if (n) n->prev = p;
+        p->next = b->next;
+        if (b->next) b->next->prev = p;
         block_recycle(pool, b);
         b = p;
     }
-    if (mergeable(n, owner)) {
+    for (gm__block_t *n = b->next; mergeable(n, owner); n = b->next) {
         absorb(pool, n, owner);
         b->size += n->size;
         b->next = n->next;
@@ -305,6 +306,7 @@ static gm__block_t *release_block(gm_pool_t *pool, gm__block_t *b, gm__stream_t 
     b->free = 1;
     b->pending = 0;
     b->owner = owner;
+    if (!owner->is_global) b->free_seq = ++owner->free_seq; /* merged: the newest */
     gm__freeidx_insert(idx_of(owner, b), b);
     if (owner->is_global) {
         /* Only pages near the newly freed range can have changed state. */
@@ -358,34 +360,109 @@ static void process_pending(gm_pool_t *pool)
     }
 }
 
+/* Move to the global index the blocks of s freed up to free_seq <= upto. */
+static size_t migrate_stream(gm_pool_t *pool, gm__stream_t *s, uint64_t upto)
+{
+    size_t moved = 0;
+    for (int c = 0; c < GM_CLASS_COUNT; c++) {
+        gm__freeidx_t *idx = &s->idx[c];
+        gm__block_t *take = NULL;
+        for (uint64_t fb = idx->fl_bits; fb; fb &= fb - 1) {
+            unsigned fl = (unsigned)__builtin_ctzll(fb);
+            for (uint32_t sb = idx->sl_bits[fl]; sb; sb &= sb - 1) {
+                unsigned sl = (unsigned)__builtin_ctz(sb);
+                for (gm__block_t *b = idx->heads[fl][sl], *next; b; b = next) {
+                    next = b->fnext;
+                    if (b->free_seq > upto) continue;
+                    freeidx_remove(idx, b);
+                    b->fnext = take;
+                    take = b;
+                }
+            }
+        }
+        while (take) {
+            gm__block_t *b = take;
+            take = b->fnext;
+            release_block(pool, b, &pool->global);
+            moved++;
+        }
+    }
+    return moved;
+}
+
+/* Let other streams' freed blocks reach the global index without waiting:
+ * record an event on each stream holding free blocks (once), and move the
+ * blocks freed before an event that has completed.  Cheap: one query per
+ * such stream, one record when the last event was consumed. */
+static size_t reclaim_streams(gm_pool_t *pool, const gm__stream_t *except)
+{
+    size_t moved = 0;
+    for (size_t i = 0; i < pool->n_streams; i++) {
+        gm__stream_t *t = pool->streams[i];
+        if (t == except) continue;
+        int rc;
+        if (t->ev_pending) {
+            GM_BK(rc, pool, event_query, (pool->bk, t->event));
+            if (rc == GM_NOT_READY) continue;
+            t->ev_pending = false;
+            if (rc == GM_OK) moved += migrate_stream(pool, t, t->ev_seq);
+        }
+        size_t held = 0;
+        for (int c = 0; c < GM_CLASS_COUNT; c++) held += t->idx[c].count;
+        if (!held) continue;
+        if (!t->event) {
+            GM_BK(rc, pool, event_create, (pool->bk, &t->event));
+            if (rc != GM_OK) {
+                t->event = 0;
+                continue;
+            }
+        }
+        GM_BK(rc, pool, event_record, (pool->bk, t->event, t->handle));
+        if (rc != GM_OK) continue;
+        t->ev_seq = t->free_seq;
+        t->ev_pending = true;
+        /* An idle stream has passed it already. */
+        GM_BK(rc, pool, event_query, (pool->bk, t->event));
+        if (rc == GM_OK) {
+            t->ev_pending = false;
+            moved += migrate_stream(pool, t, t->ev_seq);
+        }
+    }
+    gm__clear_error();
+    return moved;
+}
+
 size_t gm__drain_streams_locked(gm_pool_t *pool)
 {
     size_t moved = 0;
     if (pool->pending) process_pending(pool);
     for (size_t i = 0; i < pool->n_streams; i++) {
         gm__stream_t *s = pool->streams[i];
-        if (!s->idx[GM_CLASS_SMALL].count && !s->idx[GM_CLASS_LARGE].count) continue;
+        size_t held = 0;
+        for (int c = 0; c < GM_CLASS_COUNT; c++) held += s->idx[c].count;
+        if (!held) continue;
         int rc;
         GM_BK(rc, pool, stream_sync, (pool->bk, s->handle));
         if (rc != GM_OK) continue; /* still in flight: its blocks stay put */
-        for (int c = 0; c < GM_CLASS_COUNT; c++) {
-            gm__freeidx_t *idx = &s->idx[c];
-            while (idx->fl_bits) {
-                unsigned fl = (unsigned)__builtin_ctzll(idx->fl_bits);
-                unsigned sl = (unsigned)__builtin_ctz(idx->sl_bits[fl]);
-                gm__block_t *b = idx->heads[fl][sl];
-                freeidx_remove(idx, b);
-                /* merging may absorb neighbours already moved */
-                release_block(pool, b, &pool->global);
-                moved++;
-            }
-        }
+        moved += migrate_stream(pool, s, UINT64_MAX);
     }
     gm__clear_error(); /* a held stream's NOT_READY is no error of the caller's */
     return moved;
 }
 
 /* ---- allocation ---------------------------------------------------------------- */
+
+/* The tightest free block for size: the stream's own index, then the global
+ * one (ties go to the lower address). */
+static gm__block_t *find_for(gm_pool_t *pool, gm__stream_t *s, int cls, size_t size)
+{
+    gm__block_t *b = freeidx_find(&s->idx[cls], size);
+    if (!b || b->size != size) {
+        gm__block_t *g = freeidx_find(&pool->global.idx[cls], size);
+        if (g && (!b || g->size < b->size || (g->size == b->size && g->addr < b->addr))) b = g;
+    }
+    return b;
+}
 
 static int oom_error(gm_pool_t *pool, int rc, size_t size)
 {
@@ -406,11 +483,7 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
     size_t asize = GM_ALIGN_UP(size, GM_ALIGNMENT);
     int cls = asize <= GM_SMALL_MAX ? GM_CLASS_SMALL : GM_CLASS_LARGE;
 
-    gm__block_t *b = freeidx_find(&s->idx[cls], asize);
-    if (!b || b->size != asize) {
-        gm__block_t *g = freeidx_find(&pool->global.idx[cls], asize);
-        if (g && (!b || g->size < b->size || (g->size == b->size && g->addr < b->addr))) b = g;
-    }
+    gm__block_t *b = find_for(pool, s, cls, asize);
     if (GM_UNLIKELY(!b)) {
         /* No address range left: free ranges may wait in other streams. */
         gm__drain_streams_locked(pool);
@@ -422,6 +495,12 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
                                  "gm_alloc: cannot allocate %zu bytes: the pool's address space "
                                  "is exhausted (fragmented by blocks still in flight)", size);
         }
+    }
+    if (pool->n_streams > 1 && !gm__pages_mapped_locked(b->arena, b->addr, asize, pool->page_shift) &&
+        reclaim_streams(pool, s) > 0) {
+        /* Blocks other streams finished with may serve it with no mapping;
+         * the move may also have merged b away: look again. */
+        b = find_for(pool, s, cls, asize);
     }
     gm__stream_t *owner = b->owner;
     freeidx_remove(idx_of(owner, b), b);
@@ -622,9 +701,11 @@ int gm__alloc_check_locked(gm_pool_t *pool)
     for (size_t i = 0; i < pool->n_streams && n_owners < 65; i++) owners[n_owners++] = pool->streams[i];
     for (size_t i = 0; i < n_owners; i++)
         for (int c = 0; c < GM_CLASS_COUNT; c++) idx_count[c] += owners[i]->idx[c].count;
-    if (pool->n_streams < 64 && idx_count[0] + idx_count[1] != free_blocks)
+    size_t indexed = 0;
+    for (int c = 0; c < GM_CLASS_COUNT; c++) indexed += idx_count[c];
+    if (pool->n_streams < 64 && indexed != free_blocks)
         return gm__set_error(GM_INTERNAL, "indexes hold %zu blocks, arenas %lu free blocks",
-                             idx_count[0] + idx_count[1], (unsigned long)free_blocks);
+                             indexed, (unsigned long)free_blocks);
     if (live != pool->live.count || live != pool->st.live_blocks)
         return gm__set_error(GM_INTERNAL, "live blocks: %lu found, table %zu, counter %lu",
                              (unsigned long)live, pool->live.count,
@@ -650,7 +731,14 @@ void gm__alloc_fini(gm_pool_t *pool)
     for (int c = 0; c < GM_CLASS_COUNT; c++)
         for (gm__block_t *b = pool->arena[c].first; b; b = b->next)
             if (b->recorded) destroy_recorded(pool, b);
-    for (size_t i = 0; i < pool->n_streams; i++) free(pool->streams[i]);
+    for (size_t i = 0; i < pool->n_streams; i++) {
+        if (pool->streams[i]->event) {
+            int rc;
+            GM_BK(rc, pool, event_destroy, (pool->bk, pool->streams[i]->event));
+            (void)rc;
+        }
+        free(pool->streams[i]);
+    }
     free(pool->streams);
     for (size_t i = 0; i < pool->n_slabs; i++) free(pool->slabs[i]);
     free(pool->slabs);

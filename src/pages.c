@@ -34,8 +34,12 @@
  * Beyond it, empty pages are reused first.  The slack avoids moving pages
  * back and forth in a steady state; it is small enough to keep the peak
  * ratio reserved/live under 1.02. */
+#ifndef GROW_SLACK_DIV
 #define GROW_SLACK_DIV 128
+#endif
+#ifndef GROW_SLACK_PAGES
 #define GROW_SLACK_PAGES 4
+#endif
 
 void gm__bk_account(gm_pool_t *pool, int kind, uint64_t t0)
 {
@@ -70,6 +74,14 @@ static bool range_all_set(const uint64_t *bits, size_t p0, size_t p1)
         p0 = (w << 6) + hi;
     }
     return true;
+}
+
+bool gm__pages_mapped_locked(const gm__arena_t *a, uintptr_t addr, size_t size, size_t shift)
+{
+    size_t p0 = (addr - a->base) >> shift;
+    size_t p1 = ((addr + size - 1 - a->base) >> shift) + 1;
+    if (GM_LIKELY(p1 - p0 == 1)) return bit_get(a->mapped, p0);
+    return range_all_set(a->mapped, p0, p1);
 }
 
 /* ---- arenas ------------------------------------------------------------- */

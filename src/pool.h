@@ -29,7 +29,9 @@
 #define GM_FL_COUNT 40  /* covers sizes up to 2^(39+8) bytes */
 /* Requests up to this size live in the small arena, packed densely, so they
  * never pin pages inside the holes of large blocks. */
+#ifndef GM_SMALL_MAX
 #define GM_SMALL_MAX ((size_t)1 << 20)
+#endif
 /* Largest size we accept at all: far beyond any device, small enough that
  * aligned arithmetic cannot overflow. */
 #define GM_MAX_REQUEST ((size_t)1 << 46)
@@ -53,6 +55,7 @@ typedef struct gm__block {
     struct gm__arena *arena;
     struct gm__stream *owner;    /* free: whose index; live: alloc stream */
     struct gm__recorded *recorded; /* live: extra streams (gm_record_stream) */
+    uint64_t free_seq;           /* free in a stream's index: its free_seq then */
     uint32_t bucket;             /* free: fl * GM_SL_COUNT + sl */
     uint8_t free;
     uint8_t pending;             /* freed, waiting for recorded streams */
@@ -83,6 +86,13 @@ typedef struct gm__stream {
     gm_stream_t handle;
     gm__freeidx_t idx[GM_CLASS_COUNT];
     bool is_global;
+    /* Cross-stream reuse without waiting: when another stream needs memory,
+     * an event is recorded here; once it has completed, blocks freed on this
+     * stream up to free_seq == ev_seq move to the global index. */
+    uint64_t free_seq;          /* counts frees into this index */
+    uint64_t ev_seq;            /* free_seq when event was recorded */
+    gm__event_t event;          /* 0 until first needed */
+    bool ev_pending;
 } gm__stream_t;
 
 /* ---- arenas and pages (pages.c) --------------------------------------- */
@@ -174,6 +184,8 @@ void gm__pages_mark_unused_locked(gm__arena_t *a, uintptr_t addr, size_t size, s
 /* Make every page overlapping [addr, addr+size) mapped and accessible,
  * taking physical pages from spares, new handles or empty pages elsewhere.
  * The range's pages must already be marked used.  Lock held. */
+/* Are all pages overlapping [addr, addr+size) mapped? */
+bool gm__pages_mapped_locked(const gm__arena_t *a, uintptr_t addr, size_t size, size_t shift);
 int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
                                    size_t requested);
 /* Unmap and release empty pages and spares until cached <= keep. Lock held. */

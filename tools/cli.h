@@ -22,6 +22,15 @@ int gm_cli_info(int argc, char **argv);       /* gpumem.c */
 void gm_cli_info_usage(FILE *out);
 int gm_cli_replay(int argc, char **argv);     /* replay.c */
 void gm_cli_replay_usage(FILE *out);
+int gm_cli_synth(int argc, char **argv);      /* synth.c */
+void gm_cli_synth_usage(FILE *out);
+/* Generate the synthetic trace KIND as RMM CSV text into a malloc'd buffer
+ * (*text, *len bytes); deterministic for (kind, seed, scale).  0 ok, -1 an
+ * unknown kind, -2 out of host memory.  gm_cli_synth_kinds: the kinds, NULL
+ * at the end. */
+int gm_cli_synth_generate(const char *kind, unsigned long long seed, double scale, char **text,
+                          size_t *len);
+extern const char *const gm_cli_synth_kinds[];
 
 /* ---- shared helpers (gpumem.c) ---------------------------------------- */
 

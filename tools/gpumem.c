@@ -25,6 +25,8 @@ typedef struct command {
 static const command_t commands[] = {
     {"replay", gm_cli_replay, gm_cli_replay_usage,
      "replay allocation traces (RMM CSV) through a pool and report its efficiency"},
+    {"synth", gm_cli_synth, gm_cli_synth_usage,
+     "write a synthetic trace of a workload (LLM serving, ViT, pipelines ...)"},
     {"info", gm_cli_info, gm_cli_info_usage, "show the backend and device a pool uses"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])

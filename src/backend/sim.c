@@ -77,9 +77,8 @@ static const uint64_t call_cost_ns[GM_CALL_COUNT] = {
     [GM_CALL_set_access] = 19200,   /* cuMemSetAccess, per handle in the range */
     [GM_CALL_export_fd] = 5000,     /* assumed (cuMemExportToShareableHandle) */
     [GM_CALL_import_fd] = 10000,    /* assumed (cuMemImportFromShareableHandle) */
-    [GM_CALL_mem_alloc] = 37814,    /* half of a cudaMalloc+cudaFree pair (77 us at 2 MiB, */
-    [GM_CALL_mem_free] = 37814,     /*   778 us at 1 GiB), split evenly: the split is assumed; */
-                                    /*   + MEM_ALLOC_PER_MIB_NS each */
+    [GM_CALL_mem_alloc] = 37814,    /* cudaMalloc: half a pair, + MEM_ALLOC_PER_MIB_NS */
+    [GM_CALL_mem_free] = 37814,     /* cudaFree: the other half (the even split is assumed) */
     [GM_CALL_event_create] = 1000,  /* assumed */
     [GM_CALL_event_destroy] = 1000, /* assumed */
     [GM_CALL_event_record] = 2000,  /* assumed */
@@ -94,8 +93,8 @@ static const uint64_t call_cost_ns[GM_CALL_COUNT] = {
 /* 64 MiB as one handle costs 47 us for create+map+access (DESIGN.md), so a
  * create grows by (47 - 0.5 - 19.2 - 7.4) us / 31 extra pages ~ 0.63 us. */
 #define PHYS_CREATE_PER_EXTRA_PAGE_NS 630u
-/* cudaMalloc+cudaFree: (778 - 77) us over (1024 - 2) MiB ~ 0.686 us per MiB
- * per pair, charged half to each side. */
+/* A cudaMalloc+cudaFree pair costs 77 us at 2 MiB and 778 us at 1 GiB: a line
+ * of 75.6 us + 0.686 us per MiB, charged half to each side. */
 #define MEM_ALLOC_PER_MIB_NS 343u
 /* Device-to-device copies: 2.93 TB/s counting read + write, i.e. 2930 bytes
  * moved per ns, and a copy of n bytes moves 2n.  A device memset writes n. */
@@ -581,7 +580,7 @@ static int mmap_error(const char *call, uintptr_t va, size_t size, int e)
         long max = read_proc_long("/proc/sys/vm/max_map_count");
         return gm__set_error(GM_OUT_OF_MEMORY,
                              "sim: %s: mmap of %zu bytes at %#" PRIxPTR " failed: %s; each "
-                             "mapping is a kernel VMA and vm.max_map_count is %ld — raise it "
+                             "mapping is a kernel VMA and vm.max_map_count is %ld; raise it "
                              "(sysctl vm.max_map_count=...) for more pages",
                              call, size, va, errstr(e, eb, sizeof eb), max);
     }
@@ -837,7 +836,7 @@ static int sim_phys_create(void *ctx, size_t size, gm__phys_t *h)
             getrlimit(RLIMIT_NOFILE, &rl);
             rc = gm__set_error(GM_OUT_OF_MEMORY,
                                "sim: phys_create: out of file descriptors (%s; %u handles live, "
-                               "RLIMIT_NOFILE %llu): each physical handle is one memfd — raise "
+                               "RLIMIT_NOFILE %llu): each physical handle is one memfd; raise "
                                "the limit with `ulimit -n`, or use larger pages",
                                errstr(e, eb, sizeof eb), slots_live(&sim->handles),
                                (unsigned long long)rl.rlim_cur);

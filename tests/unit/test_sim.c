@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -701,6 +702,40 @@ static void test_fork_sharing(void)
     B->close(ctx);
 }
 
+/* One fd per handle: running out of descriptors is an out-of-memory error
+ * that says which limit to raise.  In a child, so the limit stays ours. */
+static void test_fd_exhaustion(void)
+{
+    if (under_valgrind()) return; /* valgrind keeps its own descriptor table */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        void *c = open_sim(0);
+        if (c == NULL) _exit(10);
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(11);
+        rl.rlim_cur = 48;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(12);
+        gm__phys_t h[64];
+        int n = 0, rc = GM_OK;
+        while (n < 64 && (rc = B->phys_create(c, GRAN, &h[n])) == GM_OK) n++;
+        if (n == 64 || rc != GM_OUT_OF_MEMORY) _exit(13);
+        if (strstr(gm_last_error(), "ulimit -n") == NULL) _exit(14);
+        for (int i = 0; i < n; i++)
+            if (B->phys_release(c, h[i]) != GM_OK) _exit(15);
+        if (B->phys_create(c, GRAN, &h[0]) != GM_OK) _exit(16); /* works again */
+        if (B->phys_release(c, h[0]) != GM_OK) _exit(17);
+        B->close(c);
+        _exit(0);
+    }
+    CHECK(pid > 0);
+    int status = -1;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fprintf(stderr, "fd exhaustion child status %d\n", status);
+}
+
 static void test_modeled_time(void)
 {
     void *ctx = open_sim(256 * MiB);
@@ -813,6 +848,7 @@ int main(void)
     test_fail_nth();
     test_hold_stream();
     test_fork_sharing();
+    test_fd_exhaustion();
     test_modeled_time();
     test_threads();
     return test_summary();
