@@ -111,8 +111,21 @@ static int replay_trace(const gm__trace_t *t, const options_t *o, result_t *r)
         gm_pool_destroy(pool);
         return 1;
     }
-    for (uint32_t s = 0; s < t->n_streams; s++)
-        streams[s] = t->streams[s] ? (gm_stream_t)(uintptr_t)t->streams[s] : NULL;
+    /* Stream 0 is the default stream; every other value gets a stream of
+     * its own from the backend (a real CUstream on cuda). */
+    for (uint32_t s = 0; s < t->n_streams; s++) {
+        if (!t->streams[s]) continue;
+        if (gm_stream_create(pool, &streams[s]) != GM_OK) {
+            fprintf(stderr, "error: %s: cannot create a stream: %s\n", t->name, gm_last_error());
+            for (uint32_t k = 0; k < s; k++)
+                if (streams[k]) gm_stream_destroy(pool, streams[k]);
+            free(ptrs);
+            free(slot_stream);
+            free(streams);
+            gm_pool_destroy(pool);
+            return 1;
+        }
+    }
 
     int progress = isatty(STDERR_FILENO);
     int progress_shown = 0;
@@ -184,6 +197,8 @@ static int replay_trace(const gm__trace_t *t, const options_t *o, result_t *r)
     gm_pool_stats(pool, &end);
     r->reserved_peak = end.reserved_peak;
     r->ops = total_ops;
+    for (uint32_t s = 0; s < t->n_streams; s++)
+        if (streams[s]) gm_stream_destroy(pool, streams[s]);
     free(ptrs);
     free(slot_stream);
     free(streams);

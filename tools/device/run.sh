@@ -25,10 +25,13 @@
 #   SANITIZE_ARGS     arguments passed to each sanitized test (none)
 #   SANITIZE_TIMEOUT  seconds per sanitized test     (150)
 #   GPUMEM_DEVICE     device ordinal                 (0)
+#   TRACE_DIR         RMM traces replayed by the replay phase, besides the
+#                     workloads `gpumem synth` makes there (.device-traces)
+#   REPLAY_REPEAT     passes per trace in the replay phase (3)
 # shellcheck disable=SC2317  # phases are called by name, through run_phase
 set -u -o pipefail
 
-ALL_PHASES="env build info ctest sanitize"
+ALL_PHASES="env build info ctest sanitize replay"
 PHASES="${PHASES:-$ALL_PHASES}"
 BUILD_DIR="${BUILD_DIR:-build-device}"
 BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}"
@@ -38,6 +41,8 @@ SANITIZE_GLOB="${SANITIZE_GLOB:-(^|/)(api|stress)(/|_)|test_(api|stress)}"
 SANITIZE_ARGS="${SANITIZE_ARGS:-}"
 SANITIZE_TIMEOUT="${SANITIZE_TIMEOUT:-150}"
 OUT="${OUT:-$BUILD_DIR/out}"
+TRACE_DIR="${TRACE_DIR:-.device-traces}"
+REPLAY_REPEAT="${REPLAY_REPEAT:-3}"
 
 # Everything this run executes talks to the GPU.
 export GPUMEM_BACKEND=cuda
@@ -58,6 +63,7 @@ phase_limit() {
     build) echo 240 ;;
     ctest) echo 300 ;;
     sanitize) echo 300 ;;
+    replay) echo 400 ;;
     *) echo 60 ;;
     esac
 }
@@ -144,6 +150,25 @@ phase_sanitize() {
     return "$rc"
 }
 
+# Replay real and synthetic traces through the cuda backend: one JSON line
+# per trace in $OUT/device-replay.jsonl, the table in the phase log.
+phase_replay() {
+    local cli traces=() k
+    cli="$(gpumem_cli)"
+    [ -n "$cli" ] || { echo "no gpumem executable (did the build phase run?)"; return 1; }
+    mkdir -p "$BUILD_DIR/synth"
+    for k in kv_inference kv_paged vit_train multistream varbatch_train; do
+        "$cli" synth "$k" --seed 1 -o "$BUILD_DIR/synth/$k.csv.gz" || return 1
+    done
+    if [ -d "$TRACE_DIR" ]; then
+        for k in "$TRACE_DIR"/*.csv "$TRACE_DIR"/*.csv.gz; do [ -f "$k" ] && traces+=("$k"); done
+    fi
+    traces+=("$BUILD_DIR"/synth/*.csv.gz)
+    "$cli" replay --backend cuda --repeat "$REPLAY_REPEAT" --json "${traces[@]}" \
+        >"$OUT/device-replay.jsonl" || return 1
+    "$cli" replay --backend cuda "${traces[@]}"
+}
+
 # ---- driver ---------------------------------------------------------------
 
 declare -A RESULT SECONDS_TAKEN
@@ -180,7 +205,7 @@ run_phase() {
 
 # Exported for the phase subshells.
 export BUILD_DIR BUILD_TYPE CTEST_JOBS CTEST_TIMEOUT SANITIZE_GLOB SANITIZE_ARGS \
-    SANITIZE_TIMEOUT OUT CMAKE_ARGS="${CMAKE_ARGS:-}"
+    SANITIZE_TIMEOUT OUT TRACE_DIR REPLAY_REPEAT CMAKE_ARGS="${CMAKE_ARGS:-}"
 
 for phase in $PHASES; do
     # Nothing after a failed build can mean anything.
