@@ -2,24 +2,37 @@
  * pages.c — physical pages behind the pool's address space.
  *
  * An arena is one reservation of virtual address space cut into pages of the
- * device's granularity (2 MiB).  A page is mapped on the first allocation
- * that touches it and then stays mapped while cached, so a repeating workload
- * reaches a state where it makes no backend call at all.  When a range needs
- * pages, they come, in this order, from: spare (created, unmapped) handles;
- * new handles, while reserved memory stays within a small budget over the
- * live bytes; empty pages elsewhere, unmapped and mapped here ("stealing");
- * new handles past the budget, up to the limit.  Stealing is what keeps
- * reserved close to live: a page freed inside a hole is never stranded.
+ * device's granularity (2 MiB).  A physical page is created when the pool
+ * must grow, mapped where a block needs it, and from then on it is only ever
+ * *added* to other places: a physical page may be mapped at several virtual
+ * pages at once, and belongs ("is owned") to at most one of them — the one
+ * whose range holds live data or in-flight work.  When a range becomes free
+ * (and its stream has passed the free), its pages give up ownership but keep
+ * their mappings; the physical page joins the free list and can serve another
+ * range by being mapped there too.  When the first range is used again, its
+ * old mapping is still in place and, if the physical page is free by then,
+ * taking it back costs nothing.  A training step that repeats therefore
+ * settles into a state with no backend call, while reserved memory follows
+ * the pages that live data touches (reserved ≈ live), not the union of every
+ * place the step ever used.
  *
- * A page may be unmapped only when it is "empty": mapped and wholly inside a
- * free block of the global index.  Blocks reach the global index only after
- * the stream that freed them was synchronized (alloc.c's drain), so no queued
- * work can touch an unmapped page.
+ * When a range needs a page, it comes, in this order, from: its own mapping
+ * (its physical page is free); a free physical page, mapped here as well
+ * (oldest freed first, so the place it came from is the least likely to want
+ * it back soon); a new physical page while reserved memory stays within a
+ * small budget over the live peak; a free page after draining the streams;
+ * a new page up to the limit.  A mapping whose physical page another range
+ * owns is unmapped first.  Mappings are capped (a page mapped at too many
+ * places is thinned out), so the address space never fills with stale ones.
+ *
+ * A page may be unmapped only when it is not owned: an owned page may hold
+ * live data or be touched by queued work.  Pages become unowned only inside
+ * free blocks of the global index, which blocks reach only after the stream
+ * that freed them was synchronized or passed an event (alloc.c).
  *
  * Costs (H100): create 7.4 µs, map 0.5 µs, set access ~19 µs per handle in
  * the range, unmap 13.9 µs, release 9.3 µs.  One set_access covers each run
- * of pages mapped together; stealing one page costs ~34 µs, so it belongs to
- * growth, never to the steady state.
+ * of pages mapped together.
  *
  * Every function here expects the pool lock to be held.
  */
@@ -28,18 +41,30 @@
 
 #include "pool.h"
 
-/* Growth budget: new handles are created without looking for empty pages
+/* Growth budget: new physical pages are created rather than free ones reused
  * while reserved stays within max(live, live peak) * (1 + 1/GROW_SLACK_DIV)
- * + GROW_SLACK_PAGES pages.
- * Beyond it, empty pages are reused first.  The slack avoids moving pages
- * back and forth in a steady state; it is small enough to keep the peak
- * ratio reserved/live under 1.02. */
+ * + GROW_SLACK_PAGES pages. */
 #ifndef GROW_SLACK_DIV
 #define GROW_SLACK_DIV 128
 #endif
 #ifndef GROW_SLACK_PAGES
-#define GROW_SLACK_PAGES 4
+#define GROW_SLACK_PAGES 2
 #endif
+/* Pages that lose their physical page to a range live at the same time may
+ * grow the pool up to max(live, live peak) * (1 + 1/CONFLICT_SLACK_DIV). */
+#ifndef CONFLICT_SLACK_DIV
+#define CONFLICT_SLACK_DIV 64
+#endif
+/* Free physical pages skipped from the most recently freed end. */
+#ifndef RECENT_SKIP
+#define RECENT_SKIP 4
+#endif
+/* Mappings allowed beyond one per physical page, before stale ones are
+ * unmapped: MAP_SLACK_MUL x physical pages + MAP_SLACK_MIN. */
+#ifndef MAP_SLACK_MUL
+#define MAP_SLACK_MUL 3
+#endif
+#define MAP_SLACK_MIN 1024
 
 void gm__bk_account(gm_pool_t *pool, int kind, uint64_t t0)
 {
@@ -76,32 +101,177 @@ static bool range_all_set(const uint64_t *bits, size_t p0, size_t p1)
     return true;
 }
 
-bool gm__pages_mapped_locked(const gm__arena_t *a, uintptr_t addr, size_t size, size_t shift)
+static inline gm__arena_t *arena_of(gm_pool_t *pool, uint32_t gid, size_t *p)
 {
-    size_t p0 = (addr - a->base) >> shift;
-    size_t p1 = ((addr + size - 1 - a->base) >> shift) + 1;
-    if (GM_LIKELY(p1 - p0 == 1)) return bit_get(a->mapped, p0);
-    return range_all_set(a->mapped, p0, p1);
+    gm__arena_t *a = &pool->arena[0];
+    for (int c = 1; c < GM_CLASS_COUNT; c++)
+        if (gid >= pool->arena[c].gid_base) a = &pool->arena[c];
+    *p = gid - a->gid_base;
+    return a;
+}
+
+/* ---- the free list of physical pages (oldest first) ---------------------- */
+
+static void lru_push(gm_pool_t *pool, uint32_t id)
+{
+    gm__ppage_t *pp = &pool->phys[id];
+    pp->lru_next = GM_NONE;
+    pp->lru_prev = pool->lru_tail;
+    if (pool->lru_tail != GM_NONE) pool->phys[pool->lru_tail].lru_next = id;
+    else pool->lru_head = id;
+    pool->lru_tail = id;
+    pool->n_free_phys++;
+}
+
+static void lru_remove(gm_pool_t *pool, uint32_t id)
+{
+    gm__ppage_t *pp = &pool->phys[id];
+    if (pp->lru_prev != GM_NONE) pool->phys[pp->lru_prev].lru_next = pp->lru_next;
+    else pool->lru_head = pp->lru_next;
+    if (pp->lru_next != GM_NONE) pool->phys[pp->lru_next].lru_prev = pp->lru_prev;
+    else pool->lru_tail = pp->lru_prev;
+    pp->lru_prev = pp->lru_next = GM_NONE;
+    pool->n_free_phys--;
+}
+
+/* ---- physical pages ------------------------------------------------------ */
+
+/* Create a physical page; it starts free, mapped nowhere. */
+static int phys_create(gm_pool_t *pool, uint32_t *out)
+{
+    int rc;
+    if (pool->st.reserved + pool->page > pool->limit) return GM_LIMIT;
+    uint32_t id;
+    if (pool->n_dead) {
+        id = pool->dead_ids[pool->n_dead - 1];
+    } else {
+        if (pool->n_phys_ids == pool->cap_phys) {
+            uint32_t cap = pool->cap_phys ? pool->cap_phys * 2 : 1024;
+            gm__ppage_t *ph = realloc(pool->phys, cap * sizeof *ph);
+            uint32_t *dd = realloc(pool->dead_ids, cap * sizeof *dd);
+            if (ph) pool->phys = ph;
+            if (dd) pool->dead_ids = dd;
+            if (!ph || !dd) return GM_NO_HOST_MEMORY;
+            pool->cap_phys = cap;
+        }
+        id = pool->n_phys_ids;
+    }
+    gm__phys_t h;
+    GM_BK(rc, pool, phys_create, (pool->bk, pool->page, &h));
+    if (rc != GM_OK) return rc;
+    if (pool->n_dead) pool->n_dead--;
+    else pool->n_phys_ids++;
+    gm__ppage_t *pp = &pool->phys[id];
+    memset(pp, 0, sizeof *pp);
+    pp->handle = h;
+    pp->owner = GM_NONE;
+    pp->first_va = GM_NONE;
+    pp->live = 1;
+    lru_push(pool, id);
+    pool->st.reserved += pool->page;
+    if (pool->st.reserved > pool->st.reserved_peak) pool->st.reserved_peak = pool->st.reserved;
+    *out = id;
+    return GM_OK;
+}
+
+/* Map physical page id at VA page p of a (not owned, not mapped). */
+static int va_map(gm_pool_t *pool, gm__arena_t *a, size_t p, uint32_t id)
+{
+    int rc;
+    gm__ppage_t *pp = &pool->phys[id];
+    GM_BK(rc, pool, map, (pool->bk, a->base + (p << pool->page_shift), pool->page, pp->handle));
+    if (rc != GM_OK) return rc;
+    uint32_t gid = a->gid_base + (uint32_t)p;
+    bit_set(a->mapped, p);
+    a->pid[p] = id;
+    a->alias_prev[p] = GM_NONE;
+    a->alias_next[p] = pp->first_va;
+    if (pp->first_va != GM_NONE) {
+        size_t q;
+        gm__arena_t *b = arena_of(pool, pp->first_va, &q);
+        b->alias_prev[q] = gid;
+    }
+    pp->first_va = gid;
+    pp->n_maps++;
+    a->n_mapped++;
+    pool->n_maps++;
+    pool->st.mapped += pool->page;
+    return GM_OK;
+}
+
+/* Unmap VA page p of a.  Precondition: mapped and not owned. */
+static int va_unmap(gm_pool_t *pool, gm__arena_t *a, size_t p)
+{
+    int rc;
+    GM_BK(rc, pool, unmap, (pool->bk, a->base + (p << pool->page_shift), pool->page));
+    if (rc != GM_OK) return rc;
+    gm__ppage_t *pp = &pool->phys[a->pid[p]];
+    uint32_t prev = a->alias_prev[p], next = a->alias_next[p];
+    size_t q;
+    if (prev != GM_NONE) arena_of(pool, prev, &q)->alias_next[q] = next;
+    else pp->first_va = next;
+    if (next != GM_NONE) arena_of(pool, next, &q)->alias_prev[q] = prev;
+    pp->n_maps--;
+    bit_clear(a->mapped, p);
+    a->pid[p] = GM_NONE;
+    a->n_mapped--;
+    pool->n_maps--;
+    pool->st.mapped -= pool->page;
+    return GM_OK;
+}
+
+/* Release a free physical page: unmap it everywhere, then give it back.
+ * On a failed unmap it stays (free, partly mapped) and the error returns. */
+static int phys_release(gm_pool_t *pool, uint32_t id)
+{
+    int rc;
+    gm__ppage_t *pp = &pool->phys[id];
+    while (pp->first_va != GM_NONE) {
+        size_t q;
+        gm__arena_t *b = arena_of(pool, pp->first_va, &q);
+        GM_CHECK(va_unmap(pool, b, q));
+    }
+    GM_BK(rc, pool, phys_release, (pool->bk, pp->handle));
+    if (rc != GM_OK) return rc;
+    lru_remove(pool, id);
+    pp->live = 0;
+    pool->dead_ids[pool->n_dead++] = id;
+    pool->st.reserved -= pool->page;
+    return GM_OK;
+}
+
+static inline void own(gm_pool_t *pool, gm__arena_t *a, size_t p)
+{
+    uint32_t id = a->pid[p];
+    lru_remove(pool, id);
+    pool->phys[id].owner = a->gid_base + (uint32_t)p;
+    bit_set(a->owned, p);
 }
 
 /* ---- arenas ------------------------------------------------------------- */
 
-int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size)
+int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size, uint32_t gid_base)
 {
     int rc;
     memset(a, 0, sizeof *a);
     a->cls = cls;
     a->size = GM_ALIGN_UP(size, pool->page);
     a->npages = a->size >> pool->page_shift;
+    a->gid_base = gid_base;
     size_t words = (a->npages + 63) / 64;
     a->mapped = calloc(words, sizeof(uint64_t));
     a->used = calloc(words, sizeof(uint64_t));
-    a->handle = calloc(a->npages, sizeof(gm__phys_t));
+    a->owned = calloc(words, sizeof(uint64_t));
+    a->pid = malloc(a->npages * sizeof(uint32_t));
+    a->alias_next = malloc(a->npages * sizeof(uint32_t));
+    a->alias_prev = malloc(a->npages * sizeof(uint32_t));
     gm__block_t *b = gm__block_new_locked(pool);
-    if (!a->mapped || !a->used || !a->handle || !b) {
+    if (!a->mapped || !a->used || !a->owned || !a->pid || !a->alias_next || !a->alias_prev || !b ||
+        (uint64_t)gid_base + a->npages >= GM_NONE) {
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory for page tables");
         goto fail;
     }
+    memset(a->pid, 0xff, a->npages * sizeof(uint32_t));
     GM_BK(rc, pool, va_reserve, (pool->bk, a->size, pool->page, &a->base));
     if (rc != GM_OK) goto fail;
     /* The whole arena starts as one free block of the global index. */
@@ -114,33 +284,55 @@ int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size)
     gm__freeidx_insert(&pool->global.idx[cls], b);
     return GM_OK;
 fail:
-    if (b) { b->fnext = pool->block_freelist; pool->block_freelist = b; }
+    if (b) gm__block_release_locked(pool, b);
     free(a->mapped);
     free(a->used);
-    free(a->handle);
-    a->mapped = a->used = NULL;
-    a->handle = NULL;
+    free(a->owned);
+    free(a->pid);
+    free(a->alias_next);
+    free(a->alias_prev);
+    memset(a, 0, sizeof *a);
     return rc;
 }
 
-/* Unmap and release every page, then the reservation.  Errors are ignored:
- * the pool is going away and nothing can be retried. */
+/* Give the reservation back.  Precondition: gm__pages_fini unmapped it. */
 void gm__arena_fini(gm_pool_t *pool, gm__arena_t *a)
 {
     int rc;
     if (!a->mapped) return;
-    for (size_t p = 0; p < a->npages; p++) {
-        if (!bit_get(a->mapped, p)) continue;
-        GM_BK(rc, pool, unmap, (pool->bk, a->base + (p << pool->page_shift), pool->page));
-        if (rc == GM_OK) GM_BK(rc, pool, phys_release, (pool->bk, a->handle[p]));
-    }
     if (a->base) GM_BK(rc, pool, va_free, (pool->bk, a->base, a->size));
     (void)rc;
     free(a->mapped);
     free(a->used);
-    free(a->handle);
-    a->mapped = a->used = NULL;
-    a->handle = NULL;
+    free(a->owned);
+    free(a->pid);
+    free(a->alias_next);
+    free(a->alias_prev);
+    memset(a, 0, sizeof *a);
+}
+
+/* Unmap every page and release every physical page: the pool is going away,
+ * live or not, so ownership no longer matters; errors cannot be retried. */
+void gm__pages_fini(gm_pool_t *pool)
+{
+    for (int c = 0; c < GM_CLASS_COUNT; c++) {
+        gm__arena_t *a = &pool->arena[c];
+        if (!a->mapped) continue;
+        memset(a->owned, 0, ((a->npages + 63) / 64) * sizeof(uint64_t));
+    }
+    for (uint32_t id = 0; id < pool->n_phys_ids; id++) {
+        gm__ppage_t *pp = &pool->phys[id];
+        if (!pp->live) continue;
+        if (pp->owner != GM_NONE) {
+            pp->owner = GM_NONE;
+            lru_push(pool, id);
+        }
+        if (phys_release(pool, id) != GM_OK) gm__clear_error();
+    }
+    free(pool->phys);
+    free(pool->dead_ids);
+    pool->phys = NULL;
+    pool->dead_ids = NULL;
 }
 
 /* ---- used marks ---------------------------------------------------------- */
@@ -149,133 +341,90 @@ void gm__pages_mark_used_locked(gm__arena_t *a, uintptr_t addr, size_t size, siz
 {
     size_t p0 = (addr - a->base) >> shift;
     size_t p1 = ((addr + size - 1 - a->base) >> shift) + 1;
-    if (GM_LIKELY(p1 - p0 == 1) && bit_get(a->used, p0)) return; /* common: already used */
+    if (GM_LIKELY(p1 - p0 == 1)) {
+        bit_set(a->used, p0);
+        return;
+    }
     while (p0 < p1) {
         size_t w = p0 >> 6, lo = p0 & 63;
         size_t hi = (p1 - (w << 6)) < 64 ? (p1 - (w << 6)) : 64;
-        uint64_t m = word_mask(lo, hi);
-        uint64_t fresh = m & ~a->used[w];
-        a->n_empty -= (size_t)__builtin_popcountll(fresh & a->mapped[w]);
-        a->used[w] |= m;
+        a->used[w] |= word_mask(lo, hi);
         p0 = (w << 6) + hi;
     }
 }
 
-void gm__pages_mark_unused_locked(gm__arena_t *a, uintptr_t addr, size_t size, size_t shift)
+void gm__pages_mark_unused_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size)
 {
-    size_t page = (size_t)1 << shift;
-    uintptr_t lo_addr = GM_ALIGN_UP(addr - a->base, page);
-    uintptr_t hi_addr = GM_ALIGN_DOWN(addr + size - a->base, page);
+    size_t shift = pool->page_shift;
+    uintptr_t lo_addr = GM_ALIGN_UP(addr - a->base, pool->page);
+    uintptr_t hi_addr = GM_ALIGN_DOWN(addr + size - a->base, pool->page);
     if (hi_addr <= lo_addr) return;
     size_t p0 = lo_addr >> shift, p1 = hi_addr >> shift;
     while (p0 < p1) {
         size_t w = p0 >> 6, lo = p0 & 63;
         size_t hi = (p1 - (w << 6)) < 64 ? (p1 - (w << 6)) : 64;
         uint64_t m = word_mask(lo, hi);
-        uint64_t gone = m & a->used[w];
-        a->n_empty += (size_t)__builtin_popcountll(gone & a->mapped[w]);
+        /* Owned pages give their physical page back to the free list. */
+        for (uint64_t gone = m & a->owned[w]; gone; gone &= gone - 1) {
+            size_t p = (w << 6) + (size_t)__builtin_ctzll(gone);
+            pool->phys[a->pid[p]].owner = GM_NONE;
+            lru_push(pool, a->pid[p]);
+        }
+        a->owned[w] &= ~m;
         a->used[w] &= ~m;
         p0 = (w << 6) + hi;
     }
 }
 
-/* ---- physical pages ------------------------------------------------------ */
-
-static size_t total_empty(const gm_pool_t *pool)
+bool gm__pages_ready_locked(const gm__arena_t *a, uintptr_t addr, size_t size, size_t shift)
 {
-    size_t n = 0;
-    for (int c = 0; c < GM_CLASS_COUNT; c++) n += pool->arena[c].n_empty;
-    return n;
+    size_t p0 = (addr - a->base) >> shift;
+    size_t p1 = ((addr + size - 1 - a->base) >> shift) + 1;
+    if (GM_LIKELY(p1 - p0 == 1)) return bit_get(a->owned, p0);
+    return range_all_set(a->owned, p0, p1);
 }
 
-static int spare_push(gm_pool_t *pool, gm__phys_t h)
+/* ---- serving a range -------------------------------------------------------- */
+
+/* A physical page for a range being mapped: a new one while reserved stays
+ * within `allow` (or within the conflict cap, for a page that lost its own
+ * physical page to a range live at the same time: the step needs one more
+ * page than the pool has), else a free one, after draining the streams if
+ * need be, else a new one up to the limit. */
+/* Which free physical page to map somewhere else: one freed recently, so that
+ * in a repeating step the range it came from is the furthest from wanting it
+ * back (it was just given up) — but not among the very last few, which a
+ * pipeline reuses at once. */
+static uint32_t pick_free(const gm_pool_t *pool)
 {
-    if (pool->n_spare == pool->cap_spare) {
-        size_t cap = pool->cap_spare ? pool->cap_spare * 2 : 64;
-        gm__phys_t *s = realloc(pool->spare, cap * sizeof *s);
-        if (!s) return GM_NO_HOST_MEMORY;
-        pool->spare = s;
-        pool->cap_spare = cap;
-    }
-    pool->spare[pool->n_spare++] = h;
-    return GM_OK;
+    uint32_t id = pool->lru_tail;
+    for (int k = 0; k < RECENT_SKIP && pool->phys[id].lru_prev != GM_NONE; k++)
+        id = pool->phys[id].lru_prev;
+    return id;
 }
 
-static int create_page(gm_pool_t *pool, gm__phys_t *h)
+static int take_phys(gm_pool_t *pool, uint32_t *id, uint64_t allow, uint64_t cap, bool *drained,
+                     bool conflict)
 {
-    int rc;
-    if (pool->st.reserved + pool->page > pool->limit) return GM_LIMIT;
-    GM_BK(rc, pool, phys_create, (pool->bk, pool->page, h));
-    if (rc != GM_OK) return rc;
-    pool->st.reserved += pool->page;
-    if (pool->st.reserved > pool->st.reserved_peak) pool->st.reserved_peak = pool->st.reserved;
-    return GM_OK;
-}
-
-/* Find an empty page, scanning down from the arena's hint. */
-static bool find_empty(gm__arena_t *a, size_t *page)
-{
-    if (a->n_empty == 0) return false;
-    size_t words = (a->npages + 63) / 64;
-    size_t start = a->steal_hint < words ? a->steal_hint : words - 1;
-    for (size_t k = 0; k < words; k++) {
-        size_t w = (start + words - k) % words;
-        uint64_t cand = a->mapped[w] & ~a->used[w];
-        if (cand) {
-            *page = (w << 6) + 63 - (size_t)__builtin_clzll(cand);
-            a->steal_hint = w;
-            return true;
-        }
-    }
-    return false;
-}
-
-/* Unmap one empty page and hand its physical handle to the caller. */
-static int steal_page(gm_pool_t *pool, gm__phys_t *h)
-{
-    for (int c = GM_CLASS_COUNT - 1; c >= 0; c--) {
-        gm__arena_t *a = &pool->arena[c];
-        size_t p;
-        if (!find_empty(a, &p)) continue;
-        int rc;
-        GM_BK(rc, pool, unmap, (pool->bk, a->base + (p << pool->page_shift), pool->page));
-        if (rc != GM_OK) return rc;
-        bit_clear(a->mapped, p);
-        a->n_mapped--;
-        a->n_empty--;
-        pool->st.mapped -= pool->page;
-        pool->st.pages_stolen++;
-        *h = a->handle[p];
-        return GM_OK;
-    }
-    return GM_OUT_OF_MEMORY;
-}
-
-/* One physical page for a range being mapped. *budget is how many pages may
- * still be created without looking for empty ones; *drained says whether the
- * streams were already drained during this request. */
-static int take_page(gm_pool_t *pool, gm__phys_t *h, size_t *budget, bool *drained)
-{
-    int rc;
-    if (pool->n_spare) {
-        *h = pool->spare[--pool->n_spare];
-        return GM_OK;
-    }
-    if (*budget) {
-        rc = create_page(pool, h);
-        if (rc == GM_OK) {
-            (*budget)--;
-            return GM_OK;
-        }
+    uint64_t room = conflict && cap > allow ? cap : allow;
+    if (pool->st.reserved + pool->page <= room) {
+        int rc = phys_create(pool, id);
+        if (rc == GM_OK) return GM_OK;
         if (rc != GM_LIMIT && rc != GM_OUT_OF_MEMORY) return rc;
-        *budget = 0;
     }
-    if (total_empty(pool) == 0 && !*drained) {
+    if (pool->n_free_phys) {
+        *id = pick_free(pool);
+        return GM_OK;
+    }
+    if (!*drained) {
         *drained = true;
         gm__drain_streams_locked(pool);
+        if (pool->n_free_phys) {
+            *id = pick_free(pool);
+            return GM_OK;
+        }
     }
-    if (total_empty(pool) > 0) return steal_page(pool, h);
-    return create_page(pool, h);
+    return phys_create(pool, id);
 }
 
 static int set_access_run(gm_pool_t *pool, gm__arena_t *a, size_t r0, size_t r1)
@@ -284,20 +433,45 @@ static int set_access_run(gm_pool_t *pool, gm__arena_t *a, size_t r0, size_t r1)
     GM_BK(rc, pool, set_access,
           (pool->bk, a->base + (r0 << pool->page_shift), (r1 - r0) << pool->page_shift));
     if (rc == GM_OK) return GM_OK;
-    /* Undo the run: its pages cannot be used without access. */
+    /* Without access the run is useless: give its pages up and unmap them. */
     for (size_t p = r0; p < r1; p++) {
-        int rc2;
-        GM_BK(rc2, pool, unmap, (pool->bk, a->base + (p << pool->page_shift), pool->page));
-        if (rc2 != GM_OK) continue; /* stays mapped (and counted); trim retries */
-        bit_clear(a->mapped, p);
-        a->n_mapped--;
-        pool->st.mapped -= pool->page;
-        if (spare_push(pool, a->handle[p]) != GM_OK) {
-            GM_BK(rc2, pool, phys_release, (pool->bk, a->handle[p]));
-            if (rc2 == GM_OK) pool->st.reserved -= pool->page;
+        if (bit_get(a->owned, p)) {
+            bit_clear(a->owned, p);
+            pool->phys[a->pid[p]].owner = GM_NONE;
+            lru_push(pool, a->pid[p]);
         }
+        if (va_unmap(pool, a, p) != GM_OK) gm__clear_error();
     }
     return rc;
+}
+
+/* Too many mappings: unmap unowned ones (stale aliases first) until under
+ * the cap.  Best effort; a failed unmap just stops it. */
+static void thin_mappings(gm_pool_t *pool)
+{
+    size_t cap = (size_t)MAP_SLACK_MUL * (pool->st.reserved >> pool->page_shift) + MAP_SLACK_MIN;
+    if (pool->n_maps <= cap) return;
+    size_t target = cap - cap / 8;
+    for (int pass = 0; pass < 2 && pool->n_maps > target; pass++) {
+        for (int c = 0; c < GM_CLASS_COUNT && pool->n_maps > target; c++) {
+            gm__arena_t *a = &pool->arena[c];
+            size_t words = (a->npages + 63) / 64;
+            for (size_t k = 0; k < words && pool->n_maps > target; k++) {
+                size_t w = (a->trim_hint + k) % words;
+                for (uint64_t cand = a->mapped[w] & ~a->owned[w]; cand; cand &= cand - 1) {
+                    size_t p = (w << 6) + (size_t)__builtin_ctzll(cand);
+                    /* First pass: only pages whose physical page lives on elsewhere. */
+                    if (pass == 0 && pool->phys[a->pid[p]].n_maps < 2) continue;
+                    if (va_unmap(pool, a, p) != GM_OK) {
+                        gm__clear_error();
+                        return;
+                    }
+                    a->trim_hint = w;
+                    if (pool->n_maps <= target) return;
+                }
+            }
+        }
+    }
 }
 
 int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
@@ -306,57 +480,68 @@ int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
     size_t shift = pool->page_shift;
     size_t p0 = (addr - a->base) >> shift;
     size_t p1 = ((addr + size - 1 - a->base) >> shift) + 1;
-    if (GM_LIKELY(p1 - p0 == 1) && bit_get(a->mapped, p0)) return GM_OK;
-    if (range_all_set(a->mapped, p0, p1)) return GM_OK;
+    if (GM_LIKELY(p1 - p0 == 1) && bit_get(a->owned, p0)) return GM_OK;
+    if (range_all_set(a->owned, p0, p1)) return GM_OK;
 
-    /* Pages that may be created before empty ones are reused. */
-    /* Pages that may be created before empty ones are reused: a budget over
-     * the larger of the live bytes and their peak so far, so a step that
-     * repeats a known peak does not move pages it will need again. */
+    /* Pages that may be created before streams are drained for free ones: a
+     * budget over the larger of the live bytes and their peak so far. */
     uint64_t live = pool->st.allocated + requested;
     if (pool->st.allocated_peak > live) live = pool->st.allocated_peak;
     uint64_t allow = live + live / GROW_SLACK_DIV + (uint64_t)GROW_SLACK_PAGES * pool->page;
-    size_t budget = allow > pool->st.reserved ? (size_t)((allow - pool->st.reserved) >> shift) : 0;
+    uint64_t cap = live + live / CONFLICT_SLACK_DIV + (uint64_t)GROW_SLACK_PAGES * pool->page;
     bool drained = false;
 
-    size_t run = SIZE_MAX; /* start of the current run of freshly mapped pages */
+    /* First the pages whose own mapping is free: they cost nothing, and no
+     * other page of the range should take their physical page. */
+    for (size_t q = p0; q < p1; q++)
+        if (!bit_get(a->owned, q) && bit_get(a->mapped, q) &&
+            pool->phys[a->pid[q]].owner == GM_NONE)
+            own(pool, a, q);
+
+    size_t run = SIZE_MAX; /* start of the current run of fresh mappings */
     int rc = GM_OK;
-    for (size_t p = p0; p < p1; p++) {
+    size_t p;
+    for (p = p0; p < p1; p++) {
+        bool conflict = false;
+        if (bit_get(a->owned, p)) goto run_break;
         if (bit_get(a->mapped, p)) {
-            if (run != SIZE_MAX) {
-                GM_CHECK(set_access_run(pool, a, run, p));
-                run = SIZE_MAX;
+            conflict = true;
+            if (pool->phys[a->pid[p]].owner == GM_NONE) { /* our old mapping, free: take it */
+                own(pool, a, p);
+                goto run_break;
             }
-            continue;
+            rc = va_unmap(pool, a, p); /* its physical page serves another range now */
+            if (rc != GM_OK) break;
         }
-        gm__phys_t h;
-        rc = take_page(pool, &h, &budget, &drained);
+        uint32_t id;
+        rc = take_phys(pool, &id, allow, cap, &drained, conflict);
         if (rc != GM_OK) break;
-        GM_BK(rc, pool, map, (pool->bk, a->base + (p << shift), pool->page, h));
-        if (rc != GM_OK) {
-            if (spare_push(pool, h) != GM_OK) {
-                int rc2;
-                GM_BK(rc2, pool, phys_release, (pool->bk, h));
-                if (rc2 == GM_OK) pool->st.reserved -= pool->page;
-            }
-            break;
-        }
-        bit_set(a->mapped, p);
-        a->handle[p] = h;
-        a->n_mapped++;
-        pool->st.mapped += pool->page;
-        if (!bit_get(a->used, p)) a->n_empty++; /* cannot happen: range is used */
+        if (pool->phys[id].n_maps) pool->st.pages_stolen++;
+        rc = va_map(pool, a, p, id);
+        if (rc != GM_OK) break;
+        own(pool, a, p);
         if (run == SIZE_MAX) run = p;
+        continue;
+    run_break:
+        if (run != SIZE_MAX) {
+            int rc2 = set_access_run(pool, a, run, p);
+            run = SIZE_MAX;
+            if (rc2 != GM_OK) {
+                rc = rc2;
+                break;
+            }
+        }
     }
     if (run != SIZE_MAX) {
-        /* Pages mapped before a failure still get access: they are valid
-         * cached pages now, and trim can give them back. */
-        size_t end = run;
-        while (end < p1 && bit_get(a->mapped, end)) end++;
-        int rc2 = set_access_run(pool, a, run, end);
+        int rc2 = set_access_run(pool, a, run, p);
         if (rc == GM_OK) rc = rc2;
     }
-    return rc;
+    /* On failure the caller frees the block again, which hands the pages it
+     * took back to the free list (or to its stream's care). */
+    if (rc != GM_OK) return rc;
+    if (GM_UNLIKELY(pool->n_maps > (size_t)MAP_SLACK_MUL * (pool->st.reserved >> shift) + MAP_SLACK_MIN))
+        thin_mappings(pool);
+    return GM_OK;
 }
 
 int gm__pages_prefault_locked(gm_pool_t *pool, size_t bytes)
@@ -367,21 +552,11 @@ int gm__pages_prefault_locked(gm_pool_t *pool, size_t bytes)
     int rc = GM_OK;
     size_t p;
     for (p = 0; p < n; p++) {
-        gm__phys_t h;
-        rc = create_page(pool, &h);
+        uint32_t id;
+        rc = phys_create(pool, &id);
         if (rc != GM_OK) break;
-        GM_BK(rc, pool, map, (pool->bk, a->base + (p << pool->page_shift), pool->page, h));
-        if (rc != GM_OK) {
-            int rc2;
-            GM_BK(rc2, pool, phys_release, (pool->bk, h));
-            if (rc2 == GM_OK) pool->st.reserved -= pool->page;
-            break;
-        }
-        bit_set(a->mapped, p);
-        a->handle[p] = h;
-        a->n_mapped++;
-        a->n_empty++; /* inside the arena's free block: empty */
-        pool->st.mapped += pool->page;
+        rc = va_map(pool, a, p, id);
+        if (rc != GM_OK) break;
     }
     if (p > 0) {
         int rc2 = set_access_run(pool, a, 0, p);
@@ -395,69 +570,92 @@ int gm__pages_trim_locked(gm_pool_t *pool, size_t keep, size_t *released)
     size_t before = pool->st.reserved;
     int rc = GM_OK;
     gm__drain_streams_locked(pool);
-    while (pool->st.reserved - pool->st.active > keep) {
-        gm__phys_t h;
-        if (pool->n_spare) {
-            h = pool->spare[pool->n_spare - 1];
-        } else if (total_empty(pool) > 0) {
-            rc = steal_page(pool, &h);
-            if (rc != GM_OK) break;
-            pool->st.pages_stolen--; /* a release, not a move */
-            if (spare_push(pool, h) != GM_OK) { /* keep it findable */
-                rc = GM_NO_HOST_MEMORY;
-                break;
-            }
-        } else {
-            break;
-        }
-        GM_BK(rc, pool, phys_release, (pool->bk, h));
+    while (pool->st.reserved - pool->st.active > keep && pool->n_free_phys) {
+        rc = phys_release(pool, pool->lru_head);
         if (rc != GM_OK) break;
-        pool->n_spare--;
-        pool->st.reserved -= pool->page;
     }
     if (released) *released = before - pool->st.reserved;
     return rc;
 }
 
-int gm__pages_check_locked(gm_pool_t *pool, gm__arena_t *a)
+int gm__pages_check_locked(gm_pool_t *pool)
 {
-    size_t words = (a->npages + 63) / 64, mapped = 0, empty = 0;
-    for (size_t w = 0; w < words; w++) {
-        mapped += (size_t)__builtin_popcountll(a->mapped[w]);
-        empty += (size_t)__builtin_popcountll(a->mapped[w] & ~a->used[w]);
-    }
-    if (mapped != a->n_mapped)
-        return gm__set_error(GM_INTERNAL, "arena %d: %zu pages mapped, counter says %zu", a->cls,
-                             mapped, a->n_mapped);
-    if (empty != a->n_empty)
-        return gm__set_error(GM_INTERNAL, "arena %d: %zu empty pages, counter says %zu", a->cls,
-                             empty, a->n_empty);
-    /* used must match its definition: not wholly inside one global free block. */
-    size_t page = pool->page;
-    for (gm__block_t *b = a->first; b; b = b->next) {
-        bool global_free = b->free && b->owner == &pool->global;
-        uintptr_t lo = GM_ALIGN_UP(b->addr - a->base, page) >> pool->page_shift;
-        uintptr_t hi = GM_ALIGN_DOWN(b->addr + b->size - a->base, page) >> pool->page_shift;
-        if (global_free) {
-            for (uintptr_t p = lo; p < hi; p++)
-                if (bit_get(a->used, p))
-                    return gm__set_error(GM_INTERNAL, "arena %d: page %zu inside a global free "
-                                         "block at %#lx is marked used", a->cls, (size_t)p,
-                                         (unsigned long)b->addr);
-        } else {
+    size_t maps = 0, live = 0, free_phys = 0;
+    for (int c = 0; c < GM_CLASS_COUNT; c++) {
+        gm__arena_t *a = &pool->arena[c];
+        size_t mapped = 0;
+        for (size_t p = 0; p < a->npages; p++) {
+            bool m = bit_get(a->mapped, p), o = bit_get(a->owned, p);
+            mapped += m;
+            if (m != (a->pid[p] != GM_NONE))
+                return gm__set_error(GM_INTERNAL, "arena %d: page %zu mapped bit disagrees", c, p);
+            if (o && (!m || pool->phys[a->pid[p]].owner != a->gid_base + p))
+                return gm__set_error(GM_INTERNAL, "arena %d: page %zu owned but its physical page "
+                                     "is not its own", c, p);
+            if (o && !bit_get(a->used, p))
+                return gm__set_error(GM_INTERNAL, "arena %d: page %zu owned but unused", c, p);
+        }
+        if (mapped != a->n_mapped)
+            return gm__set_error(GM_INTERNAL, "arena %d: %zu pages mapped, counter says %zu", c,
+                                 mapped, a->n_mapped);
+        maps += mapped;
+        /* used must match its definition, and live blocks must own their pages. */
+        for (gm__block_t *b = a->first; b; b = b->next) {
             size_t q0 = (b->addr - a->base) >> pool->page_shift;
             size_t q1 = ((b->addr + b->size - 1 - a->base) >> pool->page_shift) + 1;
+            if (b->free && b->owner == &pool->global) {
+                uintptr_t lo = GM_ALIGN_UP(b->addr - a->base, pool->page) >> pool->page_shift;
+                uintptr_t hi = GM_ALIGN_DOWN(b->addr + b->size - a->base, pool->page) >> pool->page_shift;
+                for (uintptr_t p = lo; p < hi; p++)
+                    if (bit_get(a->used, p))
+                        return gm__set_error(GM_INTERNAL, "arena %d: page %zu inside a global "
+                                             "free block is marked used", c, (size_t)p);
+                continue;
+            }
             for (size_t p = q0; p < q1; p++) {
                 if (!bit_get(a->used, p))
-                    return gm__set_error(GM_INTERNAL, "arena %d: page %zu under a %s block at "
-                                         "%#lx is not marked used", a->cls, p,
-                                         b->free ? "stream-owned free" : "live",
-                                         (unsigned long)b->addr);
-                if (!b->free && !bit_get(a->mapped, p))
-                    return gm__set_error(GM_INTERNAL, "arena %d: page %zu under live block at "
-                                         "%#lx is not mapped", a->cls, p, (unsigned long)b->addr);
+                    return gm__set_error(GM_INTERNAL, "arena %d: page %zu under a %s block is not "
+                                         "marked used", c, p, b->free ? "stream-owned free" : "live");
+                if (!b->free && !bit_get(a->owned, p))
+                    return gm__set_error(GM_INTERNAL, "arena %d: page %zu under a live block at "
+                                         "%#lx is not owned", c, p, (unsigned long)b->addr);
             }
         }
     }
+    if (maps != pool->n_maps || maps * pool->page != pool->st.mapped)
+        return gm__set_error(GM_INTERNAL, "%zu mappings, counters say %zu", maps, pool->n_maps);
+    size_t alias_total = 0;
+    for (uint32_t id = 0; id < pool->n_phys_ids; id++) {
+        gm__ppage_t *pp = &pool->phys[id];
+        if (!pp->live) continue;
+        live++;
+        if (pp->owner == GM_NONE) free_phys++;
+        size_t n = 0;
+        for (uint32_t g = pp->first_va; g != GM_NONE && n <= pp->n_maps; n++) {
+            size_t q;
+            gm__arena_t *b = arena_of(pool, g, &q);
+            if (b->pid[q] != id)
+                return gm__set_error(GM_INTERNAL, "physical page %u: alias list is broken", id);
+            g = b->alias_next[q];
+        }
+        if (n != pp->n_maps)
+            return gm__set_error(GM_INTERNAL, "physical page %u: %zu mappings listed, %u counted",
+                                 id, n, pp->n_maps);
+        alias_total += n;
+    }
+    if (alias_total != maps)
+        return gm__set_error(GM_INTERNAL, "alias lists hold %zu mappings, arenas %zu", alias_total, maps);
+    if (free_phys != pool->n_free_phys)
+        return gm__set_error(GM_INTERNAL, "%zu free physical pages, list says %u", free_phys,
+                             pool->n_free_phys);
+    size_t n = 0;
+    for (uint32_t id = pool->lru_head; id != GM_NONE && n <= free_phys; id = pool->phys[id].lru_next, n++)
+        if (pool->phys[id].owner != GM_NONE || !pool->phys[id].live)
+            return gm__set_error(GM_INTERNAL, "physical page %u on the free list is not free", id);
+    if (n != free_phys)
+        return gm__set_error(GM_INTERNAL, "free list holds %zu pages, %zu are free", n, free_phys);
+    if (live * pool->page != pool->st.reserved)
+        return gm__set_error(GM_INTERNAL, "reserved %lu != %zu physical pages",
+                             (unsigned long)pool->st.reserved, live);
     return GM_OK;
 }

@@ -118,11 +118,8 @@ void gm_pool_destroy(gm_pool_t *pool)
 {
     if (!pool) return;
     gm__lock(&pool->lock);
-    int rc;
+    gm__pages_fini(pool);
     for (int c = 0; c < GM_CLASS_COUNT; c++) gm__arena_fini(pool, &pool->arena[c]);
-    for (size_t i = 0; i < pool->n_spare; i++) GM_BK(rc, pool, phys_release, (pool->bk, pool->spare[i]));
-    (void)rc;
-    free(pool->spare);
     gm__alloc_fini(pool);
     if (pool->bk) pool->ops->close(pool->bk);
     gm__unlock(&pool->lock);
@@ -139,6 +136,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     pool->st.size = sizeof pool->st;
     pool->st.version = GM_STATS_VERSION;
     pool->global.is_global = true;
+    pool->lru_head = pool->lru_tail = GM_NONE;
 
     if (cfg) GM_CHECK_GOTO(config_copy(cfg, &pool->cfg), rc, fail);
     else GM_CHECK_GOTO(gm_config_from_env(&pool->cfg), rc, fail);
@@ -174,9 +172,10 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     /* Address space is cheap: room for the whole device several times over,
      * so holes never force a failure while physical pages are free. */
     size_t total = GM_ALIGN_UP(pool->info.total_memory, pool->page);
-    GM_CHECK_GOTO(gm__arena_init(pool, &pool->arena[GM_CLASS_SMALL], GM_CLASS_SMALL, total * 2),
+    GM_CHECK_GOTO(gm__arena_init(pool, &pool->arena[GM_CLASS_SMALL], GM_CLASS_SMALL, total * 2, 0),
                   rc, fail);
-    GM_CHECK_GOTO(gm__arena_init(pool, &pool->arena[GM_CLASS_LARGE], GM_CLASS_LARGE, total * 4),
+    GM_CHECK_GOTO(gm__arena_init(pool, &pool->arena[GM_CLASS_LARGE], GM_CLASS_LARGE, total * 4,
+                                 (uint32_t)pool->arena[GM_CLASS_SMALL].npages),
                   rc, fail);
     if (pool->cfg.initial_reserve) {
         rc = gm__pages_prefault_locked(pool, pool->cfg.initial_reserve);

@@ -97,25 +97,50 @@ typedef struct gm__stream {
 
 /* ---- arenas and pages (pages.c) --------------------------------------- */
 
+#define GM_NONE UINT32_MAX
+
 /* One reservation of address space, cut into pages of `granularity`.
- * Per page: mapped (a physical handle is mapped there) and used (the page is
- * NOT wholly inside one free block of the global index — so it may hold live
- * data or in-flight work and must stay mapped).  Pages that are mapped and
- * not used are "empty": they can be unmapped and mapped elsewhere at once.
- * Accounting: n_empty == popcount(mapped & ~used); n_mapped == popcount(mapped). */
+ * Per page (a "VA page", numbered gid = gid_base + index across arenas):
+ *   mapped — some physical page is mapped there (pid[p]);
+ *   used   — NOT wholly inside one free block of the global index, so it may
+ *            hold live data or in-flight work;
+ *   owned  — the physical page mapped there belongs to this VA page alone.
+ * A physical page may be mapped at several VA pages at once ("aliases"), but
+ * at most one of them owns it.  Every page under a live, pending or once-live
+ * stream-owned block is owned; ownership ends when the page becomes unused.
+ * So an unowned mapping holds no data anyone needs and may be dropped or
+ * shared at any time, and reusing a physical page elsewhere costs a map, not
+ * an unmap: a step that repeats finds its mappings still in place.
+ * Accounting: owned => mapped and phys[pid[p]].owner == gid;
+ *             n_mapped == popcount(mapped). */
 typedef struct gm__arena {
     uintptr_t base;
     size_t size;
     size_t npages;
+    uint32_t gid_base;
     int cls;
-    uint64_t *mapped;            /* bitmap */
-    uint64_t *used;              /* bitmap */
-    gm__phys_t *handle;          /* per page, valid where mapped */
+    uint64_t *mapped;            /* bitmaps */
+    uint64_t *used;
+    uint64_t *owned;
+    uint32_t *pid;               /* physical page mapped at each VA page */
+    uint32_t *alias_next;        /* other VA pages mapping the same one */
+    uint32_t *alias_prev;
     size_t n_mapped;
-    size_t n_empty;
-    size_t steal_hint;           /* page index where the next steal scan starts */
+    size_t trim_hint;            /* where the next unmap scan starts */
     gm__block_t *first;          /* lowest block */
 } gm__arena_t;
+
+/* A physical page (one handle of `granularity` bytes).
+ * free (in the LRU list) <=> owner == GM_NONE; n_maps == length of the
+ * alias list starting at first_va. */
+typedef struct gm__ppage {
+    gm__phys_t handle;
+    uint32_t owner;              /* gid of the owning VA page, or GM_NONE */
+    uint32_t first_va;           /* gid of one VA page mapping it, or GM_NONE */
+    uint32_t n_maps;
+    uint32_t lru_prev, lru_next; /* free list, oldest first */
+    uint8_t live;                /* created and not released */
+} gm__ppage_t;
 
 /* ---- the pool (pool.c) -------------------------------------------------- */
 
@@ -127,7 +152,7 @@ typedef struct gm__hash {
 } gm__hash_t;
 
 /* Accounting (checked by gm_pool_check):
- *   reserved == (sum of arena n_mapped + n_spare) * page
+ *   reserved == live physical pages * page;  mapped == n_maps * page
  *   active   == sum of live block sizes;  allocated == sum of their requests
  *   live_blocks == hash.count
  *   cached   == reserved - active */
@@ -158,8 +183,13 @@ struct gm_pool {
     void **slabs;                /* descriptor slabs, freed at destroy */
     size_t n_slabs, cap_slabs;
 
-    gm__phys_t *spare;           /* created, unmapped physical pages */
-    size_t n_spare, cap_spare;
+    gm__ppage_t *phys;           /* physical pages by id */
+    uint32_t n_phys_ids, cap_phys; /* ids handed out (live or dead) */
+    uint32_t *dead_ids;          /* released ids, reused first */
+    uint32_t n_dead;
+    uint32_t lru_head, lru_tail; /* free physical pages, oldest first */
+    uint32_t n_free_phys;
+    size_t n_maps;               /* VA pages mapped, all arenas */
 
     gm_stats_t st;               /* counters kept under the lock */
 };
@@ -175,24 +205,26 @@ struct gm_pool {
     } while (0)
 void gm__bk_account(gm_pool_t *pool, int kind, uint64_t t0);
 
-int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size);
+int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size, uint32_t gid_base);
 void gm__arena_fini(gm_pool_t *pool, gm__arena_t *a);
 /* Mark pages overlapping [addr, addr+size) used. Lock held. */
 void gm__pages_mark_used_locked(gm__arena_t *a, uintptr_t addr, size_t size, size_t page_shift);
-/* Mark pages wholly inside the global free block [addr, addr+size) unused. */
-void gm__pages_mark_unused_locked(gm__arena_t *a, uintptr_t addr, size_t size, size_t page_shift);
-/* Make every page overlapping [addr, addr+size) mapped and accessible,
- * taking physical pages from spares, new handles or empty pages elsewhere.
- * The range's pages must already be marked used.  Lock held. */
-/* Are all pages overlapping [addr, addr+size) mapped? */
-bool gm__pages_mapped_locked(const gm__arena_t *a, uintptr_t addr, size_t size, size_t shift);
+/* Mark pages wholly inside the global free block [addr, addr+size) unused,
+ * ending their ownership. */
+void gm__pages_mark_unused_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size);
+/* Is every page overlapping [addr, addr+size) owned (ready, no calls)? */
+bool gm__pages_ready_locked(const gm__arena_t *a, uintptr_t addr, size_t size, size_t shift);
+/* Make every page overlapping [addr, addr+size) mapped, accessible and owned,
+ * taking free physical pages (mapped here too), or new ones.  The range's
+ * pages must already be marked used.  Lock held. */
 int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
                                    size_t requested);
-/* Unmap and release empty pages and spares until cached <= keep. Lock held. */
+/* Release free physical pages until cached <= keep. Lock held. */
 int gm__pages_trim_locked(gm_pool_t *pool, size_t keep, size_t *released);
-/* Map `bytes` of pages at the start of the large arena (initial reserve). */
+/* Create and map `bytes` of pages at the start of the large arena. */
 int gm__pages_prefault_locked(gm_pool_t *pool, size_t bytes);
-int gm__pages_check_locked(gm_pool_t *pool, gm__arena_t *a);
+int gm__pages_check_locked(gm_pool_t *pool);
+void gm__pages_fini(gm_pool_t *pool);
 
 /* ---- defined in src/alloc.c -------------------------------------------- */
 
@@ -204,6 +236,7 @@ gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle);
  * global index, so their pages can be unmapped.  Returns blocks moved. */
 size_t gm__drain_streams_locked(gm_pool_t *pool);
 gm__block_t *gm__block_new_locked(gm_pool_t *pool);
+void gm__block_release_locked(gm_pool_t *pool, gm__block_t *b);
 void gm__freeidx_insert(gm__freeidx_t *idx, gm__block_t *b);
 int gm__alloc_check_locked(gm_pool_t *pool);
 /* Largest mapped free run and total free mapped bytes, for stats. */

@@ -185,7 +185,7 @@ int main(int argc, char **argv)
     cfg.backend = b && !strcmp(b, "cuda") ? GM_BACKEND_CUDA : GM_BACKEND_SIM;
     cfg.sim_capacity = (size_t)n_threads * SLOTS * max_size / 2 + ((size_t)64 << 20);
     /* A limit under the worst case keeps the pool under pressure. */
-    cfg.limit = (size_t)n_threads * SLOTS * max_size / 4 + ((size_t)32 << 20);
+    cfg.limit = (size_t)n_threads * SLOTS * max_size / 10 + ((size_t)32 << 20);
     REQUIRE(gm_pool_create(&cfg, &pool) == GM_OK);
     printf("stress: %d threads, sizes up to %zu bytes, %d iterations, seed %lu, limit %zu\n",
            n_threads, max_size, iterations, seed, cfg.limit);
