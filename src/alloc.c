@@ -145,7 +145,7 @@ gm__block_t *gm__block_new_locked(gm_pool_t *pool)
         b = pool->block_freelist;
     }
     pool->block_freelist = b->fnext;
-    memset(b, 0, sizeof *b);
+    *b = (gm__block_t){0};
     return b;
 }
 

@@ -42,6 +42,7 @@ typedef struct result {
     uint64_t reserved_peak;
     uint64_t calls[GM_CALL_COUNT];  /* inside the timed loops */
     uint64_t steady_calls;          /* inside the loops of passes 2..N */
+    uint64_t steady_wall_ns, steady_backend_ns; /* the same loops' times */
     uint64_t failed_allocs, failed_frees;
     char first_failure[256];
 } result_t;
@@ -174,6 +175,10 @@ static int replay_trace(const gm__trace_t *t, const options_t *o, result_t *r)
 
         r->wall_ns += t1 - t0;
         r->backend_ns += udiff(after.backend_ns, before.backend_ns);
+        if (pass > 0) {
+            r->steady_wall_ns += t1 - t0;
+            r->steady_backend_ns += udiff(after.backend_ns, before.backend_ns);
+        }
         r->modeled_ns += udiff(after.modeled_device_ns, before.modeled_device_ns);
         for (int k = 0; k < GM_CALL_COUNT; k++) {
             uint64_t d = udiff(after.backend_calls[k], before.backend_calls[k]);
@@ -238,10 +243,15 @@ static void print_json(const gm__trace_t *t, const result_t *r, const options_t 
         sep = ",";
     }
     printf("}");
-    if (o->repeat > 1)
-        printf(",\"steady_backend_calls\":%llu", (unsigned long long)r->steady_calls);
-    else
-        printf(",\"steady_backend_calls\":null");
+    if (o->repeat > 1) {
+        uint64_t steady_ops = (uint64_t)t->n_ops * (o->repeat - 1);
+        uint64_t alloc_ns = r->steady_wall_ns > r->steady_backend_ns
+                                ? r->steady_wall_ns - r->steady_backend_ns : 0;
+        printf(",\"steady_backend_calls\":%llu,\"steady_allocator_ns_per_op\":%.1f",
+               (unsigned long long)r->steady_calls, per_op(alloc_ns, steady_ops));
+    } else {
+        printf(",\"steady_backend_calls\":null,\"steady_allocator_ns_per_op\":null");
+    }
     printf(",\"failed_allocs\":%llu,\"unknown_frees\":%llu,\"allocate_failure_rows\":%llu"
            ",\"dup_allocs\":%llu",
            (unsigned long long)r->failed_allocs, (unsigned long long)t->unknown_frees,
