@@ -397,6 +397,9 @@ bool gm__pages_ready_locked(const gm__arena_t *a, uintptr_t addr, size_t size, s
  * pipeline reuses at once. */
 static uint32_t pick_free(const gm_pool_t *pool)
 {
+    /* Blocks handed between streams come back quickly: there the oldest
+     * free page is the one least likely to be wanted again soon. */
+    if (pool->n_streams > 1) return pool->lru_head;
     uint32_t id = pool->lru_tail;
     for (int k = 0; k < RECENT_SKIP && pool->phys[id].lru_prev != GM_NONE; k++)
         id = pool->phys[id].lru_prev;
