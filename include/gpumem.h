@@ -124,11 +124,8 @@ typedef struct gm_pool_config {
     size_t release_threshold;   /* cached bytes kept mapped after a free;
                                    SIZE_MAX = keep all until gm_trim */
     size_t sim_capacity;        /* sim backend: device size; 0 = GPUMEM_SIM_CAPACITY or 80 GiB */
-    unsigned flags;             /* GM_POOL_* below */
+    unsigned flags;             /* reserved, must be 0 */
 } gm_pool_config_t;
-
-/* Disable the per-thread cache of small freed blocks. */
-#define GM_POOL_NO_THREAD_CACHE 0x1u
 
 #define GM_POOL_CONFIG_INIT                                                    \
     { sizeof(gm_pool_config_t), GM_POOL_CONFIG_VERSION, GM_BACKEND_AUTO, 0,    \
@@ -243,7 +240,6 @@ GM_API int gm_pool_device_info(gm_pool_t *pool, gm_device_info_t *info);
     X(oom_count,          "allocations that failed for lack of memory")        \
     X(retries,            "allocations served after reclaiming memory")        \
     X(pages_stolen,       "empty mapped pages moved to serve another range")   \
-    X(thread_cache_hits,  "allocations served by a per-thread cache")          \
     X(backend_ns,         "wall time spent inside backend calls")              \
     X(modeled_device_ns,  "sim backend: modeled device time of its calls")
 

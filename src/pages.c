@@ -17,11 +17,11 @@
  * place the step ever used.
  *
  * When a range needs a page, it comes, in this order, from: its own mapping
- * (its physical page is free); a free physical page, mapped here as well
- * (oldest freed first, so the place it came from is the least likely to want
- * it back soon); a new physical page while reserved memory stays within a
- * small budget over the live peak; a free page after draining the streams;
- * a new page up to the limit.  A mapping whose physical page another range
+ * (its physical page is free); a new physical page while reserved memory
+ * stays within a small budget over the live peak (or a slightly larger one
+ * for a page whose physical page a range live at the same time has taken); a
+ * free physical page, mapped here as well (see pick_free for which); a free
+ * page after draining the streams; a new page up to the limit.  A mapping whose physical page another range
  * owns is unmapped first.  Mappings are capped (a page mapped at too many
  * places is thinned out), so the address space never fills with stale ones.
  *

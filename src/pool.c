@@ -105,6 +105,8 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
                              (int)d.backend);
     if (d.device < 0)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: device %d", d.device);
+    if (d.flags)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: unknown flags %#x", d.flags);
     if (d.sim_capacity == 0) {
         const char *v = getenv("GPUMEM_SIM_CAPACITY");
         if (!v || gm__parse_size(v, &d.sim_capacity) != GM_OK || d.sim_capacity == 0)

@@ -150,23 +150,19 @@ phase_sanitize() {
     return "$rc"
 }
 
-# Replay real and synthetic traces through the cuda backend: one JSON line
-# per trace in $OUT/device-replay.jsonl, the table in the phase log.
+# Replay real and synthetic traces through the cuda backend with
+# bench/replay.sh; its dated results (Markdown table and JSON lines) are
+# copied to $OUT as device-replay.md / device-replay.jsonl.
 phase_replay() {
-    local cli traces=() k
+    local cli
     cli="$(gpumem_cli)"
     [ -n "$cli" ] || { echo "no gpumem executable (did the build phase run?)"; return 1; }
-    mkdir -p "$BUILD_DIR/synth"
-    for k in kv_inference kv_paged vit_train multistream varbatch_train; do
-        "$cli" synth "$k" --seed 1 -o "$BUILD_DIR/synth/$k.csv.gz" || return 1
-    done
-    if [ -d "$TRACE_DIR" ]; then
-        for k in "$TRACE_DIR"/*.csv "$TRACE_DIR"/*.csv.gz; do [ -f "$k" ] && traces+=("$k"); done
-    fi
-    traces+=("$BUILD_DIR"/synth/*.csv.gz)
-    "$cli" replay --backend cuda --repeat "$REPLAY_REPEAT" --json "${traces[@]}" \
-        >"$OUT/device-replay.jsonl" || return 1
-    "$cli" replay --backend cuda "${traces[@]}"
+    GPUMEM="$cli" bash bench/replay.sh --backend cuda --repeat "$REPLAY_REPEAT" \
+        ${TRACE_DIR:+"$TRACE_DIR"} || return 1
+    local md
+    md="$(ls -t bench/results/*-replay.md | head -n 1)"
+    cp "$md" "$OUT/device-replay.md"
+    cp "${md%.md}.jsonl" "$OUT/device-replay.jsonl"
 }
 
 # ---- driver ---------------------------------------------------------------
