@@ -81,13 +81,14 @@ with open(dst, "w") as f:
     f.write(f"- command: `bench/replay.sh --backend {backend}` (runs `{cmd}` three times and keeps, per trace, the run with the median allocator ns/op; synthetic traces from `gpumem synth KIND --seed 1`)\n")
     f.write(f"- machine: {machine}\n")
     f.write("- ratio: reserved peak / live peak over all passes; ns/op columns: wall time of the replay loop per operation, and the same less the time inside backend calls (allocator); steady: passes 2..N only\n\n")
-    f.write("| trace | ops/pass | live peak GB | reserved peak GB | ratio | alloc ns/op | steady alloc ns/op | total ns/op | backend calls | steady calls | modeled device ms |\n")
+    f.write("| trace | ops/pass | live peak GB | reserved peak GB | ratio | alloc ns/op | steady alloc ns/op | total ns/op | backend calls | steady calls | modeled device ms (sim) |\n")
     f.write("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
     for d in rows:
         name = os.path.basename(d["trace"]).replace(".csv.gz", "").replace(".csv", "")
         calls = sum(d["backend_calls"].values())
         sa = d.get("steady_allocator_ns_per_op")
-        f.write(f"| {name} | {d['ops']} | {d['live_peak']/1e9:.2f} | {d['reserved_peak']/1e9:.2f} | {d['ratio']:.3f} | {d['allocator_ns_per_op']:.1f} | {'' if sa is None else f'{sa:.1f}'} | {d['ns_per_op']:.1f} | {calls} | {d['steady_backend_calls']} | {d['modeled_device_ms']:.1f} |\n")
+        dev = f"{d['modeled_device_ms']:.1f}" if backend == "sim" else "—"
+        f.write(f"| {name} | {d['ops']} | {d['live_peak']/1e9:.2f} | {d['reserved_peak']/1e9:.2f} | {d['ratio']:.3f} | {d['allocator_ns_per_op']:.1f} | {'' if sa is None else f'{sa:.1f}'} | {d['ns_per_op']:.1f} | {calls} | {d['steady_backend_calls']} | {dev} |\n")
 print(open(dst).read())
 PY
 echo "wrote $out.md and $out.jsonl"
