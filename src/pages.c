@@ -273,7 +273,10 @@ int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size, uint32
     }
     memset(a->pid, 0xff, a->npages * sizeof(uint32_t));
     GM_BK(rc, pool, va_reserve, (pool->bk, a->size, pool->page, &a->base));
-    if (rc != GM_OK) goto fail;
+    if (rc != GM_OK) {
+        a->base = 0;
+        goto fail;
+    }
     /* The whole arena starts as one free block of the global index. */
     b->addr = a->base;
     b->size = a->size;
@@ -285,21 +288,15 @@ int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size, uint32
     return GM_OK;
 fail:
     if (b) gm__block_release_locked(pool, b);
-    free(a->mapped);
-    free(a->used);
-    free(a->owned);
-    free(a->pid);
-    free(a->alias_next);
-    free(a->alias_prev);
-    memset(a, 0, sizeof *a);
+    gm__arena_fini(pool, a);
     return rc;
 }
 
-/* Give the reservation back.  Precondition: gm__pages_fini unmapped it. */
+/* Give the reservation and the page tables back; also undoes a partial
+ * gm__arena_init.  Precondition: gm__pages_fini unmapped every page. */
 void gm__arena_fini(gm_pool_t *pool, gm__arena_t *a)
 {
     int rc;
-    if (!a->mapped) return;
     if (a->base) GM_BK(rc, pool, va_free, (pool->bk, a->base, a->size));
     (void)rc;
     free(a->mapped);
