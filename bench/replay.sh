@@ -62,13 +62,15 @@ with open(sys.argv[1], "w") as f:
         per_trace = sorted(per_trace, key=lambda d: d["allocator_ns_per_op"])
         f.write(json.dumps(per_trace[len(per_trace) // 2], separators=(",", ":")) + "\n")
 PY
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit (with local changes)"
 machine="$(uname -sm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//')"
 if [ "$backend" = cuda ]; then
     machine="$machine; GPU $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1)"
 fi
-python3 - "$out.jsonl" "$out.md" "$date" "$cmd" "$machine" "$backend" <<'PY'
+python3 - "$out.jsonl" "$out.md" "$date" "$cmd" "$machine" "$backend" "$commit" <<'PY'
 import json, sys, os
-src, dst, date, cmd, machine, backend = sys.argv[1:7]
+src, dst, date, cmd, machine, backend, commit = sys.argv[1:8]
 rows = [json.loads(l) for l in open(src) if l.strip()]
 # Keep file names only: where a trace sat on the machine says nothing.
 for d in rows:
@@ -79,6 +81,7 @@ with open(src, "w") as f:
 with open(dst, "w") as f:
     f.write(f"# gpumem replay — {backend} backend, {date}\n\n")
     f.write(f"- command: `bench/replay.sh --backend {backend}` (runs `{cmd}` three times and keeps, per trace, the run with the median allocator ns/op; synthetic traces from `gpumem synth KIND --seed 1`)\n")
+    f.write(f"- code: commit {commit}\n")
     f.write(f"- machine: {machine}\n")
     f.write("- ratio: reserved peak / live peak over all passes; ns/op columns: wall time of the replay loop per operation, and the same less the time inside backend calls (allocator); steady: passes 2..N only\n\n")
     f.write("| trace | ops/pass | live peak GB | reserved peak GB | ratio | alloc ns/op | steady alloc ns/op | total ns/op | backend calls | steady calls | modeled device ms (sim) |\n")

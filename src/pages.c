@@ -69,7 +69,7 @@
 void gm__bk_account(gm_pool_t *pool, int kind, uint64_t t0)
 {
     pool->st.backend_calls[kind]++;
-    pool->st.backend_ns += gm__now_ns() - t0;
+    pool->backend_ticks += gm__ticks() - t0;
 }
 
 /* ---- bitmaps ------------------------------------------------------------ */

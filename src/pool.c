@@ -332,7 +332,7 @@ int gm_trim(gm_pool_t *pool, size_t keep, size_t *released)
 /* Backend calls that need no pool state: run unlocked, account after. */
 #define UNLOCKED_CALL(pool, kind, args)                                        \
     do {                                                                       \
-        uint64_t t0_ = gm__now_ns();                                           \
+        uint64_t t0_ = gm__ticks();                                            \
         rc = (pool)->ops->kind args;                                           \
         gm__lock(&(pool)->lock);                                     \
         gm__bk_account((pool), GM_CALL_##kind, t0_);                           \
@@ -424,6 +424,7 @@ int gm_pool_stats(gm_pool_t *pool, gm_stats_t *stats)
     gm_stats_t s;
     gm__lock(&pool->lock);
     s = pool->st;
+    s.backend_ns = (uint64_t)((double)pool->backend_ticks * gm__ns_per_tick());
     gm__alloc_free_summary_locked(pool, &s.largest_free_block, &s.free_blocks);
     gm__unlock(&pool->lock);
     s.cached = s.reserved - s.active;

@@ -192,6 +192,7 @@ struct gm_pool {
     size_t n_maps;               /* VA pages mapped, all arenas */
 
     gm_stats_t st;               /* counters kept under the lock */
+    uint64_t backend_ticks;      /* time inside backend calls, gm__ticks() units */
 };
 
 /* ---- defined in src/pages.c -------------------------------------------- */
@@ -199,7 +200,7 @@ struct gm_pool {
 /* Backend call wrapper: rc = ops->kind args, counted and timed in stats. */
 #define GM_BK(rc, pool, kind, args)                                            \
     do {                                                                       \
-        uint64_t gm__t0_ = gm__now_ns();                                       \
+        uint64_t gm__t0_ = gm__ticks();                                        \
         (rc) = (pool)->ops->kind args;                                         \
         gm__bk_account((pool), GM_CALL_##kind, gm__t0_);                       \
     } while (0)

@@ -11,6 +11,7 @@
  * allocates or takes a lock.
  */
 #include <ctype.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -22,6 +23,26 @@ uint64_t gm__now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static double ns_per_tick = 1.0;
+static pthread_once_t calibrate_once = PTHREAD_ONCE_INIT;
+
+static void calibrate(void)
+{
+    if (GM_TICKS_ARE_NS) return;
+    uint64_t t0 = gm__now_ns(), k0 = gm__ticks(), t1, k1;
+    do {
+        t1 = gm__now_ns();
+        k1 = gm__ticks();
+    } while (t1 - t0 < 1000000);
+    if (k1 > k0) ns_per_tick = (double)(t1 - t0) / (double)(k1 - k0);
+}
+
+double gm__ns_per_tick(void)
+{
+    pthread_once(&calibrate_once, calibrate);
+    return ns_per_tick;
 }
 
 /* The binary multiple named by unit letter c, or 0 for an unknown letter. */
