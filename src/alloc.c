@@ -343,9 +343,10 @@ static void destroy_recorded(gm_pool_t *pool, gm__block_t *b)
 }
 
 /* Move pending blocks whose recorded streams have all passed the free into
- * the index of the stream that freed them. */
-static void process_pending(gm_pool_t *pool)
+ * the index of the stream that freed them; returns how many. */
+static size_t process_pending(gm_pool_t *pool)
 {
+    size_t released = 0;
     gm__block_t **pp = &pool->pending;
     while (*pp) {
         gm__block_t *b = *pp;
@@ -363,7 +364,9 @@ static void process_pending(gm_pool_t *pool)
         *pp = b->fnext;
         destroy_recorded(pool, b);
         release_block(pool, b, b->owner);
+        released++;
     }
+    return released;
 }
 
 /* Move to the global index the blocks of s freed up to free_seq <= upto. */
@@ -403,6 +406,7 @@ static size_t migrate_stream(gm_pool_t *pool, gm__stream_t *s, uint64_t upto)
 static size_t reclaim_streams(gm_pool_t *pool, const gm__stream_t *except)
 {
     size_t moved = 0;
+    if (pool->pending) moved += process_pending(pool); /* recorded streams may have passed */
     for (size_t i = 0; i < pool->n_streams; i++) {
         gm__stream_t *t = pool->streams[i];
         if (t == except) continue;
