@@ -1,0 +1,820 @@
+/*
+ * alloc_bench.c — the side-by-side allocator benchmark on a real GPU:
+ * gpumem (gm_alloc/gm_free, cuda backend), cudaMalloc/cudaFree,
+ * cudaMallocAsync/cudaFreeAsync on a warm pool that never releases, and
+ * PyTorch's caching allocator through bench/torch_shim.cpp (loaded with
+ * dlopen, so this file builds without libtorch).
+ *
+ * The one idea: every allocator is driven through the same four calls
+ * (alloc, free, reset, stats) by the same loops over the same precomputed
+ * operation sequences, and each process measures one allocator, so no
+ * allocator's cache can disturb another's figures.  The driver script
+ * (bench/run_alloc_bench.sh) runs this once per allocator and merges the
+ * JSON parts.  See bench/README.md for what each measurement means.
+ *
+ * usage: alloc_bench --allocator gpumem|cudaMalloc|cudaMallocAsync|torch
+ *                    [--name NAME] [--torch-shim LIB.so] [--traces DIR]
+ *                    [--mix-ops N] [--seed N] [--json FILE] [--quick]
+ */
+#include <dirent.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime_api.h>
+
+#include "gpumem.h"
+#include "trace.h"
+
+#define MAX_TRACES 32
+#define N_THREADS 16
+#define MIX_SLOTS 512
+#define MIX_MIN (256.0)
+#define MIX_MAX (64.0 * 1024 * 1024)
+#define TRACE_PASSES 3
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "alloc_bench: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(1);
+}
+
+/* Every CUDA runtime call goes through this: a failure we cannot work around
+ * ends the process (its partial JSON is already on disk). */
+#define CK(call)                                                               \
+    do {                                                                       \
+        cudaError_t e_ = (call);                                               \
+        if (e_ != cudaSuccess)                                                 \
+            die("%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+    } while (0)
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static uint64_t rng_next(uint64_t *s) /* splitmix64 */
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rng_unit(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+/* ---- the allocators ---------------------------------------------------- */
+
+/* One allocator under test.  alloc/free return 0 on success.  reset: every
+ * block is already freed; give cached memory back and reset the peaks.
+ * reserved_peak: bytes held from the device since the last reset (0 when the
+ * allocator cannot say).  calls: a counter of driver calls (or its proxy)
+ * that only grows; calls_label says what it counts. */
+typedef struct allocator {
+    const char *name;
+    const char *calls_label;
+    int (*alloc)(size_t size, cudaStream_t s, void **p);
+    int (*free)(void *p, size_t size, cudaStream_t s);
+    void (*reset)(void);
+    uint64_t (*reserved_peak)(void);
+    uint64_t (*allocated_peak)(void); /* the allocator's own figure; 0: none */
+    uint64_t (*calls)(void);
+    void (*track_calls)(int on);      /* optional: count only while on */
+} allocator_t;
+
+static int g_device;
+
+/* gpumem */
+static gm_pool_t *g_pool;
+
+static void gm_fail(const char *what, int rc)
+{
+    die("%s: %s (%s)", what, gm_errname(rc), gm_last_error());
+}
+
+static void gpumem_open(void)
+{
+    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
+    int rc = gm_config_from_env(&cfg);
+    if (rc) gm_fail("gm_config_from_env", rc);
+    cfg.backend = GM_BACKEND_CUDA;
+    cfg.device = g_device;
+    if ((rc = gm_pool_create(&cfg, &g_pool))) gm_fail("gm_pool_create", rc);
+}
+static int gpumem_alloc(size_t n, cudaStream_t s, void **p) { return gm_alloc(g_pool, n, (gm_stream_t)s, p); }
+static int gpumem_free(void *p, size_t n, cudaStream_t s) { (void)n; return gm_free(g_pool, p, (gm_stream_t)s); }
+static void gpumem_reset(void)
+{
+    /* A fresh pool, as `gpumem replay` uses per trace. */
+    CK(cudaDeviceSynchronize());
+    gm_pool_destroy(g_pool);
+    g_pool = NULL;
+    gpumem_open();
+}
+static gm_stats_t gpumem_stats(void)
+{
+    gm_stats_t st = GM_STATS_INIT;
+    int rc = gm_pool_stats(g_pool, &st);
+    if (rc) gm_fail("gm_pool_stats", rc);
+    return st;
+}
+static uint64_t gpumem_reserved_peak(void) { return gpumem_stats().reserved_peak; }
+static uint64_t gpumem_allocated_peak(void) { return gpumem_stats().allocated_peak; }
+static uint64_t gpumem_calls(void)
+{
+    gm_stats_t st = gpumem_stats();
+    uint64_t n = 0;
+    for (int k = 0; k < GM_CALL_COUNT; k++) n += st.backend_calls[k];
+    return n;
+}
+
+/* Backend calls by kind between two snapshots, "map=3 set_access=3 ...". */
+static void gpumem_kinds(const gm_stats_t *a, const gm_stats_t *b, char *buf, size_t cap)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    for (int k = 0; k < GM_CALL_COUNT && at + 1 < cap; k++)
+        if (b->backend_calls[k] != a->backend_calls[k])
+            at += (size_t)snprintf(buf + at, cap - at, "%s%s=%llu", at ? " " : "", gm_call_name(k),
+                                   (unsigned long long)(b->backend_calls[k] - a->backend_calls[k]));
+    if (at >= cap) buf[cap - 1] = 0;
+}
+
+/* cudaMalloc: no cache; each alloc and each free is one driver call. */
+static uint64_t cm_calls_n, cm_used_base, cm_used_peak;
+static int cm_track_mem;
+static int cm_alloc(size_t n, cudaStream_t s, void **p)
+{
+    (void)s;
+    cudaError_t e = cudaMalloc(p, n);
+    __atomic_add_fetch(&cm_calls_n, 1, __ATOMIC_RELAXED);
+    if (e != cudaSuccess) { (void)cudaGetLastError(); return 1; }
+    if (cm_track_mem) {
+        size_t fr, tot;
+        CK(cudaMemGetInfo(&fr, &tot));
+        if (tot - fr > cm_used_peak) cm_used_peak = tot - fr;
+    }
+    return 0;
+}
+static int cm_free(void *p, size_t n, cudaStream_t s)
+{
+    (void)n, (void)s;
+    __atomic_add_fetch(&cm_calls_n, 1, __ATOMIC_RELAXED);
+    return cudaFree(p) != cudaSuccess;
+}
+static void cm_reset(void)
+{
+    size_t fr, tot;
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemGetInfo(&fr, &tot));
+    cm_used_base = cm_used_peak = tot - fr;
+}
+/* Device memory in use (cudaMemGetInfo) above the level at reset, tracked
+ * only while cm_track_mem is set (trace replay); 0 otherwise. */
+static uint64_t cm_reserved_peak(void) { return cm_track_mem ? cm_used_peak - cm_used_base : 0; }
+static uint64_t cm_reserved_peak_saved;
+static uint64_t cm_none(void) { return 0; }
+static uint64_t cm_calls(void) { return __atomic_load_n(&cm_calls_n, __ATOMIC_RELAXED); }
+
+/* cudaMallocAsync on the device's default pool, release threshold UINT64_MAX. */
+static cudaMemPool_t g_mempool;
+static int ma_track;
+static uint64_t ma_growths, ma_last_reserved;
+static uint64_t ma_attr(enum cudaMemPoolAttr a)
+{
+    uint64_t v = 0;
+    CK(cudaMemPoolGetAttribute(g_mempool, a, &v));
+    return (uint64_t)v;
+}
+static void ma_open(void)
+{
+    CK(cudaDeviceGetDefaultMemPool(&g_mempool, g_device));
+    uint64_t thr = UINT64_MAX;
+    CK(cudaMemPoolSetAttribute(g_mempool, cudaMemPoolAttrReleaseThreshold, &thr));
+}
+static int ma_alloc(size_t n, cudaStream_t s, void **p)
+{
+    cudaError_t e = cudaMallocAsync(p, n, s);
+    if (e != cudaSuccess) { (void)cudaGetLastError(); return 1; }
+    if (ma_track) {
+        uint64_t r = ma_attr(cudaMemPoolAttrReservedMemCurrent);
+        if (r > ma_last_reserved) ma_growths++;
+        ma_last_reserved = r;
+    }
+    return 0;
+}
+static int ma_free(void *p, size_t n, cudaStream_t s) { (void)n; return cudaFreeAsync(p, s) != cudaSuccess; }
+static void ma_reset(void)
+{
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemPoolTrimTo(g_mempool, 0));
+    uint64_t zero = 0;
+    CK(cudaMemPoolSetAttribute(g_mempool, cudaMemPoolAttrReservedMemHigh, &zero));
+    CK(cudaMemPoolSetAttribute(g_mempool, cudaMemPoolAttrUsedMemHigh, &zero));
+}
+static uint64_t ma_reserved_peak(void) { return ma_attr(cudaMemPoolAttrReservedMemHigh); }
+static uint64_t ma_used_peak(void) { return ma_attr(cudaMemPoolAttrUsedMemHigh); }
+static uint64_t ma_calls(void) { return ma_growths; }
+static void ma_track_calls(int on)
+{
+    ma_track = on;
+    ma_last_reserved = ma_attr(cudaMemPoolAttrReservedMemCurrent);
+}
+
+/* torch, through the shim (bench/torch_shim.cpp). */
+static struct {
+    int (*init)(int device);
+    int (*alloc)(size_t n, void *stream, void **p);
+    int (*free)(void *p);
+    void (*reset)(void);
+    void (*stats)(uint64_t out[6]); /* reserved peak, allocated peak, requested peak,
+                                       segments allocated, segments freed, alloc retries */
+    const char *(*config)(void);
+} ts;
+static uint64_t ts_stat(int i)
+{
+    uint64_t v[6];
+    ts.stats(v);
+    return v[i];
+}
+static int torch_alloc(size_t n, cudaStream_t s, void **p) { return ts.alloc(n, (void *)s, p); }
+static int torch_free(void *p, size_t n, cudaStream_t s) { (void)n, (void)s; return ts.free(p); }
+static void torch_reset(void) { CK(cudaDeviceSynchronize()); ts.reset(); }
+static uint64_t torch_reserved_peak(void) { return ts_stat(0); }
+static uint64_t torch_allocated_peak(void) { return ts_stat(1); }
+static uint64_t torch_calls(void) { return ts_stat(3) + ts_stat(4); }
+static void torch_load(const char *lib)
+{
+    void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    if (!h) die("dlopen %s: %s", lib, dlerror());
+#define SYM(field, name)                                                       \
+    do {                                                                       \
+        *(void **)&ts.field = dlsym(h, name);                                  \
+        if (!ts.field) die("%s: no symbol %s", lib, name);                     \
+    } while (0)
+    SYM(init, "torch_shim_init");
+    SYM(alloc, "torch_shim_alloc");
+    SYM(free, "torch_shim_free");
+    SYM(reset, "torch_shim_reset");
+    SYM(stats, "torch_shim_stats");
+    SYM(config, "torch_shim_config");
+#undef SYM
+    if (ts.init(g_device)) die("torch_shim_init failed");
+}
+
+static allocator_t A;
+
+/* ---- JSON part ---------------------------------------------------------- */
+
+/* The figures this process measured; -1 = not measured. */
+static const size_t pair_sizes[] = {512, 64 << 10, 2 << 20, 64 << 20, (size_t)1 << 30};
+static const char *pair_names[] = {"512B", "64KiB", "2MiB", "64MiB", "1GiB"};
+#define N_PAIR (sizeof pair_sizes / sizeof pair_sizes[0])
+static double r_pair[N_PAIR];
+static double r_mix_ns = -1, r_mix_cold_ns = -1, r_mix_ratio = -1, r_mix_ratio_own = -1;
+static uint64_t r_mix_ops, r_mix_req_peak, r_mix_res_peak;
+static double r_t1_ops = -1, r_t16_ops = -1;
+static uint64_t r_thread_ops;
+static int n_traces;
+static char *r_trace_name[MAX_TRACES];
+static double r_trace_ratio[MAX_TRACES];
+static double r_trace_steady[MAX_TRACES];
+static uint64_t r_trace_live[MAX_TRACES], r_trace_res[MAX_TRACES];
+static const char *json_path;
+static char g_gpu[256];
+static const char *g_notes = "";
+static char r_mix_kinds[512], r_trace_kinds[MAX_TRACES][512];
+static double r_mix_warm_calls = -1, r_mix_backend_ms = -1;
+
+static void jnum(FILE *f, double v)
+{
+    if (v < 0 || v != v) fprintf(f, "null");
+    else fprintf(f, "%.6g", v);
+}
+
+static void write_json(void)
+{
+    if (!json_path) return;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", json_path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) die("cannot write %s", tmp);
+    fprintf(f, "{\"allocator\":\"%s\",\"gpu\":\"%s\",\"notes\":\"%s\",\n", A.name, g_gpu, g_notes);
+    fprintf(f, " \"pair_ns\":{");
+    for (size_t i = 0; i < N_PAIR; i++) {
+        fprintf(f, "%s\"%s\":", i ? "," : "", pair_names[i]);
+        jnum(f, r_pair[i]);
+    }
+    fprintf(f, "},\n \"mix_ns_per_op\":");
+    jnum(f, r_mix_ns);
+    fprintf(f, ",\"mix_cold_ns_per_op\":");
+    jnum(f, r_mix_cold_ns);
+    fprintf(f, ",\"mix_ops\":%llu,\"mix_ratio\":", (unsigned long long)r_mix_ops);
+    jnum(f, r_mix_ratio);
+    fprintf(f, ",\"mix_ratio_vs_own_allocated\":");
+    jnum(f, r_mix_ratio_own);
+    fprintf(f, ",\"mix_requested_peak\":%llu,\"mix_reserved_peak\":%llu,\n",
+            (unsigned long long)r_mix_req_peak, (unsigned long long)r_mix_res_peak);
+    fprintf(f, " \"threads\":{\"ops_per_thread\":%llu,\"one_thread_ops_per_s\":",
+            (unsigned long long)r_thread_ops);
+    jnum(f, r_t1_ops);
+    fprintf(f, ",\"sixteen_threads_ops_per_s\":");
+    jnum(f, r_t16_ops);
+    fprintf(f, "},\"threads16_speedup\":");
+    jnum(f, (r_t1_ops > 0 && r_t16_ops > 0) ? r_t16_ops / r_t1_ops : -1);
+    fprintf(f, ",\n \"trace_ratio\":{");
+    for (int i = 0; i < n_traces; i++) {
+        fprintf(f, "%s\"%s\":", i ? "," : "", r_trace_name[i]);
+        jnum(f, r_trace_ratio[i]);
+    }
+    fprintf(f, "},\"trace_peaks\":{");
+    for (int i = 0; i < n_traces; i++)
+        fprintf(f, "%s\"%s\":{\"live\":%llu,\"reserved\":%llu}", i ? "," : "", r_trace_name[i],
+                (unsigned long long)r_trace_live[i], (unsigned long long)r_trace_res[i]);
+    fprintf(f, "},\n \"steady_state_driver_calls_by_trace\":{");
+    for (int i = 0; i < n_traces; i++) {
+        fprintf(f, "%s\"%s\":", i ? "," : "", r_trace_name[i]);
+        jnum(f, r_trace_steady[i]);
+    }
+    double total = 0;
+    int any = 0;
+    for (int i = 0; i < n_traces; i++)
+        if (r_trace_steady[i] >= 0) total += r_trace_steady[i], any = 1;
+    fprintf(f, "},\"steady_state_driver_calls\":");
+    jnum(f, any ? total : -1);
+    fprintf(f, ",\"steady_state_calls_label\":\"%s\",\n \"mix_warm_driver_calls\":", A.calls_label);
+    jnum(f, r_mix_warm_calls);
+    fprintf(f, ",\"gpumem_mix_warm_calls_by_kind\":\"%s\",\"gpumem_mix_warm_backend_ms\":", r_mix_kinds);
+    jnum(f, r_mix_backend_ms);
+    fprintf(f, ",\"gpumem_steady_calls_by_kind\":{");
+    for (int i = 0; i < n_traces; i++)
+        fprintf(f, "%s\"%s\":\"%s\"", i ? "," : "", r_trace_name[i], r_trace_kinds[i]);
+    fprintf(f, "}}\n");
+    if (fclose(f)) die("cannot write %s", tmp);
+    if (rename(tmp, json_path)) die("cannot rename %s", tmp);
+}
+
+/* ---- 1. alloc+free pair latency ---------------------------------------- */
+
+static void bench_pairs(cudaStream_t s, int slow)
+{
+    const int per_batch = slow ? 5 : 2000, batches = 21;
+    double *v = malloc(sizeof(double) * batches);
+    if (!v) die("out of host memory");
+    for (size_t i = 0; i < N_PAIR; i++) {
+        int bad = 0;
+        for (int b = -1; b < batches && !bad; b++) { /* batch -1 warms up */
+            uint64_t t0 = now_ns();
+            for (int k = 0; k < per_batch; k++) {
+                void *p = NULL;
+                if (A.alloc(pair_sizes[i], s, &p) || A.free(p, pair_sizes[i], s)) { bad = 1; break; }
+            }
+            uint64_t t1 = now_ns();
+            if (b >= 0) v[b] = (double)(t1 - t0) / per_batch;
+        }
+        if (bad) {
+            fprintf(stderr, "%s: pair %s failed\n", A.name, pair_names[i]);
+            r_pair[i] = -1;
+            continue;
+        }
+        qsort(v, batches, sizeof *v, cmp_double);
+        r_pair[i] = v[batches / 2];
+        printf("  pair %-6s %10.1f ns\n", pair_names[i], r_pair[i]);
+    }
+    free(v);
+    CK(cudaStreamSynchronize(s));
+    write_json();
+}
+
+/* ---- 2. random mix -------------------------------------------------------- */
+
+/* A precomputed mix: op i picks slot[i]; a live slot is freed, an empty one
+ * gets size[i] bytes.  One op = one alloc or one free. */
+typedef struct mix {
+    uint32_t *slot;
+    uint64_t *size;
+    size_t n;
+} mix_t;
+
+static mix_t mix_make(size_t n, uint64_t seed)
+{
+    mix_t m = {malloc(n * sizeof(uint32_t)), malloc(n * sizeof(uint64_t)), n};
+    if (!m.slot || !m.size) die("out of host memory");
+    const double lo = log(MIX_MIN), hi = log(MIX_MAX);
+    for (size_t i = 0; i < n; i++) {
+        m.slot[i] = (uint32_t)(rng_next(&seed) % MIX_SLOTS);
+        uint64_t sz = (uint64_t)exp(lo + (hi - lo) * rng_unit(&seed));
+        m.size[i] = sz < 256 ? 256 : sz;
+    }
+    return m;
+}
+
+typedef struct mix_run {
+    const mix_t *m;
+    cudaStream_t s;
+    uint64_t ops, wall_ns, req_peak, t_start, t_end;
+    int failed;
+    pthread_barrier_t *bar;
+} mix_run_t;
+
+/* Run the mix; frees whatever is left live afterwards (outside the timing). */
+static void mix_exec(mix_run_t *r)
+{
+    void *ptr[MIX_SLOTS] = {0};
+    uint64_t sz[MIX_SLOTS] = {0};
+    uint64_t live = 0, peak = 0;
+    const mix_t *m = r->m;
+    r->failed = 0;
+    if (r->bar) pthread_barrier_wait(r->bar);
+    uint64_t t0 = now_ns();
+    size_t i;
+    for (i = 0; i < m->n; i++) {
+        uint32_t k = m->slot[i];
+        if (ptr[k]) {
+            if (A.free(ptr[k], sz[k], r->s)) { r->failed = 1; break; }
+            ptr[k] = NULL;
+            live -= sz[k];
+        } else {
+            if (A.alloc(m->size[i], r->s, &ptr[k])) { r->failed = 1; ptr[k] = NULL; break; }
+            sz[k] = m->size[i];
+            live += sz[k];
+            if (live > peak) peak = live;
+        }
+    }
+    uint64_t t1 = now_ns();
+    r->t_start = t0, r->t_end = t1;
+    r->ops = i;
+    r->wall_ns = t1 - t0;
+    r->req_peak = peak;
+    for (int k = 0; k < MIX_SLOTS; k++)
+        if (ptr[k] && A.free(ptr[k], sz[k], r->s)) r->failed = 1;
+}
+
+static void bench_mix(cudaStream_t s, size_t nops, uint64_t seed, int cm)
+{
+    mix_t m = mix_make(nops, seed);
+    mix_run_t r = {.m = &m, .s = s};
+    /* Cold run from a trimmed allocator: the memory figures. */
+    A.reset();
+    mix_exec(&r);
+    CK(cudaStreamSynchronize(s));
+    if (r.failed) {
+        fprintf(stderr, "%s: mix failed after %llu ops\n", A.name, (unsigned long long)r.ops);
+        goto out;
+    }
+    r_mix_ops = nops;
+    r_mix_cold_ns = (double)r.wall_ns / (double)r.ops;
+    r_mix_req_peak = r.req_peak;
+    if (cm) {
+        r_mix_ratio = 1.0; /* by definition: cudaMalloc holds exactly what is live */
+        r_mix_ns = r_mix_cold_ns;
+        r_mix_res_peak = r.req_peak;
+    } else {
+        r_mix_res_peak = A.reserved_peak();
+        r_mix_ratio = (double)r_mix_res_peak / (double)r.req_peak;
+        uint64_t own = A.allocated_peak();
+        if (own) r_mix_ratio_own = (double)r_mix_res_peak / (double)own;
+        /* Warm run, same sequence: the speed. */
+        gm_stats_t g0 = GM_STATS_INIT, g1 = GM_STATS_INIT;
+        if (g_pool) g0 = gpumem_stats();
+        if (A.track_calls) A.track_calls(1);
+        uint64_t c0 = A.calls();
+        mix_exec(&r);
+        r_mix_warm_calls = (double)(A.calls() - c0);
+        if (A.track_calls) A.track_calls(0);
+        if (g_pool) {
+            g1 = gpumem_stats();
+            gpumem_kinds(&g0, &g1, r_mix_kinds, sizeof r_mix_kinds);
+            r_mix_backend_ms = (double)(g1.backend_ns - g0.backend_ns) / 1e6;
+            printf("  gpumem warm mix backend calls: %.0f (%s), %.1f ms inside the backend\n", r_mix_warm_calls,
+                   r_mix_kinds, r_mix_backend_ms);
+        }
+        CK(cudaStreamSynchronize(s));
+        if (r.failed) {
+            fprintf(stderr, "%s: warm mix failed\n", A.name);
+            goto out;
+        }
+        r_mix_ns = (double)r.wall_ns / (double)r.ops;
+    }
+    printf("  mix: %zu ops, %.1f ns/op warm (%.1f cold), reserved peak %.3f GB / requested peak %.3f GB = %.4f\n",
+           nops, r_mix_ns, r_mix_cold_ns, r_mix_res_peak / 1e9, r_mix_req_peak / 1e9, r_mix_ratio);
+out:
+    free(m.slot);
+    free(m.size);
+    write_json();
+}
+
+/* ---- 3. 16 threads, each on its own stream ----------------------------- */
+
+static void *mix_thread(void *arg)
+{
+    mix_exec(arg);
+    return NULL;
+}
+
+/* Run `nt` threads at once over their own mixes; aggregate ops/s or -1. */
+static double run_threads(int nt, mix_t *mixes, cudaStream_t *streams)
+{
+    pthread_t th[N_THREADS];
+    mix_run_t r[N_THREADS];
+    pthread_barrier_t bar;
+    if (pthread_barrier_init(&bar, NULL, (unsigned)nt)) die("pthread_barrier_init");
+    for (int t = 0; t < nt; t++) {
+        r[t] = (mix_run_t){.m = &mixes[t], .s = streams[t], .bar = &bar};
+        if (pthread_create(&th[t], NULL, mix_thread, &r[t])) die("pthread_create");
+    }
+    uint64_t t0 = UINT64_MAX, t1 = 0, ops = 0;
+    int failed = 0;
+    for (int t = 0; t < nt; t++) {
+        pthread_join(th[t], NULL);
+        if (r[t].t_start < t0) t0 = r[t].t_start;
+        if (r[t].t_end > t1) t1 = r[t].t_end;
+        ops += r[t].ops;
+        failed |= r[t].failed;
+    }
+    pthread_barrier_destroy(&bar);
+    for (int t = 0; t < nt; t++) CK(cudaStreamSynchronize(streams[t]));
+    return failed ? -1 : (double)ops * 1e9 / (double)(t1 - t0);
+}
+
+static void bench_threads(size_t per_thread, uint64_t seed)
+{
+    mix_t mixes[N_THREADS];
+    cudaStream_t streams[N_THREADS];
+    for (int t = 0; t < N_THREADS; t++) {
+        mixes[t] = mix_make(per_thread, seed + 1000 + (uint64_t)t);
+        CK(cudaStreamCreateWithFlags(&streams[t], cudaStreamNonBlocking));
+    }
+    r_thread_ops = per_thread;
+    A.reset();
+    /* Each figure is the second of two runs: the first warms the caches. */
+    double one = run_threads(1, mixes, streams);
+    if (one > 0) one = run_threads(1, mixes, streams);
+    double all = one > 0 ? run_threads(N_THREADS, mixes, streams) : -1;
+    if (all > 0) all = run_threads(N_THREADS, mixes, streams);
+    r_t1_ops = one;
+    r_t16_ops = all;
+    if (one > 0 && all > 0)
+        printf("  threads: 1 thread %.0f ops/s, 16 threads %.0f ops/s, speedup %.2f\n", one, all, all / one);
+    else
+        fprintf(stderr, "%s: thread mix failed\n", A.name);
+    A.reset(); /* while the streams live: torch's expandable segments sync them */
+    for (int t = 0; t < N_THREADS; t++) {
+        CK(cudaStreamDestroy(streams[t]));
+        free(mixes[t].slot);
+        free(mixes[t].size);
+    }
+    write_json();
+}
+
+/* ---- 4. trace replay ------------------------------------------------------ */
+
+static const char *base_name(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    return b ? b + 1 : path;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Replay t `passes` times; the reserved peak covers every pass, the call
+ * counter passes 2..N.  0 on success. */
+static int replay(const gm__trace_t *t, int passes, uint64_t *res_peak, double *steady, uint64_t deadline_s,
+                  char *kinds, size_t kinds_cap)
+{
+    gm_stats_t g0 = GM_STATS_INIT, g1 = GM_STATS_INIT;
+    void **ptr = calloc(t->n_slots ? t->n_slots : 1, sizeof *ptr);
+    uint64_t *psz = calloc(t->n_slots ? t->n_slots : 1, sizeof *psz);
+    uint16_t *pst = calloc(t->n_slots ? t->n_slots : 1, sizeof *pst);
+    cudaStream_t *st = calloc(t->n_streams ? t->n_streams : 1, sizeof *st);
+    if (!ptr || !psz || !pst || !st) die("out of host memory");
+    for (uint32_t i = 0; i < t->n_streams; i++)
+        if (t->streams[i]) CK(cudaStreamCreateWithFlags(&st[i], cudaStreamNonBlocking));
+    A.reset();
+    int rc = 0;
+    uint64_t c0 = 0, start = now_ns();
+    for (int pass = 0; pass < passes && !rc; pass++) {
+        if (pass == 1) {
+            if (A.track_calls) A.track_calls(1);
+            c0 = A.calls();
+            if (g_pool) g0 = gpumem_stats();
+        }
+        for (size_t i = 0; i < t->n_ops; i++) {
+            const gm__trace_op_t *op = &t->ops[i];
+            if (op->slot == GM__TRACE_NO_SLOT) continue; /* failures, unknown frees */
+            if (op->action == GM__TRACE_ALLOC) {
+                if (A.alloc(op->size, st[op->stream], &ptr[op->slot])) {
+                    fprintf(stderr, "%s: %s: allocation of %llu bytes failed (op %zu)\n", A.name, t->name,
+                            (unsigned long long)op->size, i);
+                    ptr[op->slot] = NULL;
+                    rc = 1;
+                    break;
+                }
+                psz[op->slot] = op->size;
+                pst[op->slot] = op->stream;
+            } else if (op->action == GM__TRACE_FREE && ptr[op->slot]) {
+                if (A.free(ptr[op->slot], psz[op->slot], st[op->stream])) rc = 1;
+                ptr[op->slot] = NULL;
+            }
+            if ((i & 1023) == 0 && (now_ns() - start) / 1000000000u > deadline_s) {
+                fprintf(stderr, "%s: %s: over %llu s, stopped\n", A.name, t->name, (unsigned long long)deadline_s);
+                rc = 2;
+                break;
+            }
+        }
+        /* End of pass: free what the trace left live, on its own stream. */
+        for (uint32_t k = 0; k < t->n_slots; k++)
+            if (ptr[k]) {
+                if (A.free(ptr[k], psz[k], st[pst[k]])) rc = 1;
+                ptr[k] = NULL;
+            }
+        CK(cudaDeviceSynchronize());
+    }
+    *steady = (!rc && passes > 1) ? (double)(A.calls() - c0) : -1;
+    if (A.track_calls) A.track_calls(0);
+    *res_peak = A.reserved_peak();
+    cm_reserved_peak_saved = *res_peak;
+    if (g_pool && !rc && passes > 1) {
+        g1 = gpumem_stats();
+        gpumem_kinds(&g0, &g1, kinds, kinds_cap);
+    }
+    A.reset(); /* while the streams live: torch's expandable segments sync them */
+    for (uint32_t i = 0; i < t->n_streams; i++)
+        if (st[i]) CK(cudaStreamDestroy(st[i]));
+    free(ptr), free(psz), free(pst), free(st);
+    return rc;
+}
+
+static void bench_traces(const char *dir, int cm)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "alloc_bench: no trace folder %s\n", dir);
+        return;
+    }
+    char *files[MAX_TRACES];
+    int nf = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && nf < MAX_TRACES) {
+        size_t l = strlen(e->d_name);
+        if ((l > 4 && !strcmp(e->d_name + l - 4, ".csv")) || (l > 7 && !strcmp(e->d_name + l - 7, ".csv.gz"))) {
+            char *p = malloc(strlen(dir) + l + 2);
+            if (!p) die("out of host memory");
+            sprintf(p, "%s/%s", dir, e->d_name);
+            files[nf++] = p;
+        }
+    }
+    closedir(d);
+    qsort(files, nf, sizeof *files, cmp_str);
+    for (int i = 0; i < nf; i++) {
+        gm__trace_t t;
+        int rc = gm__trace_load(files[i], &t);
+        if (rc) die("%s: %s (%s)", files[i], gm_errname(rc), gm_last_error());
+        char *name = strdup(base_name(files[i]));
+        if (!name) die("out of host memory");
+        char *dot = strstr(name, ".csv");
+        if (dot) *dot = 0;
+        int k = n_traces++;
+        r_trace_name[k] = name;
+        r_trace_live[k] = t.live_peak;
+        uint64_t res = 0;
+        double steady = -1;
+        if (cm) {
+            /* One pass, memory measured with cudaMemGetInfo after each
+             * cudaMalloc; the steady calls are every alloc and free of
+             * passes 2..3 by definition. */
+            cm_track_mem = 1;
+            rc = replay(&t, 1, &res, &steady, 40, r_trace_kinds[k], sizeof r_trace_kinds[k]);
+            res = cm_reserved_peak_saved;
+            cm_track_mem = 0;
+            uint64_t n = 0;
+            for (size_t j = 0; j < t.n_ops; j++)
+                if (t.ops[j].slot != GM__TRACE_NO_SLOT) n++;
+            steady = rc ? -1 : (double)(n * (TRACE_PASSES - 1));
+        } else {
+            rc = replay(&t, TRACE_PASSES, &res, &steady, 60, r_trace_kinds[k], sizeof r_trace_kinds[k]);
+        }
+        r_trace_res[k] = res;
+        r_trace_ratio[k] = (!rc && t.live_peak) ? (double)res / (double)t.live_peak : -1;
+        r_trace_steady[k] = steady;
+        printf("  trace %-22s live peak %.3f GB reserved peak %.3f GB ratio %.4f steady calls %.0f%s %s\n", name,
+               t.live_peak / 1e9, res / 1e9, r_trace_ratio[k], steady, rc ? " (FAILED)" : "", r_trace_kinds[k]);
+        fflush(stdout);
+        gm__trace_free(&t);
+        free(files[i]);
+        write_json();
+    }
+}
+
+/* ---- main ----------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    const char *which = NULL, *name = NULL, *shim = NULL, *traces = NULL;
+    size_t mix_ops = 400000;
+    uint64_t seed = 12345;
+    int quick = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--quick")) { quick = 1; continue; }
+        if (!v) die("%s needs a value", a);
+        i++;
+        if (!strcmp(a, "--allocator")) which = v;
+        else if (!strcmp(a, "--name")) name = v;
+        else if (!strcmp(a, "--torch-shim")) shim = v;
+        else if (!strcmp(a, "--traces")) traces = v;
+        else if (!strcmp(a, "--json")) json_path = v;
+        else if (!strcmp(a, "--mix-ops")) mix_ops = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
+        else die("unknown option %s", a);
+    }
+    if (!which) die("usage: alloc_bench --allocator gpumem|cudaMalloc|cudaMallocAsync|torch [--name N] "
+                    "[--torch-shim LIB] [--traces DIR] [--mix-ops N] [--seed N] [--json FILE] [--quick]");
+    for (size_t i = 0; i < N_PAIR; i++) r_pair[i] = -1;
+
+    CK(cudaGetDevice(&g_device));
+    CK(cudaFree(0)); /* create the primary context */
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, g_device));
+    snprintf(g_gpu, sizeof g_gpu, "%s", prop.name);
+
+    int cm = 0;
+    if (!strcmp(which, "gpumem")) {
+        gpumem_open();
+        gm_device_info_t info = GM_DEVICE_INFO_INIT;
+        int rc = gm_pool_device_info(g_pool, &info);
+        if (rc) gm_fail("gm_pool_device_info", rc);
+        if (info.backend != GM_BACKEND_CUDA) die("gpumem pool is not on the cuda backend: %s", info.backend_reason);
+        A = (allocator_t){"gpumem", "gm_pool_stats backend_calls (all kinds), passes 2..3",
+                          gpumem_alloc, gpumem_free, gpumem_reset, gpumem_reserved_peak,
+                          gpumem_allocated_peak, gpumem_calls, NULL};
+    } else if (!strcmp(which, "cudaMalloc")) {
+        cm = 1;
+        A = (allocator_t){"cudaMalloc", "every cudaMalloc and cudaFree of passes 2..3 (by definition; one pass replayed)",
+                          cm_alloc, cm_free, cm_reset, cm_reserved_peak, cm_none, cm_calls, NULL};
+        g_notes = "mix capped at 20000 ops, threads at 1000 ops per thread; mix ratio 1.0 by definition; "
+                  "trace reserved peak = cudaMemGetInfo used-memory peak above the start";
+    } else if (!strcmp(which, "cudaMallocAsync")) {
+        ma_open();
+        A = (allocator_t){"cudaMallocAsync",
+                          "proxy: cudaMallocAsync calls after which ReservedMemCurrent grew, passes 2..3",
+                          ma_alloc, ma_free, ma_reset, ma_reserved_peak, ma_used_peak, ma_calls, ma_track_calls};
+    } else if (!strcmp(which, "torch")) {
+        if (!shim) die("--allocator torch needs --torch-shim LIB.so");
+        torch_load(shim);
+        A = (allocator_t){"torch", "proxy: segment allocations + segment frees (DeviceStats.segment), passes 2..3",
+                          torch_alloc, torch_free, torch_reset, torch_reserved_peak, torch_allocated_peak,
+                          torch_calls, NULL};
+        printf("torch allocator config: %s\n", ts.config());
+    } else {
+        die("unknown allocator %s", which);
+    }
+    if (name) A.name = name;
+    printf("== %s on %s\n", A.name, g_gpu);
+    fflush(stdout);
+
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    if (quick) mix_ops = mix_ops < 20000 ? mix_ops : 20000;
+    size_t per_thread = quick ? 2000 : 100000;
+    if (cm) {
+        mix_ops = mix_ops < 20000 ? mix_ops : 20000;
+        per_thread = 1000;
+    }
+    write_json();
+    bench_mix(s, mix_ops, seed, cm);
+    fflush(stdout);
+    bench_threads(per_thread, seed);
+    fflush(stdout);
+    A.reset();
+    bench_pairs(s, cm);
+    fflush(stdout);
+    if (traces) bench_traces(traces, cm);
+    A.reset();
+    CK(cudaStreamDestroy(s));
+    if (g_pool) gm_pool_destroy(g_pool);
+    write_json();
+    printf("== %s done\n", A.name);
+    return 0;
+}

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# bench/run_alloc_bench.sh — build and run the side-by-side allocator
+# benchmark (bench/alloc_bench.c) on the GPU machine, one process per
+# allocator, and merge the parts into bench/results/DATE-GPU-alloc.{md,json}.
+#
+# usage: bench/run_alloc_bench.sh [TRACE_DIR]     (from anywhere)
+#   TRACE_DIR  RMM traces (*.csv, *.csv.gz) to replay; default .device-traces
+# Environment:
+#   OUT        where copies of the results and the logs go (default: none)
+#   BUILD_DIR  gpumem build directory (default build-device)
+#   QUICK=1    short mixes, for a smoke test
+#   ALLOCATORS subset to run (default: gpumem cudaMallocAsync cudaMalloc torch torch_expandable)
+# Needs: cmake, a C compiler, the CUDA toolkit (nvcc on PATH or CUDA_HOME),
+# python3; torch (pip package) for the two torch rows, which are skipped
+# when it is missing.  Prints the table last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+tdir="${1:-.device-traces}"
+BUILD_DIR="${BUILD_DIR:-build-device}"
+ALLOCATORS="${ALLOCATORS:-gpumem cudaMallocAsync cudaMalloc torch torch_expandable}"
+quick=()
+[ "${QUICK:-0}" = 1 ] && quick=(--quick)
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+cuda="${CUDA_HOME:-}"
+if [ -z "$cuda" ]; then
+    if command -v nvcc >/dev/null; then cuda="$(dirname "$(dirname "$(command -v nvcc)")")"; else cuda=/usr/local/cuda; fi
+fi
+cudalib="$cuda/lib64"
+[ -d "$cudalib" ] || cudalib="$cuda/lib"
+
+echo "=== build gpumem ($BUILD_DIR)"
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$work/cmake.log" 2>&1 &&
+    cmake --build "$BUILD_DIR" -j "$(nproc)" --target gpumem_static >>"$work/cmake.log" 2>&1 ||
+    { tail -n 40 "$work/cmake.log"; echo "build failed"; exit 1; }
+
+echo "=== build alloc_bench"
+bench="$BUILD_DIR/alloc_bench"
+zl=-lz
+grep -q 'GM_HAVE_ZLIB' "$BUILD_DIR/compile_commands.json" 2>/dev/null || zl=
+${CC:-cc} -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Iinclude -Isrc -I"$cuda/include" \
+    bench/alloc_bench.c "$BUILD_DIR/libgpumem.a" -L"$cudalib" -lcudart -Wl,-rpath,"$cudalib" \
+    $zl -lpthread -ldl -lm -o "$bench" || { echo "alloc_bench build failed"; exit 1; }
+
+shim=""
+if [[ " $ALLOCATORS " == *" torch"* ]]; then
+    echo "=== build torch shim"
+    tinfo="$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__, torch.version.cuda)' 2>/dev/null)"
+    if [ -n "$tinfo" ]; then
+        tdirp="$(sed -n 1p <<<"$tinfo")" abi="$(sed -n 2p <<<"$tinfo")"
+        echo "torch $(sed -n 3p <<<"$tinfo") at $tdirp (cxx11 abi $abi)"
+        shim="$PWD/$BUILD_DIR/libtorch_shim.so"
+        for std in c++20 c++17; do
+            if ${CXX:-g++} -O2 -std=$std -shared -fPIC -D_GLIBCXX_USE_CXX11_ABI="$abi" \
+                -I"$tdirp/include" -I"$tdirp/include/torch/csrc/api/include" -I"$cuda/include" \
+                bench/torch_shim.cpp -L"$tdirp/lib" -lc10_cuda -lc10 -Wl,-rpath,"$tdirp/lib" \
+                -o "$shim" 2>"$work/shim-$std.log"; then
+                echo "shim built with -std=$std"
+                break
+            fi
+            head -n 30 "$work/shim-$std.log"
+            shim=""
+        done
+    else
+        echo "torch not found: the torch rows are skipped"
+    fi
+fi
+
+echo "=== run"
+parts=()
+for a in $ALLOCATORS; do
+    args=(--allocator "$a" --traces "$tdir" --json "$work/part-$a.json" "${quick[@]}")
+    envs=()
+    case $a in
+    torch | torch_expandable)
+        [ -n "$shim" ] || { echo "skip $a (no torch shim)"; continue; }
+        args=(--allocator torch --name "$a" --torch-shim "$shim" --traces "$tdir" --json "$work/part-$a.json" "${quick[@]}")
+        [ "$a" = torch_expandable ] && envs=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+        ;;
+    esac
+    start=$(date +%s)
+    env "${envs[@]}" timeout --kill-after=5 90 "$bench" "${args[@]}" 2>&1 | tee "$work/log-$a.txt"
+    st=${PIPESTATUS[0]}
+    echo "--- $a: exit $st, $(($(date +%s) - start)) s"
+    [ -f "$work/part-$a.json" ] && parts+=("$work/part-$a.json")
+done
+
+date="$(date -u +%Y-%m-%d)"
+gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
+gpu="${gpu:-unknown-GPU}"
+label="$(tr ' ' '-' <<<"$gpu")"
+driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
+commit="$(git rev-parse --short --verify -q HEAD 2>/dev/null || echo none)"
+mkdir -p bench/results
+base="bench/results/$date-$label-alloc"
+python3 - "$base" "$date" "$gpu" "$driver" "$commit" "${parts[@]}" <<'PY'
+import json, sys
+base, date, gpu, driver, commit, *parts = sys.argv[1:]
+names = ["gpumem", "cudaMalloc", "cudaMallocAsync", "torch", "torch_expandable"]
+P = {}
+for p in parts:
+    try:
+        d = json.load(open(p))
+        P[d["allocator"]] = d
+    except Exception as e:  # a crashed process leaves no part or a partial one
+        print("merge: cannot read", p, e, file=sys.stderr)
+sizes = ["512B", "64KiB", "2MiB", "64MiB", "1GiB"]
+traces = sorted({t for d in P.values() for t in d.get("trace_ratio", {})})
+out = {
+    "date": date, "gpu": gpu, "driver": driver, "commit": commit,
+    "command": "bench/run_alloc_bench.sh .device-traces",
+    "pair_ns": {a: P[a]["pair_ns"] for a in names if a in P},
+    "mix_ns_per_op": {a: P[a]["mix_ns_per_op"] for a in names if a in P},
+    "mix_ratio": {a: P[a]["mix_ratio"] for a in names if a in P},
+    "trace_ratio": {a: P[a]["trace_ratio"] for a in names if a in P},
+    "threads16_speedup": {a: P[a]["threads16_speedup"] for a in names if a in P},
+    "steady_state_driver_calls": {a: P[a]["steady_state_driver_calls"] for a in names if a in P},
+    "details": P,
+}
+json.dump(out, open(base + ".json", "w"), indent=1)
+
+def f(v, fmt):
+    return "—" if v is None else fmt.format(v)
+def ns(v):
+    if v is None: return "—"
+    return "{:.0f}".format(v) if v >= 100 else "{:.1f}".format(v)
+present = [a for a in names if a in P]
+L = []
+L.append(f"# Allocators side by side — {gpu}, {date}\n")
+L.append(f"- command: `bench/run_alloc_bench.sh .device-traces` (one `alloc_bench` process per allocator; torch twice, the second with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`)")
+L.append(f"- code: commit {commit}; GPU {gpu}, driver {driver}; gpumem built RelWithDebInfo (-O2, GM_DEBUG=1)")
+L.append("- pair: median over 21 batches of the mean alloc+free pair time (2000 pairs per batch; cudaMalloc 5)")
+L.append("- mix: 512 slots, log-uniform 256 B–64 MiB, one op = one alloc or one free, seed 12345; ns/op on the second (warm) run of the same sequence; ratio = reserved peak / requested-bytes peak of the first run from a trimmed allocator. cudaMalloc: 20 000 ops, one cold run, ratio 1.0 by definition")
+L.append("- threads: 16 threads, each its own non-blocking stream and mix (100 000 ops; cudaMalloc 1 000), aggregate ops/s / one thread's ops/s (warm runs)")
+L.append("- traces: reserved peak over 3 passes / trace live peak; cudaMalloc: 1 pass, peak of device memory in use (cudaMemGetInfo) above the start")
+L.append("- steady calls: driver calls in passes 2..3, summed over the traces — " + "; ".join(f"{a}: {P[a]['steady_state_calls_label']}" for a in present))
+L.append("")
+hdr = ["allocator"] + [f"pair {s} ns" for s in sizes] + ["mix ns/op", "mix ratio"] + [f"{t} ratio" for t in traces] + ["16-thread speedup", "steady calls"]
+L.append("| " + " | ".join(hdr) + " |")
+L.append("|---" + "|---:" * (len(hdr) - 1) + "|")
+for a in present:
+    d = P[a]
+    row = [a] + [ns(d["pair_ns"].get(s)) for s in sizes]
+    row += [ns(d["mix_ns_per_op"]), f(d["mix_ratio"], "{:.3f}")]
+    row += [f(d["trace_ratio"].get(t), "{:.3f}") for t in traces]
+    row += [f(d["threads16_speedup"], "{:.2f}"), f(d["steady_state_driver_calls"], "{:.0f}")]
+    L.append("| " + " | ".join(row) + " |")
+missing = [a for a in names if a not in P]
+if missing:
+    L.append("\nNot measured: " + ", ".join(missing))
+L.append("\nsteady calls per trace: " + "; ".join(
+    f"{a}: " + ", ".join(f"{t} {f(v, '{:.0f}')}" for t, v in P[a]["steady_state_driver_calls_by_trace"].items()) for a in present))
+L.append("\nmix peaks: " + "; ".join(
+    f"{a}: reserved {P[a]['mix_reserved_peak']/1e9:.3f} GB / requested {P[a]['mix_requested_peak']/1e9:.3f} GB"
+    + (f" (vs the allocator's own allocated peak: {P[a]['mix_ratio_vs_own_allocated']:.3f})" if P[a].get('mix_ratio_vs_own_allocated') else "")
+    for a in present))
+L.append("\ndriver calls (or proxy) during the warm mix: " + "; ".join(
+    f"{a}: {f(P[a].get('mix_warm_driver_calls'), '{:.0f}')}" for a in present))
+if "gpumem" in P:
+    g = P["gpumem"]
+    L.append(f"\ngpumem backend calls by kind — warm mix: {g.get('gpumem_mix_warm_calls_by_kind') or 'none'} "
+             f"({f(g.get('gpumem_mix_warm_backend_ms'), '{:.1f}')} ms inside the backend); steady passes: "
+             + "; ".join(f"{t}: {v or 'none'}" for t, v in g.get("gpumem_steady_calls_by_kind", {}).items()))
+open(base + ".md", "w").write("\n".join(L) + "\n")
+PY
+if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT"
+    cp "$base.md" "$base.json" "$OUT/" 2>/dev/null
+    cat "$work"/log-*.txt >"$OUT/alloc-bench-logs.txt" 2>/dev/null
+fi
+echo
+cat "$base.md"
