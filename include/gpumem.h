@@ -229,7 +229,7 @@ GM_API int gm_pool_device_info(gm_pool_t *pool, gm_device_info_t *info);
     X(active_peak,        "peak of active")                                    \
     X(reserved,           "physical bytes held from the device")               \
     X(reserved_peak,      "peak of reserved")                                  \
-    X(mapped,             "physical bytes mapped into the pool's address space") \
+    X(mapped,             "address space with a page mapped (a page can be mapped at several places)") \
     X(cached,             "reserved bytes not in live blocks")                 \
     X(alloc_count,        "successful allocations")                            \
     X(free_count,         "successful frees")                                  \
@@ -239,7 +239,7 @@ GM_API int gm_pool_device_info(gm_pool_t *pool, gm_device_info_t *info);
     X(fragmentation_ppm,  "1 - largest_free_block / free mapped bytes, in ppm") \
     X(oom_count,          "allocations that failed for lack of memory")        \
     X(retries,            "allocations served after reclaiming memory")        \
-    X(pages_stolen,       "empty mapped pages moved to serve another range")   \
+    X(pages_stolen,       "free physical pages mapped at a new place to serve a range") \
     X(backend_ns,         "wall time spent inside backend calls")              \
     X(modeled_device_ns,  "sim backend: modeled device time of its calls")
 
