@@ -5,7 +5,7 @@
 #                     (ctest tests of all phases, +1 per fuzz run); non-zero exit
 #                     if anything failed.  Phases (PHASES="..." picks some):
 #                       normal    $(BUILD): all ctest tests but the valgrind ones
-#                       valgrind  $(BUILD): unit tests under valgrind memcheck
+#                       valgrind  $(BUILD): unit and api tests under valgrind memcheck
 #                       asan      $(BUILD)-asan: the whole suite, ASan+UBSan, GM_DEBUG=3
 #                       tsan      $(BUILD)-tsan: the stress tests under TSan
 #                       fuzz      $(BUILD)-fuzz: each tests/fuzz/*.c target for

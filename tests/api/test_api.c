@@ -362,7 +362,11 @@ static void test_fault_injection(void)
         printf("test_fault_injection: needs the sim backend; skipped\n");
         return;
     }
-    CHECK_RC(gm_sim_fail_nth(NULL, 999, 1), GM_INVALID_ARGUMENT);
+    gm_pool_t *probe = make_pool(64 * MiB, 0);
+    if (probe) {
+        CHECK_RC(gm_sim_fail_nth(probe, 999, 1), GM_INVALID_ARGUMENT);
+        gm_pool_destroy(probe);
+    }
     for (int kind = 0; kind < GM_CALL_COUNT; kind++) {
         for (unsigned long nth = 1; nth <= 3; nth++) {
             gm_pool_t *pool = make_pool(64 * MiB, 24 * MiB);
