@@ -529,6 +529,7 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
         b->next = r;
         r->free = 1;
         r->owner = owner;
+        r->free_seq = b->free_seq; /* freed when b was: same ordering rule */
         gm__freeidx_insert(idx_of(owner, r), r);
         b->size = asize;
     }
