@@ -21,7 +21,7 @@
 #   CTEST_JOBS        parallel ctest jobs            (4)
 #   CTEST_TIMEOUT     seconds per test               (120)
 #   SANITIZE_GLOB     extended regex on executable paths for the sanitizer
-#                     phase                          ((^|/)(api|stress)(/|_)|test_(api|stress))
+#                     phase: the programs that use the GPU  ((^|/)test_(api|stress)$)
 #   SANITIZE_ARGS     arguments passed to each sanitized test (none)
 #   SANITIZE_TIMEOUT  seconds per sanitized test     (150)
 #   GPUMEM_DEVICE     device ordinal                 (0)
@@ -37,7 +37,7 @@ BUILD_DIR="${BUILD_DIR:-build-device}"
 BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}"
 CTEST_JOBS="${CTEST_JOBS:-4}"
 CTEST_TIMEOUT="${CTEST_TIMEOUT:-120}"
-SANITIZE_GLOB="${SANITIZE_GLOB:-(^|/)(api|stress)(/|_)|test_(api|stress)}"
+SANITIZE_GLOB="${SANITIZE_GLOB:-(^|/)test_(api|stress)$}"
 SANITIZE_ARGS="${SANITIZE_ARGS:-}"
 SANITIZE_TIMEOUT="${SANITIZE_TIMEOUT:-150}"
 OUT="${OUT:-$BUILD_DIR/out}"
