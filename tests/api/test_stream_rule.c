@@ -5,7 +5,9 @@
  * them "in flight".  A block freed on a held stream S may be handed out again
  * on S, but never on another stream until S is released: every allocation on
  * stream T is checked against the ranges freed on other streams that were
- * still held.  The pool runs under a tight limit so that memory is scarce and
+ * still held; a block also used on another stream (gm_record_stream) is
+ * reused by no stream at all before that stream is released.  The pool runs
+ * under a tight limit so that memory is scarce and
  * pages move.  Data written to live blocks is checked before they are freed.
  * Needs the sim backend (held streams); on other backends it says so and
  * passes nothing.
@@ -33,13 +35,17 @@ typedef struct {
     void *ptr;
     size_t size;
     int stream;
+    int recorded; /* gm_record_stream'd on this stream too, or -1 */
     unsigned char tag;
 } slot_t;
 
-/* A range freed on a stream while that stream was held. */
+/* A range freed while a stream that used it was held: until `stream` is
+ * released, no other stream may get it — and, when `all` is set (the stream
+ * only used it through gm_record_stream), not even the freeing one. */
 typedef struct {
     uintptr_t lo, hi;
     int stream;
+    int all;
 } guard_t;
 
 static uint64_t rnd(uint64_t *s)
@@ -99,9 +105,11 @@ int main(int argc, char **argv)
             CHECK_OK(gm_memcpy(pool, buf, (char *)sl->ptr + sl->size - n, n, st[sl->stream]));
             for (size_t i = 0; i < n; i++) corrupt += buf[i] != sl->tag;
             CHECK_OK(gm_free(pool, sl->ptr, st[sl->stream]));
+            uintptr_t lo = (uintptr_t)sl->ptr, hi = lo + sl->size;
             if (held[sl->stream] && n_guards < MAX_GUARDED)
-                guards[n_guards++] = (guard_t){(uintptr_t)sl->ptr,
-                                               (uintptr_t)sl->ptr + sl->size, sl->stream};
+                guards[n_guards++] = (guard_t){lo, hi, sl->stream, 0};
+            if (sl->recorded >= 0 && held[sl->recorded] && n_guards < MAX_GUARDED)
+                guards[n_guards++] = (guard_t){lo, hi, sl->recorded, 1};
             sl->ptr = NULL;
             continue;
         }
@@ -118,7 +126,7 @@ int main(int argc, char **argv)
         if (rc != GM_OK) continue;
         allocs++;
         for (int g = 0; g < n_guards; g++)
-            if (guards[g].stream != s && (uintptr_t)p < guards[g].hi &&
+            if ((guards[g].all || guards[g].stream != s) && (uintptr_t)p < guards[g].hi &&
                 (uintptr_t)p + size > guards[g].lo) {
                 violations++;
                 fprintf(stderr, "iteration %d: stream %d got [%p, +%zu), freed on held stream %d\n",
@@ -135,6 +143,14 @@ int main(int argc, char **argv)
         sl->size = size;
         sl->stream = s;
         sl->tag = (unsigned char)rnd(&r);
+        sl->recorded = -1;
+        if (rnd(&r) % 8 == 0) { /* also used on another stream */
+            int u = (int)(rnd(&r) % STREAMS);
+            if (u != s) {
+                CHECK_OK(gm_record_stream(pool, p, st[u]));
+                sl->recorded = u;
+            }
+        }
         CHECK_OK(gm_memset(pool, p, sl->tag, size, st[s]));
     }
     for (int s = 0; s < STREAMS; s++)
