@@ -68,9 +68,9 @@ machine="$(uname -sm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo 2>/
 if [ "$backend" = cuda ]; then
     machine="$machine; GPU $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1)"
 fi
-python3 - "$out.jsonl" "$out.md" "$date" "$cmd" "$machine" "$backend" "$commit" <<'PY'
+python3 - "$out.jsonl" "$out.md" "$date" "$cmd" "$machine" "$backend" "$commit" "$runs" <<'PY'
 import json, sys, os
-src, dst, date, cmd, machine, backend, commit = sys.argv[1:8]
+src, dst, date, cmd, machine, backend, commit, runs = sys.argv[1:9]
 rows = [json.loads(l) for l in open(src) if l.strip()]
 # Keep file names only: where a trace sat on the machine says nothing.
 for d in rows:
@@ -80,7 +80,7 @@ with open(src, "w") as f:
         f.write(json.dumps(d, separators=(",", ":")) + "\n")
 with open(dst, "w") as f:
     f.write(f"# gpumem replay — {backend} backend, {date}\n\n")
-    f.write(f"- command: `bench/replay.sh --backend {backend}` (runs `{cmd}` three times and keeps, per trace, the run with the median allocator ns/op; synthetic traces from `gpumem synth KIND --seed 1`)\n")
+    f.write(f"- command: `bench/replay.sh --backend {backend} --runs {runs}` (runs `{cmd}` {runs} times and keeps, per trace, the run with the median allocator ns/op; synthetic traces from `gpumem synth KIND --seed 1`)\n")
     f.write(f"- code: commit {commit}\n")
     f.write(f"- machine: {machine}\n")
     f.write("- ratio: reserved peak / live peak over all passes; ns/op columns: wall time of the replay loop per operation, and the same less the time inside backend calls (allocator); steady: passes 2..N only\n\n")
