@@ -104,27 +104,17 @@ static int replay_trace(const gm__trace_t *t, const options_t *o, result_t *r)
     void **ptrs = calloc(n_slots, sizeof *ptrs);            /* live block per slot */
     uint16_t *slot_stream = calloc(n_slots, sizeof *slot_stream);
     gm_stream_t *streams = calloc(t->n_streams ? t->n_streams : 1, sizeof *streams);
+    int rc = 1;
     if (!ptrs || !slot_stream || !streams) {
         fprintf(stderr, "error: %s: out of host memory\n", t->name);
-        free(ptrs);
-        free(slot_stream);
-        free(streams);
-        gm_pool_destroy(pool);
-        return 1;
+        goto done;
     }
     /* Stream 0 is the default stream; every other value gets a stream of
      * its own from the backend (a real CUstream on cuda). */
     for (uint32_t s = 0; s < t->n_streams; s++) {
-        if (!t->streams[s]) continue;
-        if (gm_stream_create(pool, &streams[s]) != GM_OK) {
+        if (t->streams[s] && gm_stream_create(pool, &streams[s]) != GM_OK) {
             fprintf(stderr, "error: %s: cannot create a stream: %s\n", t->name, gm_last_error());
-            for (uint32_t k = 0; k < s; k++)
-                if (streams[k]) gm_stream_destroy(pool, streams[k]);
-            free(ptrs);
-            free(slot_stream);
-            free(streams);
-            gm_pool_destroy(pool);
-            return 1;
+            goto done;
         }
     }
 
@@ -202,13 +192,15 @@ static int replay_trace(const gm__trace_t *t, const options_t *o, result_t *r)
     gm_pool_stats(pool, &end);
     r->reserved_peak = end.reserved_peak;
     r->ops = total_ops;
-    for (uint32_t s = 0; s < t->n_streams; s++)
+    rc = 0;
+done:
+    for (uint32_t s = 0; streams && s < t->n_streams; s++)
         if (streams[s]) gm_stream_destroy(pool, streams[s]);
     free(ptrs);
     free(slot_stream);
     free(streams);
     gm_pool_destroy(pool);
-    return 0;
+    return rc;
 }
 
 static double per_op(uint64_t ns, uint64_t ops) { return ops ? (double)ns / (double)ops : 0.0; }
