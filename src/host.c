@@ -14,8 +14,15 @@
  * copies); other streams get it only after an event recorded on S, after the
  * free, has completed ("reclaim"), which moves it to the global index.
  *
+ * Waste: requests of HOST_LARGE and more get a chunk of their own (64 KiB
+ * rounding), reused whole only by requests it fits within 1/32; smaller ones
+ * are carved from shared 32 MiB chunks.  When the pool must grow, it first
+ * gives back wholly free chunks until unused pinned memory is at most 1/40 of
+ * what is in use, so memory held stays close to memory requested.
+ *
  * Accounting (checked by host_check_locked in debug builds):
  *   reserved  == sum of chunk sizes
+ *   in_use    == sum of live blocks' sizes
  *   allocated == sum of live blocks' requested sizes
  *   the blocks of a chunk tile it in address order; a free block sits in
  *   exactly one index (that of its owner), and no two adjacent free blocks
@@ -37,7 +44,12 @@
 
 #define HOST_UNIT ((size_t)GM_ALIGNMENT)        /* block sizes are multiples of this */
 #define HOST_CHUNK_ALIGN ((size_t)2 << 20)      /* chunks: whole huge pages */
-#define HOST_CHUNK_MIN ((size_t)32 << 20)       /* smallest chunk registered */
+#define HOST_CHUNK_MIN ((size_t)32 << 20)       /* chunk of small blocks */
+#define HOST_LARGE ((size_t)1 << 20)            /* from here on: a chunk of its own */
+#define HOST_LARGE_ALIGN ((size_t)64 << 10)     /* sizes of dedicated chunks */
+#define HOST_UNUSED_DIV 40                      /* growth keeps unused <= in_use / 40 */
+#define HOST_LARGE_FIT 32                       /* a large block serves requests within 1/32 */
+enum { CLS_SMALL = 0, CLS_LARGE = 1 };
 #define HFL 40                                  /* first-level classes */
 #define HSL_BITS 3
 #define HSL (1u << HSL_BITS)                    /* second-level classes */
@@ -51,6 +63,7 @@
 typedef struct hchunk {
     uintptr_t base;
     size_t size;
+    int cls;                     /* CLS_SMALL: carved; CLS_LARGE: one block, never split */
     uintptr_t dev;               /* device address of base */
     struct hblk *first;
     struct hchunk *next;
@@ -80,7 +93,7 @@ typedef struct hidx {
 
 typedef struct hstream {
     gm_stream_t handle;
-    hidx_t idx;
+    hidx_t idx[2];               /* by chunk class */
     uint64_t free_seq;           /* frees into idx so far */
     uint64_t ev_seq;             /* free_seq when ev was recorded */
     gm__event_t ev;              /* 0 until first needed */
@@ -102,6 +115,7 @@ struct gm__host {
     int numa_node;               /* device's node, or -1 */
     int numa_nodes;              /* online nodes */
     uint64_t reserved, reserved_peak, allocated, allocated_peak, alloc_count;
+    uint64_t in_use;             /* sum of live block sizes */
     gm__host_calls_t calls;
 };
 
@@ -315,7 +329,7 @@ static uint32_t stream_slot(struct gm__host *h, gm_stream_t handle)
  * of the same owner. */
 static void free_insert(struct gm__host *h, hblk_t *b, uint32_t owner, uint64_t seq)
 {
-    hidx_t *x = &h->streams[owner]->idx;
+    hidx_t *x = &h->streams[owner]->idx[b->chunk->cls];
     b->free = 1;
     b->owner = owner;
     b->seq = seq;
@@ -350,7 +364,7 @@ static size_t reclaim_locked(gm_pool_t *pool, uint32_t except)
     size_t moved = 0;
     for (uint32_t i = 1; i < h->n_streams; i++) {
         hstream_t *s = h->streams[i];
-        if (i == except || !s->idx.count) continue;
+        if (i == except || !(s->idx[0].count + s->idx[1].count)) continue;
         int rc;
         if (!s->ev_pending) {
             if (!s->ev) {
@@ -375,13 +389,14 @@ static size_t reclaim_locked(gm_pool_t *pool, uint32_t except)
             continue;
         }
         s->ev_pending = false;
-        for (unsigned fl = 0; fl < HFL; fl++) {
+        for (unsigned fl = 0; fl < HFL * 2; fl++) {
+            hidx_t *x = &s->idx[fl / HFL];
             for (unsigned sl = 0; sl < HSL; sl++) {
-                hblk_t *b = s->idx.heads[fl][sl];
+                hblk_t *b = x->heads[fl % HFL][sl];
                 while (b) {
                     hblk_t *nx = b->fnext;
                     if (b->seq <= s->ev_seq) {
-                        idx_remove(&s->idx, b);
+                        idx_remove(x, b);
                         free_insert(h, b, OWNER_GLOBAL, 0);
                         moved++;
                     }
@@ -414,8 +429,9 @@ static int online_nodes(void)
  * pins. */
 static void *chunk_map(struct gm__host *h, size_t size)
 {
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB,
-                   -1, 0);
+    void *p = MAP_FAILED;
+    if (size % HOST_CHUNK_ALIGN == 0)
+        p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
     if (p == MAP_FAILED) {
         p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) return NULL;
@@ -432,14 +448,45 @@ static void *chunk_map(struct gm__host *h, size_t size)
     return p;
 }
 
-/* A new chunk with room for `need` bytes, its one free block in the global
- * index.  Host lock held. */
-static int chunk_grow_locked(gm_pool_t *pool, size_t need)
+/* Give back wholly free chunks of the global index while unused pinned
+ * memory would exceed 1/HOST_UNUSED_DIV of what is in use once `adding` more
+ * is.  Best effort: a failing unregister leaves that chunk as it was. */
+static void release_unused_locked(gm_pool_t *pool, size_t adding)
 {
     struct gm__host *h = pool->host;
-    size_t size = GM_ALIGN_UP(need, HOST_CHUNK_ALIGN);
-    if (size < HOST_CHUNK_MIN) size = HOST_CHUNK_MIN;
+    uint64_t budget = (h->in_use + adding) / HOST_UNUSED_DIV;
+    if (h->reserved - h->in_use > budget) reclaim_locked(pool, 0);
+    for (hchunk_t **pc = &h->chunks; *pc && h->reserved - h->in_use > budget;) {
+        hchunk_t *c = *pc;
+        hblk_t *b = c->first;
+        if (!(b->free && b->size == c->size && b->owner == OWNER_GLOBAL)) {
+            pc = &c->next;
+            continue;
+        }
+        int rc;
+        GM_HBK(rc, pool, host_unregister, (pool->bk, (void *)c->base));
+        if (rc != GM_OK) {
+            gm__clear_error();
+            pc = &c->next;
+            continue;
+        }
+        idx_remove(&h->streams[0]->idx[c->cls], b);
+        blk_release(h, b);
+        *pc = c->next;
+        munmap((void *)c->base, c->size);
+        h->reserved -= c->size;
+        free(c);
+    }
+}
+
+/* A new chunk for a request of `need` bytes of class cls, its one free block
+ * in the global index.  Host lock held. */
+static int chunk_grow_locked(gm_pool_t *pool, size_t need, int cls, hblk_t **out)
+{
+    struct gm__host *h = pool->host;
+    size_t size = cls == CLS_LARGE ? GM_ALIGN_UP(need, HOST_LARGE_ALIGN) : HOST_CHUNK_MIN;
     int rc;
+    release_unused_locked(pool, need);
     hchunk_t *c = calloc(1, sizeof *c);
     hblk_t *b = blk_new(h);
     if (!c || !b) {
@@ -460,6 +507,7 @@ static int chunk_grow_locked(gm_pool_t *pool, size_t need)
     if (rc != GM_OK) goto fail_unregister;
     c->base = (uintptr_t)p;
     c->size = size;
+    c->cls = cls;
     c->first = b;
     c->next = h->chunks;
     h->chunks = c;
@@ -467,6 +515,7 @@ static int chunk_grow_locked(gm_pool_t *pool, size_t need)
     b->size = size;
     b->chunk = c;
     free_insert(h, b, OWNER_GLOBAL, 0);
+    *out = b;
     h->reserved += size;
     if (h->reserved > h->reserved_peak) h->reserved_peak = h->reserved;
     return GM_OK;
@@ -541,11 +590,12 @@ void gm__host_fini(gm_pool_t *pool)
 #if GM_DEBUG >= 3
 static void host_check_locked(struct gm__host *h)
 {
-    uint64_t reserved = 0, allocated = 0;
+    uint64_t reserved = 0, allocated = 0, in_use = 0;
     size_t live = 0, nfree = 0;
     for (hchunk_t *c = h->chunks; c; c = c->next) {
         reserved += c->size;
         uintptr_t at = c->base;
+        gm_assert_expensive(c->cls == CLS_SMALL || (c->first && !c->first->next));
         for (hblk_t *b = c->first; b; b = b->next) {
             gm_assert_expensive(b->addr == at && b->chunk == c && b->size % HOST_UNIT == 0);
             at += b->size;
@@ -556,14 +606,16 @@ static void host_check_locked(struct gm__host *h)
             } else {
                 live++;
                 allocated += b->requested;
+                in_use += b->size;
             }
         }
         gm_assert_expensive(at == c->base + c->size);
     }
     size_t idx_count = 0;
-    for (uint32_t i = 0; i < h->n_streams; i++) idx_count += h->streams[i]->idx.count;
+    for (uint32_t i = 0; i < h->n_streams; i++)
+        idx_count += h->streams[i]->idx[0].count + h->streams[i]->idx[1].count;
     gm_assert_expensive(reserved == h->reserved && allocated == h->allocated);
-    gm_assert_expensive(live == h->count && nfree == idx_count);
+    gm_assert_expensive(live == h->count && nfree == idx_count && in_use == h->in_use);
 }
 #define HOST_CHECK(h) host_check_locked(h)
 #else
@@ -580,10 +632,10 @@ static int resolve(gm_pool_t **pool)
 /* Take `u` units from free block b (in index of b->owner) as a live block. */
 static hblk_t *carve_locked(struct gm__host *h, hblk_t *b, size_t u, size_t size)
 {
-    hidx_t *x = &h->streams[b->owner]->idx;
+    hidx_t *x = &h->streams[b->owner]->idx[b->chunk->cls];
     idx_remove(x, b);
     size_t want = u * HOST_UNIT;
-    if (b->size - want >= HOST_UNIT) {
+    if (b->chunk->cls == CLS_SMALL && b->size - want >= HOST_UNIT) {
         hblk_t *r = blk_new(h);
         if (!r) {
             idx_insert(x, b);
@@ -607,13 +659,25 @@ static hblk_t *carve_locked(struct gm__host *h, hblk_t *b, size_t u, size_t size
     return b;
 }
 
+/* A free block of stream slot si's index of class cls for u units: for a
+ * large request, only a whole chunk it fits within 1/HOST_LARGE_FIT (so big chunks are not
+ * spent on smaller requests and stay releasable). */
+static hblk_t *find_locked(struct gm__host *h, uint32_t si, int cls, size_t u)
+{
+    hblk_t *b = idx_find(&h->streams[si]->idx[cls], u);
+    if (b && cls == CLS_LARGE && b->size / HOST_UNIT > u + u / HOST_LARGE_FIT) return NULL;
+    return b;
+}
+
 int gm__host_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr, uintptr_t *dptr)
 {
     struct gm__host *h = pool->host;
     if (GM_UNLIKELY(size > GM_MAX_REQUEST))
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: %zu bytes is more than any host has",
                              size);
-    size_t u = (size + HOST_UNIT - 1) / HOST_UNIT;
+    int cls = size >= HOST_LARGE ? CLS_LARGE : CLS_SMALL;
+    size_t u = (cls == CLS_LARGE ? GM_ALIGN_UP(size, HOST_LARGE_ALIGN) : GM_ALIGN_UP(size, HOST_UNIT)) /
+               HOST_UNIT;
     int rc = GM_OK;
     gm__lock(&h->lock);
     if (GM_UNLIKELY((h->count + 1) * 2 > h->cap) && table_grow(h) != GM_OK) {
@@ -625,18 +689,18 @@ int gm__host_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr,
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: out of host memory for a stream");
         goto out;
     }
-    hblk_t *b = idx_find(&h->streams[si]->idx, u);
-    if (!b) b = idx_find(&h->streams[0]->idx, u);
-    if (!b && reclaim_locked(pool, si)) b = idx_find(&h->streams[0]->idx, u);
+    hblk_t *b = find_locked(h, si, cls, u);
+    if (!b) b = find_locked(h, 0, cls, u);
+    if (!b && reclaim_locked(pool, si)) b = find_locked(h, 0, cls, u);
     if (!b) {
-        GM_CHECK_GOTO(chunk_grow_locked(pool, u * HOST_UNIT), rc, out);
-        b = idx_find(&h->streams[0]->idx, u);
+        GM_CHECK_GOTO(chunk_grow_locked(pool, u * HOST_UNIT, cls, &b), rc, out);
     }
     if (!GM_ALWAYS(b != NULL) || !(b = carve_locked(h, b, u, size))) {
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: out of host memory for bookkeeping");
         goto out;
     }
     table_put(h, b->addr, b);
+    h->in_use += b->size;
     h->allocated += size;
     if (h->allocated > h->allocated_peak) h->allocated_peak = h->allocated;
     h->alloc_count++;
@@ -665,6 +729,7 @@ int gm__host_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
         goto out;
     }
     h->allocated -= b->requested;
+    h->in_use -= b->size;
     b->requested = 0;
     hstream_t *s = h->streams[si];
     free_insert(h, b, si, ++s->free_seq);
@@ -723,7 +788,7 @@ int gm_host_trim(gm_pool_t *pool, size_t keep, size_t *released)
         }
         GM_HBK(rc, pool, host_unregister, (pool->bk, (void *)c->base));
         if (rc != GM_OK) break; /* the chunk stays, whole and registered */
-        idx_remove(&h->streams[0]->idx, b);
+        idx_remove(&h->streams[0]->idx[c->cls], b);
         blk_release(h, b);
         *pc = c->next;
         munmap((void *)c->base, c->size);
