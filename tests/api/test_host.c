@@ -89,9 +89,9 @@ static void test_basic(void)
     CHECK(st.backend_calls[GM_CALL_host_unregister] == 1);
     if (big) memset(big, 7, 40 * MiB + 5);
     CHECK_OK(gm_host_free(pool, big, NULL));
-    /* Reused whole by a request it fits within 1/8, not by a smaller one. */
+    /* Reused whole by a request it fits within 1/32, not by a smaller one. */
     void *big2;
-    CHECK_OK(gm_host_alloc(pool, 36 * MiB, NULL, &big2));
+    CHECK_OK(gm_host_alloc(pool, 39 * MiB, NULL, &big2));
     CHECK(big2 == big);
     CHECK_OK(gm_host_free(pool, big2, NULL));
     CHECK_OK(gm_host_alloc(pool, 20 * MiB, NULL, &big2));
@@ -136,7 +136,7 @@ static void test_stream_rule(void)
     CHECK(stats(pool).host_reserved == 64 * MiB);
     CHECK_OK(gm_host_free(pool, r, T));
     /* A slightly smaller block on T is T's own free one. */
-    CHECK_OK(gm_host_alloc(pool, 30 * MiB, T, &w));
+    CHECK_OK(gm_host_alloc(pool, 31 * MiB + 512 * 1024, T, &w));
     CHECK(w == r);
     CHECK_OK(gm_host_free(pool, w, T));
     /* Trim cannot take S's chunk while S is in flight. */
