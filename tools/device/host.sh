@@ -45,7 +45,6 @@ run_stress() {
     cmake -S . -B "$BUILD_DIR" >/dev/null 2>&1 || { echo "FAILED: configure"; return 1; }
     cmake --build "$BUILD_DIR" -j "$(nproc)" --target stress_test_copy_stress >/dev/null 2>&1 ||
         cmake --build "$BUILD_DIR" -j "$(nproc)" >/dev/null 2>&1 || { echo "FAILED: build"; return 1; }
-    local exe
     local exe="$BUILD_DIR/tests/stress/test_copy_stress"
     [ -x "$exe" ] || { echo "FAILED: $exe not built"; return 1; }
     GPUMEM_BACKEND=$BACKEND GPUMEM_TEST_BACKEND=$BACKEND timeout 300 "$exe" 8 4 400 7
