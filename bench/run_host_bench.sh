@@ -73,7 +73,7 @@ command="bench/run_host_bench.sh"
 
 echo "=== run (largest copy $MAX_MIB MiB)"
 start=$(date +%s)
-timeout --kill-after=10 540 "$bench" --json "$work/full.json" --gpu "$gpu" --date "$date" \
+timeout --kill-after=10 480 "$bench" --json "$work/full.json" --gpu "$gpu" --date "$date" \
     --command "$command" --max "$MAX_MIB" 2>&1 | tee "$work/log.txt"
 st=${PIPESTATUS[0]}
 echo "--- host_bench: exit $st, $(($(date +%s) - start)) s"
