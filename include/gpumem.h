@@ -92,7 +92,9 @@ typedef enum gm_backend_kind {
     X(set_access) X(export_fd) X(import_fd) X(mem_alloc) X(mem_free)           \
     X(event_create) X(event_destroy) X(event_record) X(event_query)            \
     X(event_sync) X(stream_sync) X(memcpy) X(memset) X(stream_create)          \
-    X(stream_destroy)
+    X(stream_destroy)                                                          \
+    X(host_register) X(host_unregister) X(host_device_pointer)                 \
+    X(stream_wait_event)
 
 typedef enum gm_call {
 #define GM__CALL_ENUM(name) GM_CALL_##name,
@@ -124,12 +126,14 @@ typedef struct gm_pool_config {
     size_t release_threshold;   /* cached bytes kept mapped after a free;
                                    SIZE_MAX = keep all until gm_trim */
     size_t sim_capacity;        /* sim backend: device size; 0 = GPUMEM_SIM_CAPACITY or 80 GiB */
-    unsigned flags;             /* reserved, must be 0 */
+    unsigned flags;             /* GM_POOL_* flags (see "Host memory"); others must be 0 */
+    unsigned copy_threads;      /* staged copies: worker threads; 0 = GPUMEM_COPY_THREADS or min(8, cores/2) */
+    size_t copy_chunk;          /* staged copies: staging buffer size; 0 = 8 MiB */
 } gm_pool_config_t;
 
 #define GM_POOL_CONFIG_INIT                                                    \
     { sizeof(gm_pool_config_t), GM_POOL_CONFIG_VERSION, GM_BACKEND_AUTO, 0,    \
-      0, 0, SIZE_MAX, 0, 0u }
+      0, 0, SIZE_MAX, 0, 0u, 0u, 0 }
 
 /* Fill *cfg with the defaults, overridden by the environment (GPUMEM_BACKEND,
  * GPUMEM_LIMIT, GPUMEM_SIM_CAPACITY, GPUMEM_RELEASE_THRESHOLD, GPUMEM_DEVICE). */
@@ -241,7 +245,17 @@ GM_API int gm_pool_device_info(gm_pool_t *pool, gm_device_info_t *info);
     X(retries,            "allocations served after reclaiming memory")        \
     X(pages_stolen,       "free physical pages mapped at a new place to serve a range") \
     X(backend_ns,         "wall time spent inside backend calls")              \
-    X(modeled_device_ns,  "sim backend: modeled device time of its calls")
+    X(modeled_device_ns,  "sim backend: modeled device time of its calls")    \
+    X(host_reserved,      "pinned host bytes held (registered chunks)")        \
+    X(host_reserved_peak, "peak of host_reserved")                             \
+    X(host_allocated,     "bytes requested by live gm_host_alloc blocks (staging included)") \
+    X(host_allocated_peak, "peak of host_allocated")                           \
+    X(host_alloc_count,   "successful gm_host_alloc calls")                    \
+    X(sysmem_allocated,   "bytes of live device allocations served from host memory (fallback)") \
+    X(sysmem_allocated_peak, "peak of sysmem_allocated")                       \
+    X(sysmem_count,       "device allocations ever served from host memory")   \
+    X(copy_staged_bytes,  "bytes moved by staged gm_memcpy_h2d/d2h copies")    \
+    X(copy_direct_bytes,  "bytes moved by small gm_memcpy_h2d/d2h copies (one backend copy)")
 
 #define GM_STATS_VERSION 1
 
@@ -270,6 +284,48 @@ GM_API int gm_stats_json(const gm_stats_t *stats, char *buf, size_t cap, size_t 
 /* Walk every internal structure of the pool and check its invariants.
  * GM_INTERNAL with a message naming the broken one. */
 GM_API int gm_pool_check(gm_pool_t *pool);
+
+/* ------------------------------------------------------------------------ */
+/* Host memory                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Pool flag: when device memory is exhausted (or the pool limit reached),
+ * gm_alloc serves the request from pinned host memory mapped for the device
+ * ("sysmem") instead of failing.  Such blocks are slow (every device access
+ * crosses PCIe), so they are never silent: stats count them apart
+ * (sysmem_allocated, sysmem_count) and they are not part of `allocated`.
+ * gm_free, gm_block_size and gm_record_stream take them like any block.
+ * Environment: GPUMEM_SYSMEM_FALLBACK=1. */
+#define GM_POOL_SYSMEM_FALLBACK 0x1u
+
+/* Pinned (page-locked, device-mapped) host memory from the pool's host pool:
+ * large chunks registered once with the driver, carved per request, reused
+ * without a driver call.  Same stream rule as device memory: a block freed
+ * on `stream` is reused at once by allocations on that stream, and by other
+ * streams only after the work queued on `stream` before the free is done.
+ * Blocks are aligned to GM_ALIGNMENT.  size 0 gives NULL and GM_OK. */
+GM_API int gm_host_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr);
+/* NULL is a no-op; anything else not from gm_host_alloc: GM_INVALID_POINTER. */
+GM_API int gm_host_free(gm_pool_t *pool, void *ptr, gm_stream_t stream);
+/* Give whole free chunks of pinned memory back to the system until at most
+ * `keep` bytes of unused pinned memory remain; *released (optional). */
+GM_API int gm_host_trim(gm_pool_t *pool, size_t keep, size_t *released);
+
+/* Copies between pageable (ordinary) host memory and device memory, ordered
+ * on `stream` like any work queued there.  Large copies are pipelined
+ * through pinned staging buffers by worker threads while the DMA engine
+ * runs; small ones (and pinned host buffers from gm_host_alloc) are one
+ * backend copy.  Buffer rules:
+ *   gm_memcpy_h2d returns once every byte of src has been read: src may be
+ *   reused or freed at once.  dst (device) holds the data for work queued
+ *   on `stream` after the call; gm_stream_synchronize(pool, stream) waits
+ *   for it from the host.
+ *   gm_memcpy_d2h waits for the work queued on `stream` before it, and
+ *   returns once dst (host) holds the data: complete on return.
+ * src and dst must not overlap each other; overlapping device ranges of
+ * successive copies on one stream are ordered by the stream. */
+GM_API int gm_memcpy_h2d(gm_pool_t *pool, void *dst, const void *src, size_t n, gm_stream_t stream);
+GM_API int gm_memcpy_d2h(gm_pool_t *pool, void *dst, const void *src, size_t n, gm_stream_t stream);
 
 /* ------------------------------------------------------------------------ */
 /* Sim backend controls (testing); GM_NOT_SUPPORTED on other backends       */

@@ -36,7 +36,11 @@ typedef struct gm__backend_info {
     size_t free_memory;
     size_t granularity;      /* physical page size, a power of two */
     int vmm_supported;
+    int numa_node;           /* host NUMA node nearest the device; -1 unknown */
 } gm__backend_info_t;
+
+/* host_register flags */
+#define GM__HOST_DEVICEMAP 0x1u /* the device may address the memory (host_device_pointer) */
 
 typedef struct gm__backend_ops {
     const char *name; /* "sim", "cuda" */
@@ -99,6 +103,20 @@ typedef struct gm__backend_ops {
     /* Device-visible copies and fills (addresses of either side, unified). */
     int (*memcpy)(void *ctx, uintptr_t dst, uintptr_t src, size_t n, gm_stream_t stream);
     int (*memset)(void *ctx, uintptr_t dst, int value, size_t n, gm_stream_t stream);
+
+    /* Page-lock host memory [p, p+size) (p and size multiples of the host
+     * page, already mapped, not registered yet) so copies from and to it run
+     * at DMA speed; GM__HOST_DEVICEMAP also maps it for the device.  The
+     * range stays the caller's to unmap after host_unregister. */
+    int (*host_register)(void *ctx, void *p, size_t size, unsigned flags);
+    /* Precondition: p is the start of a registered range; no queued device
+     * work may still touch it. */
+    int (*host_unregister)(void *ctx, void *p);
+    /* The device address of registered, device-mapped host address p. */
+    int (*host_device_pointer)(void *ctx, void *p, uintptr_t *dptr);
+    /* Work queued on `stream` after this call waits for ev's recorded work
+     * (ev recorded already; on any stream of the device). */
+    int (*stream_wait_event)(void *ctx, gm_stream_t stream, gm__event_t ev);
 
     /* Optional (NULL when absent). */
     /* Sim: modeled device time of all calls so far, in ns. */

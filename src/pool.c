@@ -14,11 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host.h"
 #include "pool.h"
 
 /* ---- environment: one table, read by gm_config_from_env ------------------ */
 
-typedef enum { ENV_BACKEND, ENV_INT, ENV_SIZE, ENV_SIZE_OR_MAX } env_type_t;
+typedef enum { ENV_BACKEND, ENV_INT, ENV_SIZE, ENV_SIZE_OR_MAX, ENV_SYSMEM_FLAG } env_type_t;
 
 static const struct env_option {
     const char *name;
@@ -39,6 +40,13 @@ static const struct env_option {
      offsetof(gm_pool_config_t, release_threshold)},
     {"GPUMEM_SIM_CAPACITY", ENV_SIZE, "80GiB", "device size of the sim backend",
      offsetof(gm_pool_config_t, sim_capacity)},
+    {"GPUMEM_SYSMEM_FALLBACK", ENV_SYSMEM_FLAG, "0",
+     "1: serve allocations from mapped pinned host memory when device memory runs out",
+     offsetof(gm_pool_config_t, flags)},
+    {"GPUMEM_COPY_THREADS", ENV_INT, "0", "worker threads of staged host copies (0: min(8, cores/2))",
+     offsetof(gm_pool_config_t, copy_threads)},
+    {"GPUMEM_COPY_CHUNK", ENV_SIZE, "0", "staging buffer size of staged host copies (0: 8MiB)",
+     offsetof(gm_pool_config_t, copy_chunk)},
 };
 
 static int env_apply(const struct env_option *o, const char *v, gm_pool_config_t *cfg)
@@ -67,6 +75,11 @@ static int env_apply(const struct env_option *o, const char *v, gm_pool_config_t
         /* fall through */
     case ENV_SIZE:
         return gm__parse_size(v, (size_t *)(void *)base);
+    case ENV_SYSMEM_FLAG:
+        if (!strcmp(v, "1")) *(unsigned *)(void *)base |= GM_POOL_SYSMEM_FALLBACK;
+        else if (!strcmp(v, "0")) *(unsigned *)(void *)base &= ~GM_POOL_SYSMEM_FALLBACK;
+        else return GM_INVALID_ARGUMENT;
+        return GM_OK;
     }
     return GM_INVALID_ARGUMENT;
 }
@@ -105,7 +118,7 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
                              (int)d.backend);
     if (d.device < 0)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: device %d", d.device);
-    if (d.flags)
+    if (d.flags & ~GM_POOL_SYSMEM_FALLBACK)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: unknown flags %#x", d.flags);
     if (d.sim_capacity == 0) {
         const char *v = getenv("GPUMEM_SIM_CAPACITY");
@@ -119,6 +132,9 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
 void gm_pool_destroy(gm_pool_t *pool)
 {
     if (!pool) return;
+    gm__copy_fini(pool);
+    gm__sysmem_fini(pool);
+    gm__host_fini(pool);
     gm__lock(&pool->lock);
     gm__pages_fini(pool);
     for (int c = 0; c < GM_CLASS_COUNT; c++) gm__arena_fini(pool, &pool->arena[c]);
@@ -167,6 +183,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     if (pool->cfg.limit && pool->cfg.limit < pool->limit) pool->limit = pool->cfg.limit;
 
     GM_CHECK_GOTO(gm__hash_init(&pool->live, 1024), rc, fail);
+    GM_CHECK_GOTO(gm__host_init(pool), rc, fail);
     if (!gm__stream_get_locked(pool, NULL)) {
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
         goto fail;
@@ -257,6 +274,8 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
     int rc = s ? gm__alloc_locked(pool, size, s, ptr)
                : gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
+    if ((rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT) && (pool->cfg.flags & GM_POOL_SYSMEM_FALLBACK))
+        rc = gm__sysmem_alloc_locked(pool, size, s, ptr, rc);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);
     return rc;
@@ -270,6 +289,7 @@ int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
     int rc = s ? gm__free_locked(pool, ptr, s)
                : gm__set_error(GM_NO_HOST_MEMORY, "gm_free: out of host memory for a stream");
+    if (rc == GM_INVALID_POINTER && pool->sysmem) rc = gm__sysmem_free_locked(pool, ptr, s, rc);
     if (rc == GM_OK && pool->cfg.release_threshold != SIZE_MAX &&
         pool->st.reserved - pool->st.active > pool->cfg.release_threshold) {
         /* Giving memory back is best effort: the free itself succeeded. */
@@ -289,6 +309,7 @@ int gm_record_stream(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
     int rc = s ? gm__record_stream_locked(pool, ptr, s)
                : gm__set_error(GM_NO_HOST_MEMORY, "gm_record_stream: out of host memory");
+    if (rc == GM_INVALID_POINTER && pool->sysmem) rc = gm__sysmem_record_locked(pool, ptr, s, rc);
     gm__unlock(&pool->lock);
     return rc;
 }
@@ -300,8 +321,9 @@ int gm_block_size(gm_pool_t *pool, const void *ptr, size_t *size)
     gm__lock(&pool->lock);
     gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
     if (b) *size = b->requested;
+    bool found = b || (pool->sysmem && gm__sysmem_size_locked(pool, ptr, size) == GM_OK);
     gm__unlock(&pool->lock);
-    if (!b)
+    if (!found)
         return gm__set_error(GM_INVALID_POINTER, "gm_block_size: %p is not a live block of this pool",
                              ptr);
     return GM_OK;
@@ -427,6 +449,8 @@ int gm_pool_stats(gm_pool_t *pool, gm_stats_t *stats)
     s.backend_ns = (uint64_t)((double)pool->backend_ticks * gm__ns_per_tick());
     gm__alloc_free_summary_locked(pool, &s.largest_free_block, &s.free_blocks);
     gm__unlock(&pool->lock);
+    gm__host_stats(pool, &s);
+    gm__copy_stats(pool, &s);
     s.cached = s.reserved - s.active;
     uint64_t free_mapped = s.mapped > s.active ? s.mapped - s.active : 0;
     s.fragmentation_ppm = free_mapped && s.largest_free_block < free_mapped
@@ -448,7 +472,9 @@ int gm_pool_reset_peaks(gm_pool_t *pool)
     pool->st.allocated_peak = pool->st.allocated;
     pool->st.active_peak = pool->st.active;
     pool->st.reserved_peak = pool->st.reserved;
+    pool->st.sysmem_allocated_peak = pool->st.sysmem_allocated;
     gm__unlock(&pool->lock);
+    gm__host_reset_peaks(pool);
     return GM_OK;
 }
 

@@ -193,6 +193,10 @@ struct gm_pool {
 
     gm_stats_t st;               /* counters kept under the lock */
     uint64_t backend_ticks;      /* time inside backend calls, gm__ticks() units */
+
+    struct gm__host *host;       /* pinned host pool (host.c), own lock */
+    struct gm__copy *copy;       /* staged copy engine (copy.c), made on first use */
+    struct gm__sysmem *sysmem;   /* device blocks served from host memory (sysmem.c) */
 };
 
 /* ---- defined in src/pages.c -------------------------------------------- */

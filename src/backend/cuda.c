@@ -215,6 +215,7 @@ typedef struct cuda_ctx {
     CUmemAllocationHandleType handle_type; /* what phys_create asks for */
     size_t granularity;
     int driver_version;
+    int numa_node;                         /* host node nearest the device, -1 unknown */
     char name[128];
 } cuda_ctx_t;
 
@@ -330,6 +331,25 @@ static int cuda_probe(int ordinal, char *why, size_t why_cap)
     return GM_OK;
 }
 
+/* The host NUMA node the device hangs off, from its PCI bus id and sysfs
+ * (/sys/bus/pci/devices/<id>/numa_node); -1 when unknown (one node, or no
+ * cuDeviceGetPCIBusId). */
+static int device_numa_node(CUdevice dev)
+{
+    char bus[64], path[160], buf[16];
+    if (!drv.cuDeviceGetPCIBusId || drv.cuDeviceGetPCIBusId(bus, (int)sizeof bus, dev) != CUDA_SUCCESS)
+        return -1;
+    for (char *p = bus; *p; p++)
+        if (*p >= 'A' && *p <= 'F') *p = (char)(*p - 'A' + 'a');
+    snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/numa_node", bus);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    int node = -1;
+    if (fgets(buf, sizeof buf, f)) node = atoi(buf);
+    fclose(f);
+    return node >= 0 ? node : -1;
+}
+
 /* Preconditions: cfg->device is an ordinal probe accepted.  Retains the
  * primary context (activating it if no one had); *ctx is valid until
  * cuda_close. */
@@ -373,6 +393,7 @@ static int cuda_open(const gm__backend_config_t *cfg, void **ctx)
         if (r != CUDA_SUCCESS) fd = 0;
     }
     c->vmm = vmm != 0;
+    c->numa_node = device_numa_node(c->device);
     c->handle_type = fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
 
     r = drv.cuDevicePrimaryCtxRetain(&c->primary, c->device);
@@ -434,6 +455,7 @@ static int cuda_info(void *ctx, gm__backend_info_t *out)
     out->free_memory = free_bytes;
     out->granularity = c->granularity;
     out->vmm_supported = c->vmm;
+    out->numa_node = c->numa_node;
     return GM_OK;
 }
 
@@ -724,6 +746,62 @@ static int cuda_memset(void *ctx, uintptr_t dst, int value, size_t n, gm_stream_
     return GM_OK;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Host memory                                                              */
+/* ------------------------------------------------------------------------ */
+
+static int check_host_calls(const char *what)
+{
+    if (!drv.cuMemHostRegister || !drv.cuMemHostUnregister || !drv.cuMemHostGetDevicePointer)
+        return gm__set_error(GM_NOT_SUPPORTED, "cuda: %s: the driver lacks cuMemHostRegister", what);
+    return GM_OK;
+}
+
+/* Preconditions: [p, p+size) mapped host memory, page aligned, not registered.
+ * Always PORTABLE (every context may use it); DEVICEMAP on request. */
+static int cuda_host_register(void *ctx, void *p, size_t size, unsigned flags)
+{
+    cuda_ctx_t *c = ctx;
+    GM_CHECK(check_host_calls("host_register"));
+    unsigned f = CU_MEMHOSTREGISTER_PORTABLE;
+    if (flags & GM__HOST_DEVICEMAP) f |= CU_MEMHOSTREGISTER_DEVICEMAP;
+    CU_CALL(c, drv.cuMemHostRegister(p, size, f), "cuMemHostRegister(%p, %zu bytes, %#x)", p, size, f);
+    return GM_OK;
+}
+
+/* Precondition: p starts a range registered by host_register; no queued
+ * work touches it. */
+static int cuda_host_unregister(void *ctx, void *p)
+{
+    cuda_ctx_t *c = ctx;
+    GM_CHECK(check_host_calls("host_unregister"));
+    CU_CALL(c, drv.cuMemHostUnregister(p), "cuMemHostUnregister(%p)", p);
+    return GM_OK;
+}
+
+/* Precondition: p inside a range registered with DEVICEMAP. */
+static int cuda_host_device_pointer(void *ctx, void *p, uintptr_t *dptr)
+{
+    cuda_ctx_t *c = ctx;
+    CUdeviceptr d = 0;
+    GM_CHECK(check_host_calls("host_device_pointer"));
+    CU_CALL(c, drv.cuMemHostGetDevicePointer(&d, p, 0), "cuMemHostGetDevicePointer(%p)", p);
+    *dptr = (uintptr_t)d;
+    return GM_OK;
+}
+
+/* Preconditions: ev from event_create and recorded; stream as for
+ * event_record. */
+static int cuda_stream_wait_event(void *ctx, gm_stream_t stream, gm__event_t ev)
+{
+    cuda_ctx_t *c = ctx;
+    if (!drv.cuStreamWaitEvent)
+        return gm__set_error(GM_NOT_SUPPORTED, "cuda: the driver lacks cuStreamWaitEvent");
+    CU_CALL(c, drv.cuStreamWaitEvent((CUstream)stream, event_of(ev), 0),
+            "cuStreamWaitEvent(stream %p)", stream);
+    return GM_OK;
+}
+
 const gm__backend_ops_t gm__backend_cuda = {
     .name = "cuda",
     .probe = cuda_probe,
@@ -751,6 +829,10 @@ const gm__backend_ops_t gm__backend_cuda = {
     .stream_destroy = cuda_stream_destroy,
     .memcpy = cuda_memcpy,
     .memset = cuda_memset,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
+    .host_device_pointer = cuda_host_device_pointer,
+    .stream_wait_event = cuda_stream_wait_event,
     .modeled_ns = NULL, /* sim only */
     .fail_nth = NULL,
     .hold_stream = NULL,

@@ -55,6 +55,10 @@ typedef enum CUresult_enum {
 
 /* ---- enums ------------------------------------------------------------- */
 
+/* cuMemHostRegister flags */
+#define CU_MEMHOSTREGISTER_PORTABLE 0x01
+#define CU_MEMHOSTREGISTER_DEVICEMAP 0x02
+
 typedef enum CUdevice_attribute_enum {
     CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
@@ -199,7 +203,12 @@ typedef CUresult (*gm__pfn_cuGetProcAddress)(const char *symbol, void **pfn, int
       (void *shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type,        \
        unsigned long long flags))                                                                  \
     X(cuMemImportFromShareableHandle, 0,                                                           \
-      (CUmemGenericAllocationHandle *handle, void *os_handle, CUmemAllocationHandleType type))
+      (CUmemGenericAllocationHandle *handle, void *os_handle, CUmemAllocationHandleType type)) \
+    X(cuMemHostRegister, 0, (void *p, size_t bytesize, unsigned int flags))                        \
+    X(cuMemHostUnregister, 0, (void *p))                                                           \
+    X(cuMemHostGetDevicePointer, 0, (CUdeviceptr *dptr, void *p, unsigned int flags))              \
+    X(cuStreamWaitEvent, 0, (CUstream stream, CUevent event, unsigned int flags))                  \
+    X(cuDeviceGetPCIBusId, 0, (char *bus_id, int len, CUdevice device))
 
 #define GM__CUDA_PFN_TYPEDEF(name, required, params) typedef CUresult(*gm__pfn_##name) params;
 GM__CUDA_DRIVER_FUNCS(GM__CUDA_PFN_TYPEDEF)

@@ -89,7 +89,19 @@ static const uint64_t call_cost_ns[GM_CALL_COUNT] = {
     [GM_CALL_memset] = 2000,        /* assumed launch cost; + bytes at the rates below */
     [GM_CALL_stream_create] = 5000, /* assumed (cuStreamCreate) */
     [GM_CALL_stream_destroy] = 3000, /* assumed (cuStreamDestroy) */
+    [GM_CALL_host_register] = 5000,  /* assumed fixed part; + HOST_REGISTER_PER_MIB_NS */
+    [GM_CALL_host_unregister] = 5000, /* assumed fixed part; + HOST_UNREGISTER_PER_MIB_NS */
+    [GM_CALL_host_device_pointer] = 500, /* assumed */
+    [GM_CALL_stream_wait_event] = 1000,  /* assumed */
 };
+/* cudaHostRegister of touched memory: 46.7 ms per GiB = 45.6 us per MiB.
+ * Unregistering is assumed to cost a tenth of that. */
+#define HOST_REGISTER_PER_MIB_NS 45605u
+#define HOST_UNREGISTER_PER_MIB_NS 4560u
+/* Copies between pageable (unregistered) host memory and the device:
+ * 7.9 GB/s H2D and 12.2 GB/s D2H (cudaMemcpy, DESIGN.md), in bytes per 10 ns. */
+#define PAGEABLE_H2D_BYTES_PER_10NS 79u
+#define PAGEABLE_D2H_BYTES_PER_10NS 122u
 /* 64 MiB as one handle costs 47 us for create+map+access (DESIGN.md), so a
  * create grows by (47 - 0.5 - 19.2 - 7.4) us / 31 extra pages ~ 0.63 us. */
 #define PHYS_CREATE_PER_EXTRA_PAGE_NS 630u
@@ -180,6 +192,14 @@ typedef struct region {
     size_t mapped;      /* reservations: bytes mapped inside */
 } region_t;
 
+/* A host range made "pinned" by host_register: copies from/to it are charged
+ * at the pinned rate, others at the pageable rates. */
+typedef struct hostreg {
+    uintptr_t start;
+    size_t size;
+    unsigned flags;
+} hostreg_t;
+
 /* Granule index (va >> 21) -> granule-map value; open addressing with
  * linear probing and backward-shift deletion; key 0 marks an empty slot
  * (address 0 is never mapped). */
@@ -226,6 +246,9 @@ typedef struct sim {
     stream_t *streams;
     size_t nstreams, streams_cap;
     uint64_t streams_made; /* tokens handed out by stream_create */
+
+    hostreg_t *hostregs;   /* registered host ranges, sorted, non-overlapping */
+    size_t nhostregs, hostregs_cap;
 } sim_t;
 
 /* ------------------------------------------------------------------------ */
@@ -683,6 +706,12 @@ static void sim_close(void *ctx)
     free(sim->granules.slots);
     free(sim->regions);
     free(sim->streams);
+#if GM_DEBUG >= 1
+    if (sim->nhostregs)
+        fprintf(stderr, "gpumem sim: closed with %zu host range(s) still registered\n",
+                sim->nhostregs);
+#endif
+    free(sim->hostregs);
     sim->magic = 0;
     pthread_mutex_unlock(&sim->lock);
     pthread_mutex_destroy(&sim->lock);
@@ -704,6 +733,7 @@ static int sim_info(void *ctx, gm__backend_info_t *out)
     out->free_memory = sim->capacity - sim->created;
     out->granularity = sim->granularity;
     out->vmm_supported = sim->vmm_supported;
+    out->numa_node = -1;
     pthread_mutex_unlock(&sim->lock);
     return GM_OK;
 }
@@ -1390,6 +1420,126 @@ static int sim_hold_stream(void *ctx, gm_stream_t stream, int hold)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Contract: host memory                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* Index of the first registered range with start > addr. */
+static size_t hostreg_upper(const sim_t *sim, uintptr_t addr)
+{
+    size_t lo = 0, hi = sim->nhostregs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (sim->hostregs[mid].start <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Does one registered range hold all of [addr, addr + n)? */
+static int hostreg_covers(const sim_t *sim, uintptr_t addr, size_t n)
+{
+    size_t i = hostreg_upper(sim, addr);
+    if (i == 0) return 0;
+    const hostreg_t *h = &sim->hostregs[i - 1];
+    return addr - h->start < h->size && n <= h->size - (addr - h->start);
+}
+
+/* Preconditions (checked): p and size non-zero multiples of the host page;
+ * the range overlaps no device range and no registered range.  The memory is
+ * the caller's (already mapped); nothing is touched. */
+static int sim_host_register(void *ctx, void *p, size_t size, unsigned flags)
+{
+    sim_t *sim;
+    GM_CHECK(enter(ctx, GM_CALL_host_register, &sim));
+    int rc = GM_OK;
+    uintptr_t a = (uintptr_t)p;
+    if (a == 0 || size == 0 || a % sim->host_page || size % sim->host_page || a + size < a ||
+        (flags & ~GM__HOST_DEVICEMAP)) {
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "sim: host_register(%p, %zu, %#x): address and "
+                           "size must be non-zero multiples of the host page %zu; flags 0 or "
+                           "DEVICEMAP", p, size, flags, sim->host_page);
+        goto out;
+    }
+    if (region_overlapping(sim, a, size) != NULL) {
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "sim: host_register(%p, %zu): overlaps device "
+                           "memory", p, size);
+        goto out;
+    }
+    size_t i = hostreg_upper(sim, a);
+    if ((i > 0 && sim->hostregs[i - 1].start + sim->hostregs[i - 1].size > a) ||
+        (i < sim->nhostregs && sim->hostregs[i].start - a < size)) {
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "sim: host_register(%p, %zu): overlaps a range "
+                           "registered already", p, size);
+        goto out;
+    }
+    GM_CHECK_GOTO(grow_array((void **)&sim->hostregs, &sim->hostregs_cap, sizeof(hostreg_t),
+                             sim->nhostregs + 1), rc, out);
+    memmove(&sim->hostregs[i + 1], &sim->hostregs[i], (sim->nhostregs - i) * sizeof(hostreg_t));
+    sim->hostregs[i] = (hostreg_t){.start = a, .size = size, .flags = flags};
+    sim->nhostregs++;
+    charge_locked(sim, call_cost_ns[GM_CALL_host_register] + (size >> 20) * HOST_REGISTER_PER_MIB_NS);
+out:
+    return leave(sim, rc);
+}
+
+/* Precondition (checked): p starts a registered range. */
+static int sim_host_unregister(void *ctx, void *p)
+{
+    sim_t *sim;
+    GM_CHECK(enter(ctx, GM_CALL_host_unregister, &sim));
+    int rc = GM_OK;
+    size_t i = hostreg_upper(sim, (uintptr_t)p);
+    if (i == 0 || sim->hostregs[i - 1].start != (uintptr_t)p) {
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "sim: host_unregister(%p): not the start of a "
+                           "registered range", p);
+    } else {
+        size_t size = sim->hostregs[i - 1].size;
+        memmove(&sim->hostregs[i - 1], &sim->hostregs[i],
+                (sim->nhostregs - i) * sizeof(hostreg_t));
+        sim->nhostregs--;
+        charge_locked(sim, call_cost_ns[GM_CALL_host_unregister] +
+                               (size >> 20) * HOST_UNREGISTER_PER_MIB_NS);
+    }
+    return leave(sim, rc);
+}
+
+/* Precondition (checked): p inside a range registered with DEVICEMAP.  The
+ * sim's "device" addresses host memory directly: the same address. */
+static int sim_host_device_pointer(void *ctx, void *p, uintptr_t *dptr)
+{
+    sim_t *sim;
+    GM_CHECK(enter(ctx, GM_CALL_host_device_pointer, &sim));
+    int rc = GM_OK;
+    size_t i = hostreg_upper(sim, (uintptr_t)p);
+    const hostreg_t *h = i ? &sim->hostregs[i - 1] : NULL;
+    if (dptr == NULL || h == NULL || (uintptr_t)p - h->start >= h->size ||
+        !(h->flags & GM__HOST_DEVICEMAP)) {
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "sim: host_device_pointer(%p): not inside a "
+                           "range registered with DEVICEMAP", p);
+    } else {
+        *dptr = (uintptr_t)p;
+        charge_locked(sim, call_cost_ns[GM_CALL_host_device_pointer]);
+    }
+    return leave(sim, rc);
+}
+
+/* Precondition: ev live and recorded.  The sim runs work at once, so there
+ * is nothing to order: it checks, charges, and returns. */
+static int sim_stream_wait_event(void *ctx, gm_stream_t stream, gm__event_t ev)
+{
+    sim_t *sim;
+    GM_CHECK(enter(ctx, GM_CALL_stream_wait_event, &sim));
+    int rc = check_stream_locked(sim, "stream_wait_event", stream);
+    if (rc == GM_OK && event_lookup_locked(sim, ev) == NULL)
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "sim: stream_wait_event: invalid event %#" PRIx64,
+                           ev);
+    if (rc == GM_OK) charge_locked(sim, call_cost_ns[GM_CALL_stream_wait_event]);
+    return leave(sim, rc);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Contract: copies and fills                                                */
 /* ------------------------------------------------------------------------ */
 
@@ -1443,6 +1593,10 @@ static int sim_memcpy(void *ctx, uintptr_t dst, uintptr_t src, size_t n, gm_stre
     uint64_t t = call_cost_ns[GM_CALL_memcpy];
     if (ddev && sdev)
         t += (uint64_t)n * 2 / DEVICE_BYTES_PER_NS;
+    else if (ddev && !hostreg_covers(sim, src, n))
+        t += (uint64_t)n * 10 / PAGEABLE_H2D_BYTES_PER_10NS;
+    else if (sdev && !hostreg_covers(sim, dst, n))
+        t += (uint64_t)n * 10 / PAGEABLE_D2H_BYTES_PER_10NS;
     else
         t += (uint64_t)n / HOST_BYTES_PER_NS;
     charge_locked(sim, t);
@@ -1525,6 +1679,10 @@ const gm__backend_ops_t gm__backend_sim = {
     .stream_destroy = sim_stream_destroy,
     .memcpy = sim_memcpy,
     .memset = sim_memset,
+    .host_register = sim_host_register,
+    .host_unregister = sim_host_unregister,
+    .host_device_pointer = sim_host_device_pointer,
+    .stream_wait_event = sim_stream_wait_event,
     .modeled_ns = sim_modeled_ns,
     .fail_nth = sim_fail_nth,
     .hold_stream = sim_hold_stream,

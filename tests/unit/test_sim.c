@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -424,6 +425,10 @@ static void test_fail_nth(void)
     int fd = -1;
     uintptr_t p = 0;
     char host[64];
+    size_t hpg = (size_t)sysconf(_SC_PAGESIZE);
+    void *hreg = mmap(NULL, 2 * hpg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (hreg == MAP_FAILED) { CHECK(0); B->close(ctx); return; }
+    uintptr_t hdev = 0;
 
     CHECK_RC(B->fail_nth(ctx, -1, 1), GM_INVALID_ARGUMENT);
     CHECK_RC(B->fail_nth(ctx, GM_CALL_COUNT, 1), GM_INVALID_ARGUMENT);
@@ -441,6 +446,9 @@ static void test_fail_nth(void)
         }
         if (kind == GM_CALL_import_fd) CHECK_OK(B->export_fd(ctx, h, &fd));
         if (kind == GM_CALL_mem_free) CHECK_OK(B->mem_alloc(ctx, GRAN, &p));
+        if (kind == GM_CALL_host_unregister || kind == GM_CALL_host_device_pointer)
+            CHECK_OK(B->host_register(ctx, hreg, 2 * hpg, GM__HOST_DEVICEMAP));
+        if (kind == GM_CALL_stream_wait_event) CHECK_OK(B->event_record(ctx, ev, NULL));
         gm_stream_t made = NULL, out_s = NULL;
         if (kind == GM_CALL_stream_destroy) CHECK_OK(B->stream_create(ctx, &made));
         size_t free_before = free_bytes(ctx);
@@ -472,13 +480,18 @@ static void test_fail_nth(void)
      : kind == GM_CALL_memset       ? B->memset(ctx, va, 1, 64, NULL)                   \
      : kind == GM_CALL_stream_create ? B->stream_create(ctx, &out_s)                    \
      : kind == GM_CALL_stream_destroy ? B->stream_destroy(ctx, made)                    \
+     : kind == GM_CALL_host_register ? B->host_register(ctx, hreg, 2 * hpg, GM__HOST_DEVICEMAP) \
+     : kind == GM_CALL_host_unregister ? B->host_unregister(ctx, hreg)                  \
+     : kind == GM_CALL_host_device_pointer ? B->host_device_pointer(ctx, (char *)hreg + 8, &hdev) \
+     : kind == GM_CALL_stream_wait_event ? B->stream_wait_event(ctx, (gm_stream_t)1, ev) \
                                     : -1)
 
         /* Arm the 2nd call: the 1st works... except for calls that can be
          * done only once; for those arm the very next call. */
         int once = kind == GM_CALL_va_free || kind == GM_CALL_phys_release ||
                    kind == GM_CALL_map || kind == GM_CALL_unmap || kind == GM_CALL_mem_free ||
-                   kind == GM_CALL_event_destroy || kind == GM_CALL_stream_destroy;
+                   kind == GM_CALL_event_destroy || kind == GM_CALL_stream_destroy ||
+                   kind == GM_CALL_host_unregister;
         if (!once) {
             CHECK_OK(B->fail_nth(ctx, kind, 2));
             int rc = CALL_ONCE();
@@ -492,6 +505,7 @@ static void test_fail_nth(void)
             if (kind == GM_CALL_mem_alloc) CHECK_OK(B->mem_free(ctx, p));
             if (kind == GM_CALL_event_create) CHECK_OK(B->event_destroy(ctx, out_ev));
             if (kind == GM_CALL_stream_create) CHECK_OK(B->stream_destroy(ctx, out_s));
+            if (kind == GM_CALL_host_register) CHECK_OK(B->host_unregister(ctx, hreg));
             free_before = free_bytes(ctx);
             t_before = B->modeled_ns(ctx);
         } else {
@@ -523,6 +537,9 @@ static void test_fail_nth(void)
         if (kind == GM_CALL_event_create) CHECK_OK(B->event_destroy(ctx, out_ev));
         if (kind == GM_CALL_stream_create) CHECK_OK(B->stream_destroy(ctx, out_s));
         if (kind == GM_CALL_map) CHECK_OK(B->unmap(ctx, va + GRAN, GRAN));
+        if (kind == GM_CALL_host_register || kind == GM_CALL_host_device_pointer)
+            CHECK_OK(B->host_unregister(ctx, hreg));
+        if (kind == GM_CALL_host_device_pointer) CHECK(hdev == (uintptr_t)hreg + 8);
         if (kind == GM_CALL_set_access || kind == GM_CALL_memcpy || kind == GM_CALL_memset)
             CHECK_OK(B->unmap(ctx, va, GRAN));
         if (kind != GM_CALL_event_destroy) CHECK_OK(B->event_destroy(ctx, ev));
@@ -531,6 +548,7 @@ static void test_fail_nth(void)
         if (kind != GM_CALL_va_free) CHECK_OK(B->va_free(ctx, va, 8 * MiB));
         CHECK(free_bytes(ctx) == 64 * MiB);
     }
+    munmap(hreg, 2 * hpg);
 
     /* n = 0 disarms; kinds are independent. */
     CHECK_OK(B->fail_nth(ctx, GM_CALL_phys_create, 1));

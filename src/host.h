@@ -1,0 +1,71 @@
+/*
+ * host.h — private declarations of the host-memory side of a pool: the
+ * pinned host pool (host.c), the staged copy engine (copy.c) and the sysmem
+ * fallback (sysmem.c).  Each keeps its own lock, taken after the pool lock
+ * when both are held (pool lock -> sysmem -> host); none calls back into the
+ * pool's device allocator.
+ */
+#ifndef GM_HOST_H
+#define GM_HOST_H
+
+#include <stdatomic.h>
+
+#include "pool.h"
+
+/* Backend calls made by the host side: counted and timed in atomics (no pool
+ * lock needed) and added to the pool's stats by gm__host_stats_locked. */
+typedef struct gm__host_calls {
+    _Atomic uint64_t count[GM_CALL_COUNT];
+    _Atomic uint64_t ticks;
+} gm__host_calls_t;
+
+#define GM_HBK(rc, pool, kind, args)                                           \
+    do {                                                                       \
+        uint64_t gm__t0_ = gm__ticks();                                        \
+        (rc) = (pool)->ops->kind args;                                         \
+        gm__host_account((pool), GM_CALL_##kind, gm__t0_);                     \
+    } while (0)
+
+/* ---- defined in src/host.c ---------------------------------------------- */
+
+int gm__host_init(gm_pool_t *pool);
+/* Unregister and unmap every chunk (live blocks included).  No lock held. */
+void gm__host_fini(gm_pool_t *pool);
+void gm__host_account(gm_pool_t *pool, int kind, uint64_t t0);
+/* Allocate pinned, device-mapped host memory; *dptr (optional) receives the
+ * device address of the block.  Takes the host lock. */
+int gm__host_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr, uintptr_t *dptr);
+int gm__host_free(gm_pool_t *pool, void *ptr, gm_stream_t stream);
+/* Is [p, p+n) inside one live pinned block?  Takes the host lock. */
+bool gm__host_is_pinned(gm_pool_t *pool, const void *p, size_t n);
+/* Add the host side's counters to *s (host_*, backend calls and time).
+ * Takes the host lock (the pool lock may be held). */
+void gm__host_stats(gm_pool_t *pool, gm_stats_t *s);
+/* Reset the host peaks (gm_pool_reset_peaks).  Takes the host lock. */
+void gm__host_reset_peaks(gm_pool_t *pool);
+
+/* ---- defined in src/copy.c ---------------------------------------------- */
+
+/* The engine's state (workers start on the first staged copy). */
+int gm__copy_init(gm_pool_t *pool);
+/* Stop the workers and free the staging buffers.  No lock held. */
+void gm__copy_fini(gm_pool_t *pool);
+void gm__copy_stats(gm_pool_t *pool, gm_stats_t *s);
+
+/* ---- defined in src/sysmem.c -------------------------------------------- */
+
+/* The fallback: serve `size` bytes from mapped pinned host memory.  Called by
+ * gm_alloc with the pool lock held after device memory ran out, only when the
+ * pool has GM_POOL_SYSMEM_FALLBACK.  GM_OK, or the original OOM status rc. */
+int gm__sysmem_alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr, int rc);
+/* The hooks of gm_free / gm_record_stream for a pointer the live table does
+ * not know (rc: their GM_INVALID_POINTER): rc, message untouched, when it is
+ * not a sysmem block either; else the result of freeing / recording it (the
+ * message cleared on success).  gm_block_size's: GM_INVALID_POINTER or GM_OK.
+ * Pool lock held. */
+int gm__sysmem_free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, int rc);
+int gm__sysmem_record_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, int rc);
+int gm__sysmem_size_locked(gm_pool_t *pool, const void *ptr, size_t *size);
+void gm__sysmem_fini(gm_pool_t *pool);
+
+#endif /* GM_HOST_H */
