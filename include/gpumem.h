@@ -127,8 +127,8 @@ typedef struct gm_pool_config {
                                    SIZE_MAX = keep all until gm_trim */
     size_t sim_capacity;        /* sim backend: device size; 0 = GPUMEM_SIM_CAPACITY or 80 GiB */
     unsigned flags;             /* GM_POOL_* flags (see "Host memory"); others must be 0 */
-    unsigned copy_threads;      /* staged copies: worker threads; 0 = GPUMEM_COPY_THREADS or min(8, cores/2) */
-    size_t copy_chunk;          /* staged copies: staging buffer size; 0 = 8 MiB */
+    unsigned copy_threads;      /* staged copies: worker threads; 0 = GPUMEM_COPY_THREADS or min(12, 3*cores/4) */
+    size_t copy_chunk;          /* staged copies: staging buffer size; 0 = 4 MiB */
 } gm_pool_config_t;
 
 #define GM_POOL_CONFIG_INIT                                                    \

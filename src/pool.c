@@ -43,9 +43,9 @@ static const struct env_option {
     {"GPUMEM_SYSMEM_FALLBACK", ENV_SYSMEM_FLAG, "0",
      "1: serve allocations from mapped pinned host memory when device memory runs out",
      offsetof(gm_pool_config_t, flags)},
-    {"GPUMEM_COPY_THREADS", ENV_INT, "0", "worker threads of staged host copies (0: min(8, cores/2))",
+    {"GPUMEM_COPY_THREADS", ENV_INT, "0", "worker threads of staged host copies (0: min(12, 3*cores/4))",
      offsetof(gm_pool_config_t, copy_threads)},
-    {"GPUMEM_COPY_CHUNK", ENV_SIZE, "0", "staging buffer size of staged host copies (0: 8MiB)",
+    {"GPUMEM_COPY_CHUNK", ENV_SIZE, "0", "staging buffer size of staged host copies (0: 4MiB)",
      offsetof(gm_pool_config_t, copy_chunk)},
 };
 
