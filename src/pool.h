@@ -195,6 +195,13 @@ struct gm_pool {
     uint64_t backend_ticks;      /* time inside backend calls, gm__ticks() units */
 };
 
+/* ---- defined in src/pool.c -------------------------------------------- */
+
+/* The pool of `device` if it was created already (gm_device_pool), else
+ * NULL; never creates one.  Ordinals run from 0 to gm__device_pool_count(). */
+gm_pool_t *gm__device_pool_peek(int device);
+int gm__device_pool_count(void);
+
 /* ---- defined in src/pages.c -------------------------------------------- */
 
 /* Backend call wrapper: rc = ops->kind args, counted and timed in stats. */
