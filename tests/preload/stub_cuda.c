@@ -5,6 +5,8 @@
  * gpumem's, and counting what reaches it.  Never touches a GPU.
  */
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define API __attribute__((visibility("default")))
@@ -88,7 +90,7 @@ API CUresult cuGetProcAddress_v2(const char *name, void **pfn, int version, unsi
                                  int *status);
 API CUresult cuGetProcAddress(const char *name, void **pfn, int version, unsigned long long flags)
 {
-    (void)version;
+    if (getenv("STUB_CUDA_TRACE")) fprintf(stderr, "stub libcuda: cuGetProcAddress(%s, %d, %llu)\n", name, version, flags);
     *pfn = lookup(name, flags);
     if (!*pfn && !strcmp(name, "cuGetProcAddress")) {
         CUresult (*f)(const char *, void **, int, unsigned long long, int *) = cuGetProcAddress_v2;
