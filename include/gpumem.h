@@ -289,7 +289,8 @@ GM_API int gm_pool_check(gm_pool_t *pool);
  * (gpumem): ...") into its caller when libstdc++ is loaded in the process
  * (PyTorch ignores a NULL from a plugged allocator); with
  * GPUMEM_TORCH_OOM=null, or without libstdc++, it returns NULL.  Size 0
- * returns NULL. */
+ * returns NULL.  Meant to be called by PyTorch: a C caller sets
+ * GPUMEM_TORCH_OOM=null (read once, at the first failure). */
 GM_API void *gm_torch_alloc(ssize_t size, int device, gm_stream_t stream);
 GM_API void gm_torch_free(void *ptr, ssize_t size, int device, gm_stream_t stream);
 /* Hooks settable on PyTorch's allocator object from Python:

@@ -101,7 +101,9 @@ void *gm_torch_alloc(ssize_t size, int device, gm_stream_t stream)
 
     char msg[512];
     char a[32];
-    snprintf(msg, sizeof msg, "CUDA out of memory (gpumem): tried to allocate %s on device %d: %s: %s",
+    snprintf(msg, sizeof msg, "%s: tried to allocate %s on device %d: %s: %s",
+             rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT ? "CUDA out of memory (gpumem)"
+                                                      : "gpumem: allocation failed",
              gm__fmt_bytes((size_t)size, a, sizeof a), device, gm_errname(rc), gm_last_error());
     throw_runtime_error(msg);
     return NULL;

@@ -109,6 +109,51 @@ class TestPools(unittest.TestCase):
             a.free()
 
 
+class TestTorchAllocatorThrows(unittest.TestCase):
+    """gm_torch_alloc's failure is a C++ std::runtime_error thrown into its
+    caller (PyTorch catches it).  Here the caller is ctypes, which cannot
+    catch it: the child process must die in std::terminate with our message,
+    which shows the exception was built and thrown correctly."""
+
+    CHILD = """
+import ctypes, sys
+ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+import gpumem
+gpumem.set_limit(4 << 20, device=13)
+lib = gpumem._library()[0]
+lib.gm_torch_alloc.restype = ctypes.c_void_p
+lib.gm_torch_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+ok = lib.gm_torch_alloc(4096, 13, None)
+print("small allocation:", bool(ok), flush=True)
+lib.gm_torch_alloc(64 << 20, 13, None)
+print("not thrown", flush=True)
+"""
+
+    def run_child(self, extra_env):
+        env = dict(os.environ, **extra_env)
+        return subprocess.run([sys.executable, "-c", self.CHILD], env=env, capture_output=True, text=True,
+                              cwd=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+    def setUp(self):
+        try:
+            ctypes.CDLL("libstdc++.so.6")
+        except OSError:
+            self.skipTest("no libstdc++.so.6 on this machine")
+
+    def test_out_of_memory_throws_runtime_error(self):
+        out = self.run_child({})
+        self.assertIn("small allocation: True", out.stdout)
+        self.assertNotIn("not thrown", out.stdout)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("std::runtime_error", out.stderr)
+        self.assertIn("CUDA out of memory (gpumem): tried to allocate", out.stderr)
+
+    def test_null_mode_returns_null(self):
+        out = self.run_child({"GPUMEM_TORCH_OOM": "null"})
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("not thrown", out.stdout)
+
+
 class TestMaxBatchSize(unittest.TestCase):
     dev = 11
 

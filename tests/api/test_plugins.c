@@ -3,8 +3,10 @@
  * (gm_device_pool, shared with gm_default_pool) and the PyTorch allocator
  * functions (gm_torch_*), on the backend the suite runs on.
  *
- * A C process has no libstdc++, so a failed gm_torch_alloc returns NULL here;
- * the throwing path is exercised by the PyTorch run on the device machine.
+ * A failed gm_torch_alloc throws a C++ exception when libstdc++ is loaded
+ * (it is under ASan), which a C program cannot catch: GPUMEM_TORCH_OOM=null
+ * makes it return NULL here.  The throwing path is exercised by the PyTorch
+ * run on the device machine.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +23,7 @@ int main(void)
     /* Pools come from the environment: a small sim device, so that
      * memcheck, which tracks every reserved byte, keeps up. */
     setenv("GPUMEM_SIM_CAPACITY", "4GiB", 0);
+    setenv("GPUMEM_TORCH_OOM", "null", 1);
     gm_pool_t *d0 = NULL, *again = NULL, *def = NULL, *d1 = NULL;
     CHECK_OK(gm_device_pool(0, &d0));
     REQUIRE(d0 != NULL);

@@ -21,8 +21,10 @@
 # Logs and JSON go to $OUT (default build/plugins-out); the last lines are a
 # compact summary.  Exit status 0 when every part passed.
 #
-# Knobs: OUT, STEPS (20), BATCH (8), SEQ (512), LAYERS (12), PARTS (all),
-#        PYTHON (python3), NVCC (nvcc), PART_TIMEOUT (seconds, 300).
+# Knobs: OUT, RESULTS_DIR (where DATE-GPU-torch.{md,json} go: $OUT; use
+#        bench/results to commit them), STEPS (20), BATCH (8), SEQ (512),
+#        LAYERS (12), PARTS (all), PYTHON (python3), NVCC (nvcc),
+#        PART_TIMEOUT (seconds, 300).
 # shellcheck disable=SC2317  # parts are called by name
 set -u -o pipefail
 
@@ -35,13 +37,15 @@ LAYERS="${LAYERS:-12}"
 PYTHON="${PYTHON:-python3}"
 NVCC="${NVCC:-nvcc}"
 PART_TIMEOUT="${PART_TIMEOUT:-300}"
+RESULTS_DIR="${RESULTS_DIR:-}"
 
 if [ ! -f CMakeLists.txt ] || [ ! -d python/gpumem ]; then
     echo "plugins.sh: run me from the gpumem repository root" >&2
     exit 2
 fi
-mkdir -p "$OUT"
+mkdir -p "$OUT" "${RESULTS_DIR:-$OUT}"
 OUT="$(cd "$OUT" && pwd)"
+RESULTS_DIR="$(cd "${RESULTS_DIR:-$OUT}" && pwd)"
 ROOT="$(pwd)"
 HERE="$ROOT/tools/device/plugins"
 
@@ -88,7 +92,7 @@ part_gpt2() {
         record gpt2 FAIL "default rc=$rd gpumem rc=$rg (see gpt2-*.log)"
         return
     fi
-    local stem="$OUT/$DATE-$GPU-torch"
+    local stem="$RESULTS_DIR/$DATE-$GPU-torch"
     "$PYTHON" - "$OUT/gpt2-default.json" "$OUT/gpt2-gpumem.json" "$stem" "$DATE" "$GPU" \
         "tools/device/plugins.sh (PARTS=gpt2 STEPS=$STEPS BATCH=$BATCH SEQ=$SEQ LAYERS=$LAYERS): $cmd_default; $cmd_gpumem" <<'EOF'
 import json, sys

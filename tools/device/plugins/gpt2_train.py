@@ -46,10 +46,14 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 
-    cfg = GPT2Config(n_layer=a.layers, n_positions=max(1024, a.seq))
+    # Eager attention: its backward is deterministic.
     try:
-        cfg._attn_implementation = "eager"  # deterministic backward
-    except Exception:
+        cfg = GPT2Config(n_layer=a.layers, n_positions=max(1024, a.seq), attn_implementation="eager")
+    except TypeError:
+        cfg = GPT2Config(n_layer=a.layers, n_positions=max(1024, a.seq))
+    try:
+        cfg._attn_implementation = "eager"
+    except Exception:  # noqa: BLE001 — older/newer transformers
         pass
     model = GPT2LMHeadModel(cfg).cuda()
     model.train()
