@@ -231,16 +231,20 @@ def leak_report(device=None):
         raise GpumemError("gpumem: %s has no gm_leak_report (built before leak reports existed)"
                           % library_path())
     pool = None if device is None else _pool(device)
-    need = ctypes.c_size_t()
-    _check(lib.gm_leak_report(pool, None, 0, ctypes.byref(need)), "gm_leak_report")
-    for _ in range(4):  # the report may grow between the two calls
-        cap = need.value + 4096
+    need = ctypes.c_size_t(0)
+    rc = lib.gm_leak_report(pool, None, 0, ctypes.byref(need))  # cap 0: the length it needs
+    if rc != GM_OK and need.value == 0:
+        _check(rc, "gm_leak_report")
+    cap = need.value + 4096
+    for _ in range(4):  # the report may grow between two calls
         buf = ctypes.create_string_buffer(cap)
         rc = lib.gm_leak_report(pool, buf, cap, ctypes.byref(need))
         if rc == GM_OK and need.value < cap:
             return buf.value.decode(errors="replace")
-    _check(rc, "gm_leak_report")
-    return buf.value.decode(errors="replace")
+        if need.value < cap:
+            _check(rc, "gm_leak_report")
+        cap = need.value + 4096
+    raise GpumemError("gm_leak_report: the report kept growing (%d bytes)" % need.value)
 
 
 class Allocation:

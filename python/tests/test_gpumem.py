@@ -109,6 +109,35 @@ class TestPools(unittest.TestCase):
             a.free()
 
 
+class TestLeakReportProtocol(unittest.TestCase):
+    """gpumem.leak_report() against gm_leak_report's contract (cap 0 asks
+    the length; pool NULL means every pool), with a stand-in function."""
+
+    def test_two_calls_and_pool_argument(self):
+        text = b"2 live blocks: 0x1000 (4096 B), 0x2000 (123456 B)"
+        calls = []
+
+        class Lib:
+            def gm_leak_report(self, pool, buf, cap, length):
+                calls.append((pool, cap))
+                length._obj.value = len(text)
+                if cap:
+                    n = min(cap - 1, len(text))
+                    ctypes.memmove(buf, text, n)
+                    buf[n] = b"\0"
+                return 0 if cap == 0 or cap > len(text) else 1
+
+        real = gpumem._library
+        gpumem._library = lambda: (Lib(), "fake")
+        try:
+            self.assertEqual(gpumem.leak_report(), text.decode())
+        finally:
+            gpumem._library = real
+        self.assertEqual(calls[0], (None, 0))
+        self.assertIsNone(calls[1][0])
+        self.assertGreater(calls[1][1], len(text))
+
+
 class TestTorchAllocatorThrows(unittest.TestCase):
     """gm_torch_alloc's failure is a C++ std::runtime_error thrown into its
     caller (PyTorch catches it).  Here the caller is ctypes, which cannot
