@@ -4,6 +4,7 @@
  * (0xd0000000 + n * 4096) so a test can tell the stub's memory from
  * gpumem's, and counting what reaches it.  Never touches a GPU.
  */
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,7 +91,11 @@ API CUresult cuGetProcAddress_v2(const char *name, void **pfn, int version, unsi
                                  int *status);
 API CUresult cuGetProcAddress(const char *name, void **pfn, int version, unsigned long long flags)
 {
-    if (getenv("STUB_CUDA_TRACE")) fprintf(stderr, "stub libcuda: cuGetProcAddress(%s, %d, %llu)\n", name, version, flags);
+    if (getenv("STUB_CUDA_TRACE")) {
+        Dl_info info;
+        const char *caller = dladdr(__builtin_return_address(0), &info) && info.dli_fname ? info.dli_fname : "?";
+        fprintf(stderr, "stub libcuda: cuGetProcAddress(%s, %d, %llu) from %s\n", name, version, flags, caller);
+    }
     *pfn = lookup(name, flags);
     if (!*pfn && !strcmp(name, "cuGetProcAddress")) {
         CUresult (*f)(const char *, void **, int, unsigned long long, int *) = cuGetProcAddress_v2;
@@ -101,6 +106,11 @@ API CUresult cuGetProcAddress(const char *name, void **pfn, int version, unsigne
 API CUresult cuGetProcAddress_v2(const char *name, void **pfn, int version, unsigned long long flags,
                                  int *status)
 {
+    if (getenv("STUB_CUDA_TRACE")) {
+        Dl_info info;
+        const char *caller = dladdr(__builtin_return_address(0), &info) && info.dli_fname ? info.dli_fname : "?";
+        fprintf(stderr, "stub libcuda: cuGetProcAddress_v2(%s) from %s\n", name, caller);
+    }
     CUresult r = cuGetProcAddress(name, pfn, version, flags);
     if (status) *status = r == 0 ? 0 : 1;
     return r;
