@@ -226,20 +226,17 @@ static void *driver_real(int k)
 }
 
 /* A runtime function of the program's CUDA runtime: seen through dlsym,
- * else the next definition after us, else any loaded libcudart. */
-struct find_rt { const char *name; void *found; };
-
-static int find_in_cudart(struct dl_phdr_info *info, size_t size, void *arg)
+ * else the next definition after us, else the first loaded libcudart (one
+ * loaded RTLD_LOCAL, as Python extensions load theirs, is not in the global
+ * scope RTLD_NEXT searches).  The loader's list is only read under
+ * dl_iterate_phdr; the library is opened after it returns. */
+static int find_cudart(struct dl_phdr_info *info, size_t size, void *arg)
 {
     (void)size;
-    struct find_rt *f = arg;
+    char *name = arg;
     if (!info->dlpi_name || !strstr(info->dlpi_name, "libcudart")) return 0;
-    void *h = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
-    if (!h) return 0;
-    void *p = real_sym(h, f->name);
-    dlclose(h); /* drops the reference NOLOAD took; the library stays */
-    if (p) f->found = p;
-    return p != NULL;
+    snprintf(name, 4096, "%s", info->dlpi_name);
+    return 1;
 }
 
 static void *runtime_real(int k)
@@ -248,9 +245,17 @@ static void *runtime_real(int k)
     if (p) return p;
     p = real_sym(RTLD_NEXT, route_names[k]);
     if (!p) {
-        struct find_rt f = {route_names[k], NULL};
-        dl_iterate_phdr(find_in_cudart, &f);
-        p = f.found;
+        static char name[4096];
+        static pthread_mutex_t name_lock = PTHREAD_MUTEX_INITIALIZER;
+        pthread_mutex_lock(&name_lock);
+        name[0] = '\0';
+        dl_iterate_phdr(find_cudart, name);
+        void *h = name[0] ? dlopen(name, RTLD_LAZY | RTLD_NOLOAD) : NULL;
+        pthread_mutex_unlock(&name_lock);
+        if (h) {
+            p = real_sym(h, route_names[k]);
+            dlclose(h); /* drops the reference NOLOAD took; the library stays */
+        }
     }
     remember_real(k, p);
     return atomic_load_explicit(&real_fn[k], memory_order_acquire);
@@ -280,8 +285,16 @@ static int current_device(int runtime)
 static int gm_allocate(int device, size_t size, void *stream, void **ptr)
 {
     gm_pool_t *pool;
+    static _Atomic unsigned long long announced; /* devices whose pool was reported */
     GM_ENTER();
     int rc = gm_device_pool(device, &pool);
+    if (rc == GM_OK && device < 64 && !(atomic_load(&announced) & (1ull << device)) &&
+        !(atomic_fetch_or(&announced, 1ull << device) & (1ull << device)) && verbose()) {
+        gm_device_info_t info = GM_DEVICE_INFO_INIT;
+        if (gm_pool_device_info(pool, &info) == GM_OK)
+            fprintf(stderr, "gpumem preload: device %d: %s backend (%s), %s\n", device, info.backend_name,
+                    info.device_name, info.backend_reason);
+    }
     if (rc == GM_OK) rc = gm_alloc(pool, size, stream, ptr);
     if (rc != GM_OK && rc != GM_OUT_OF_MEMORY && rc != GM_LIMIT) {
         int expected = 0;
@@ -658,13 +671,13 @@ __attribute__((destructor)) static void preload_report(void)
     for (int d = 0; d < 64; d++) {
         gm_pool_t *pool = gm__device_pool_peek(d);
         if (!pool) continue;
+        /* Stats only: no driver call (the driver may be shutting down). */
         gm_stats_t st = GM_STATS_INIT;
-        gm_device_info_t info = GM_DEVICE_INFO_INIT;
-        if (gm_pool_stats(pool, &st) != GM_OK || gm_pool_device_info(pool, &info) != GM_OK) continue;
+        if (gm_pool_stats(pool, &st) != GM_OK) continue;
         fprintf(stderr,
-                "gpumem preload: device %d (%s, %s): allocated_peak %llu, reserved_peak %llu, "
+                "gpumem preload: device %d: allocated_peak %llu, reserved_peak %llu, "
                 "live %llu bytes in %llu blocks at exit\n",
-                d, info.backend_name, info.device_name, (unsigned long long)st.allocated_peak,
+                d, (unsigned long long)st.allocated_peak,
                 (unsigned long long)st.reserved_peak, (unsigned long long)st.allocated,
                 (unsigned long long)st.live_blocks);
     }
