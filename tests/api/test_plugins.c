@@ -47,14 +47,16 @@ int main(void)
 
     /* gm_torch_alloc / gm_torch_free: blocks of the device's pool, on the
      * stream given. */
-    gm_stream_t s = (gm_stream_t)(uintptr_t)0x5000;
+    gm_stream_t s = NULL, s2 = NULL; /* real streams: the suite may run on cuda */
+    CHECK_OK(gm_stream_create(d0, &s));
+    CHECK_OK(gm_stream_create(d0, &s2));
     void *p = gm_torch_alloc((ssize_t)(3 * MiB + 5), 0, s);
     REQUIRE(p != NULL);
     size_t size = 0;
     CHECK_OK(gm_block_size(d0, p, &size));
     CHECK(size == 3 * MiB + 5);
     CHECK_OK(gm_memset(d0, p, 0x5a, size, s));
-    gm_torch_record_stream(p, (gm_stream_t)(uintptr_t)0x6000);
+    gm_torch_record_stream(p, s2);
     gm_torch_free(p, (ssize_t)size, 0, s);
     CHECK_RC(gm_block_size(d0, p, &size), GM_INVALID_POINTER);
     CHECK(gm_torch_alloc(0, 0, s) == NULL);
@@ -82,11 +84,15 @@ int main(void)
     gm_torch_free(big, (ssize_t)(16 * MiB), 0, s);
 
     /* empty_cache gives every cached page back. */
+    CHECK_OK(gm_stream_synchronize(d0, s));
+    CHECK_OK(gm_stream_synchronize(d0, s2));
     gm_torch_empty_cache();
     gm_stats_t st = GM_STATS_INIT;
     CHECK_OK(gm_pool_stats(d0, &st));
     CHECK(st.allocated == 0);
     CHECK(st.reserved == 0);
     CHECK_OK(gm_pool_check(d0));
+    CHECK_OK(gm_stream_destroy(d0, s));
+    CHECK_OK(gm_stream_destroy(d0, s2));
     return test_summary();
 }
