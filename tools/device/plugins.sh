@@ -190,8 +190,11 @@ part_cupy() {
 served() { sed -n 's/^gpumem preload: \([0-9]*\) allocations.* \([0-9]*\) re-entered$/\1 \2/p' "$1" | tail -n 1; }
 
 part_preload_c() {
-    local exe="$OUT/vecadd"
-    if ! "$NVCC" -O2 -o "$exe" "$HERE/vecadd.cu" -lcuda >"$OUT/vecadd-build.log" 2>&1; then
+    local exe="$OUT/vecadd" stubs
+    # -lcuda links against the toolkit's stub library (the driver may ship
+    # only libcuda.so.1); at run time the driver's libcuda.so.1 is used.
+    stubs="$(dirname "$(command -v "$NVCC" || echo /usr/local/cuda/bin/nvcc)")/../lib64/stubs"
+    if ! "$NVCC" -O2 -o "$exe" "$HERE/vecadd.cu" -L"$stubs" -lcuda >"$OUT/vecadd-build.log" 2>&1; then
         cat "$OUT/vecadd-build.log"; record preload_c FAIL "nvcc failed"; return
     fi
     timeout 120 "$exe" >"$OUT/vecadd-plain.log" 2>&1; local r0=$?
