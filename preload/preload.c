@@ -314,8 +314,9 @@ static int gm_allocate(int device, size_t size, void *stream, void **ptr)
     return rc;
 }
 
-/* 1: ptr was ours and is freed (or a double free of ours, reported);
- * 0: not ours. */
+/* 1: ptr was a live gpumem block and is freed; 0: it is not (a pointer of
+ * the real allocator, or one of ours freed twice: both go on to the real
+ * function, which rejects the latter). */
 static int gm_release(void *ptr, void *stream)
 {
     int ours_ = 0;
