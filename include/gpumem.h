@@ -147,6 +147,11 @@ GM_API int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **pool);
 GM_API void gm_pool_destroy(gm_pool_t *pool);
 /* The process-default pool, created on first use from the environment. */
 GM_API int gm_default_pool(gm_pool_t **pool);
+/* The pool of device ordinal `device` (0..63), created on first use from the
+ * environment (gm_config_from_env) with `device` set; thread-safe.  The
+ * default pool is the pool of its device.  Pools from gm_default_pool and
+ * gm_device_pool belong to the library: never pass them to gm_pool_destroy. */
+GM_API int gm_device_pool(int device, gm_pool_t **pool);
 
 /* Change the hard limit (0 = device memory).  Does not release memory. */
 GM_API int gm_pool_set_limit(gm_pool_t *pool, size_t limit);
@@ -326,6 +331,32 @@ GM_API int gm_host_trim(gm_pool_t *pool, size_t keep, size_t *released);
  * successive copies on one stream are ordered by the stream. */
 GM_API int gm_memcpy_h2d(gm_pool_t *pool, void *dst, const void *src, size_t n, gm_stream_t stream);
 GM_API int gm_memcpy_d2h(gm_pool_t *pool, void *dst, const void *src, size_t n, gm_stream_t stream);
+
+/* ------------------------------------------------------------------------ */
+/* PyTorch pluggable allocator (torch.cuda.memory.CUDAPluggableAllocator)    */
+/* ------------------------------------------------------------------------ */
+
+#include <sys/types.h> /* ssize_t */
+
+/* The two functions PyTorch loads:
+ *   CUDAPluggableAllocator("libgpumem.so", "gm_torch_alloc", "gm_torch_free")
+ * One pool per device (gm_device_pool), gpumem's stream rule.  On failure
+ * gm_torch_alloc throws a C++ std::runtime_error("CUDA out of memory
+ * (gpumem): ...") into its caller when libstdc++ is loaded in the process
+ * (PyTorch ignores a NULL from a plugged allocator); with
+ * GPUMEM_TORCH_OOM=null, or without libstdc++, it returns NULL.  Size 0
+ * returns NULL.  Meant to be called by PyTorch: a C caller sets
+ * GPUMEM_TORCH_OOM=null (read once, at the first failure). */
+GM_API void *gm_torch_alloc(ssize_t size, int device, gm_stream_t stream);
+GM_API void gm_torch_free(void *ptr, ssize_t size, int device, gm_stream_t stream);
+/* Hooks settable on PyTorch's allocator object from Python:
+ * set_reset_fn (torch.cuda.empty_cache: gm_trim of every device pool),
+ * set_record_stream_fn (Tensor.record_stream: gm_record_stream),
+ * set_memory_fraction_fn (torch.cuda.set_per_process_memory_fraction: the
+ * pool's limit).  Errors go to stderr: PyTorch gives them no way back. */
+GM_API void gm_torch_empty_cache(void);
+GM_API void gm_torch_record_stream(void *ptr, gm_stream_t stream);
+GM_API void gm_torch_set_memory_fraction(double fraction, int device);
 
 /* ------------------------------------------------------------------------ */
 /* Sim backend controls (testing); GM_NOT_SUPPORTED on other backends       */

@@ -10,6 +10,7 @@
  * make.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -212,6 +213,61 @@ fail:
     return rc;
 }
 
+/* ---- per-device pools ------------------------------------------------------ */
+
+/* One pool per device ordinal, created on first use from the environment
+ * with `device` set, and kept for the life of the process: plug-ins (PyTorch,
+ * CuPy, the preload library) and the default pool all share it.  Readers
+ * take the fast path (one acquire load); creation runs under device_mutex, so
+ * two threads asking for a new device at once create one pool.  A failed
+ * creation is not remembered: the next call tries again. */
+#define GM_MAX_DEVICE_POOLS 64
+static gm_pool_t *_Atomic device_pools[GM_MAX_DEVICE_POOLS];
+static pthread_mutex_t device_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+int gm_device_pool(int device, gm_pool_t **pool)
+{
+    if (!pool) return gm__set_error(GM_INVALID_ARGUMENT, "gm_device_pool: pool is NULL");
+    *pool = NULL;
+    if (device < 0 || device >= GM_MAX_DEVICE_POOLS)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_device_pool: device %d is not in [0, %d)",
+                             device, GM_MAX_DEVICE_POOLS);
+    gm_pool_t *p = atomic_load_explicit(&device_pools[device], memory_order_acquire);
+    if (GM_LIKELY(p != NULL)) {
+        *pool = p;
+        return GM_OK;
+    }
+    int rc = GM_OK;
+    pthread_mutex_lock(&device_mutex);
+    p = atomic_load_explicit(&device_pools[device], memory_order_relaxed);
+    if (!p) {
+        gm_pool_config_t cfg;
+        rc = gm_config_from_env(&cfg);
+        if (rc == GM_OK) {
+            cfg.device = device;
+            rc = gm_pool_create(&cfg, &p);
+        }
+        if (rc == GM_OK) atomic_store_explicit(&device_pools[device], p, memory_order_release);
+    }
+    pthread_mutex_unlock(&device_mutex);
+    if (rc != GM_OK) return rc;
+    *pool = p;
+    return GM_OK;
+}
+
+gm_pool_t *gm__device_pool_peek(int device)
+{
+    if (device < 0 || device >= GM_MAX_DEVICE_POOLS) return NULL;
+    return atomic_load_explicit(&device_pools[device], memory_order_acquire);
+}
+
+int gm__device_pool_count(void)
+{
+    return GM_MAX_DEVICE_POOLS;
+}
+
+/* The default pool is the pool of GPUMEM_DEVICE (0 when unset).  Its
+ * outcome, success or failure, is decided once. */
 static pthread_once_t default_once = PTHREAD_ONCE_INIT;
 static gm_pool_t *default_pool;
 static int default_rc;
@@ -219,7 +275,9 @@ static char default_msg[256];
 
 static void default_create(void)
 {
-    default_rc = gm_pool_create(NULL, &default_pool);
+    gm_pool_config_t cfg;
+    default_rc = gm_config_from_env(&cfg);
+    if (default_rc == GM_OK) default_rc = gm_device_pool(cfg.device, &default_pool);
     if (default_rc != GM_OK) snprintf(default_msg, sizeof default_msg, "%s", gm_last_error());
 }
 

@@ -199,6 +199,13 @@ struct gm_pool {
     struct gm__sysmem *sysmem;   /* device blocks served from host memory (sysmem.c) */
 };
 
+/* ---- defined in src/pool.c -------------------------------------------- */
+
+/* The pool of `device` if it was created already (gm_device_pool), else
+ * NULL; never creates one.  Ordinals run from 0 to gm__device_pool_count(). */
+gm_pool_t *gm__device_pool_peek(int device);
+int gm__device_pool_count(void);
+
 /* ---- defined in src/pages.c -------------------------------------------- */
 
 /* Backend call wrapper: rc = ops->kind args, counted and timed in stats. */

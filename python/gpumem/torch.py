@@ -1,0 +1,99 @@
+"""gpumem.torch — gpumem as PyTorch's CUDA allocator.
+
+enable() hands PyTorch the two functions of libgpumem.so that
+torch.cuda.memory.CUDAPluggableAllocator loads (gm_torch_alloc, gm_torch_free)
+and wires the hooks PyTorch lets a plugged allocator set:
+
+  torch.cuda.empty_cache()                   -> gm_trim of every gpumem pool
+  Tensor.record_stream(s)                    -> gm_record_stream
+  torch.cuda.set_per_process_memory_fraction -> the pool's limit
+
+PyTorch's own caching layer is then out of the way: every tensor is one
+allocation from the pool of its device, on its stream.  What a plugged
+allocator cannot do in PyTorch (torch.cuda.memory_allocated/memory_stats/
+memory_snapshot raise; use gpumem.torch.memory_stats), and how an out-of-memory
+error surfaces, is in docs/python.md.  PyTorch is imported only by enable().
+"""
+import ctypes
+
+import gpumem as _gm
+
+__all__ = ["enable", "is_enabled", "hooks", "memory_stats", "TorchError"]
+
+_state = {"enabled": False, "allocator": None, "hooks": ()}
+
+# (method of PyTorch's allocator object, our function)
+_HOOKS = (
+    ("set_reset_fn", "gm_torch_empty_cache"),
+    ("set_record_stream_fn", "gm_torch_record_stream"),
+    ("set_memory_fraction_fn", "gm_torch_set_memory_fraction"),
+)
+
+
+class TorchError(RuntimeError):
+    """gpumem.torch.enable() cannot plug gpumem into this PyTorch."""
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("gpumem.torch needs PyTorch (import torch failed: %s)" % e) from e
+    return torch
+
+
+def _too_late():
+    return TorchError(
+        "gpumem.torch.enable() must run before PyTorch initializes CUDA, i.e. before the first "
+        "CUDA tensor, torch.cuda.init() or anything else that touches the GPU; call it right "
+        "after `import torch`, at the top of the program")
+
+
+def enable():
+    """Make gpumem PyTorch's CUDA allocator (once per process; a second call
+    is a no-op).  Raises TorchError when CUDA is already initialized, when
+    PyTorch has no CUDA, or when PyTorch refuses the allocator."""
+    if _state["enabled"]:
+        return
+    torch = _import_torch()
+    lib, path = _gm._library()
+    cuda = torch.cuda
+    if not cuda.is_available():
+        raise TorchError("gpumem.torch.enable(): PyTorch sees no CUDA device "
+                         "(torch.cuda.is_available() is False)")
+    if cuda.is_initialized():
+        raise _too_late()
+    memory = cuda.memory
+    allocator = memory.CUDAPluggableAllocator(path, "gm_torch_alloc", "gm_torch_free")
+    obj = allocator.allocator()
+    wired = []
+    for method, symbol in _HOOKS:
+        setter = getattr(obj, method, None)
+        if setter is None:
+            continue
+        setter(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
+        wired.append(method)
+    try:
+        memory.change_current_allocator(allocator)
+    except RuntimeError as e:
+        raise _too_late() from e
+    _state.update(enabled=True, allocator=allocator, hooks=tuple(wired))
+
+
+def is_enabled():
+    """Whether enable() has plugged gpumem into PyTorch in this process."""
+    return _state["enabled"]
+
+
+def hooks():
+    """The PyTorch allocator hooks enable() wired (names of the setters)."""
+    return _state["hooks"]
+
+
+def memory_stats(device=None):
+    """gpumem's statistics of the pool behind a CUDA device (default: the
+    current one): what torch.cuda.memory_stats() cannot give for a plugged
+    allocator.  'allocated' is the bytes PyTorch asked for and holds."""
+    if device is None:
+        device = _import_torch().cuda.current_device()
+    return _gm.stats(device)

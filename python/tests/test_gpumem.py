@@ -1,0 +1,397 @@
+"""Tests of the gpumem Python package on the sim backend (standard library only).
+
+Run from the repository root after `make`:
+    GPUMEM_BACKEND=sim python3 -m unittest discover -s python/tests
+(ctest runs it with GPUMEM_LIBRARY pointing at the built library.)  The
+PyTorch and CuPy adapters are driven through small fake `torch` / `cupy`
+modules that record what the adapter does; the real frameworks are exercised
+by tools/device/plugins.sh on a GPU machine.
+"""
+import ctypes
+import os
+import subprocess
+import sys
+import types
+import unittest
+import warnings
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+os.environ.setdefault("GPUMEM_BACKEND", "sim")
+os.environ.setdefault("GPUMEM_SIM_CAPACITY", "4GiB")
+
+import gpumem  # noqa: E402
+import gpumem.cupy  # noqa: E402
+import gpumem.torch  # noqa: E402
+
+MiB = 1 << 20
+
+
+def lib():
+    return gpumem._library()[0]
+
+
+class TestLibrary(unittest.TestCase):
+    def test_loads_and_versions(self):
+        self.assertTrue(gpumem.library_path())
+        self.assertRegex(gpumem.version(), r"^\d+\.\d+\.\d+$")
+
+    def test_bad_library_env_is_a_clear_error(self):
+        env = dict(os.environ, GPUMEM_LIBRARY="/nonexistent/libgpumem.so")
+        code = "import gpumem\ntry:\n    gpumem.version()\nexcept OSError as e:\n    print('ERR', e)\n"
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             cwd=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+        self.assertIn("ERR gpumem: GPUMEM_LIBRARY=/nonexistent/libgpumem.so", out.stdout, out.stderr)
+
+
+class TestPools(unittest.TestCase):
+    def test_stats_follow_allocations(self):
+        dev = 7
+        s0 = gpumem.stats(dev)
+        for key in ("allocated", "allocated_peak", "reserved", "reserved_peak", "backend_calls"):
+            self.assertIn(key, s0)
+        a = gpumem.alloc(3 * MiB + 1, device=dev)
+        self.assertNotEqual(a.ptr, 0)
+        a.memset(0x3C)
+        s1 = gpumem.stats(dev)
+        self.assertEqual(s1["allocated"], s0["allocated"] + 3 * MiB + 1)
+        self.assertGreaterEqual(s1["reserved"], 3 * MiB + 1)
+        a.free()
+        a.free()  # idempotent
+        self.assertEqual(gpumem.stats(dev)["allocated"], s0["allocated"])
+
+    def test_trim_gives_cached_memory_back(self):
+        dev = 8
+        with gpumem.alloc(16 * MiB, device=dev):
+            pass
+        cached = gpumem.stats(dev)["reserved"]
+        self.assertGreaterEqual(cached, 16 * MiB)
+        self.assertEqual(gpumem.trim(device=dev), cached)
+        self.assertEqual(gpumem.stats(dev)["reserved"], 0)
+        self.assertEqual(gpumem.trim(device=dev), 0)
+
+    def test_limit_and_out_of_memory(self):
+        dev = 9
+        gpumem.set_limit(8 * MiB, device=dev)
+        try:
+            with self.assertRaises(gpumem.OutOfMemoryError) as cm:
+                gpumem.alloc(64 * MiB, device=dev)
+            self.assertIsInstance(cm.exception, MemoryError)
+            self.assertEqual(cm.exception.name, "GM_LIMIT")
+            self.assertTrue(gpumem.is_out_of_memory(cm.exception))
+            with gpumem.alloc(4 * MiB, device=dev):
+                pass
+        finally:
+            gpumem.set_limit(0, device=dev)
+
+    def test_bad_device_is_a_gpumem_error(self):
+        with self.assertRaises(gpumem.GpumemError) as cm:
+            gpumem.stats(-1)
+        self.assertEqual(cm.exception.name, "GM_INVALID_ARGUMENT")
+        self.assertNotIsInstance(cm.exception, gpumem.OutOfMemoryError)
+
+    def test_default_pool_is_device_zero(self):
+        before = gpumem.stats(0)["allocated"]
+        with gpumem.alloc(MiB):
+            self.assertEqual(gpumem.stats(0)["allocated"], before + MiB)
+            self.assertEqual(gpumem.stats()["allocated"], before + MiB)
+
+    @unittest.skipUnless(hasattr(gpumem._library()[0], "gm_leak_report"),
+                         "this libgpumem.so has no gm_leak_report yet")
+    def test_leak_report_names_live_blocks(self):
+        dev = 10
+        a = gpumem.alloc(123456, device=dev)
+        try:
+            report = gpumem.leak_report(dev)
+            self.assertIsInstance(report, str)
+            self.assertTrue("123456" in report or ("%x" % a.ptr) in report.lower(), report)
+            self.assertIsInstance(gpumem.leak_report(), str)
+        finally:
+            a.free()
+
+
+class TestLeakReportProtocol(unittest.TestCase):
+    """gpumem.leak_report() against gm_leak_report's contract (cap 0 asks
+    the length; pool NULL means every pool), with a stand-in function."""
+
+    def test_two_calls_and_pool_argument(self):
+        text = b"2 live blocks: 0x1000 (4096 B), 0x2000 (123456 B)"
+        calls = []
+
+        class Lib:
+            def gm_leak_report(self, pool, buf, cap, length):
+                calls.append((pool, cap))
+                length._obj.value = len(text)
+                if cap:
+                    n = min(cap - 1, len(text))
+                    ctypes.memmove(buf, text, n)
+                    buf[n] = b"\0"
+                return 0 if cap == 0 or cap > len(text) else 1
+
+        real = gpumem._library
+        gpumem._library = lambda: (Lib(), "fake")
+        try:
+            self.assertEqual(gpumem.leak_report(), text.decode())
+        finally:
+            gpumem._library = real
+        self.assertEqual(calls[0], (None, 0))
+        self.assertIsNone(calls[1][0])
+        self.assertGreater(calls[1][1], len(text))
+
+
+class TestTorchAllocatorThrows(unittest.TestCase):
+    """gm_torch_alloc's failure is a C++ std::runtime_error thrown into its
+    caller (PyTorch catches it).  Here the caller is ctypes, which cannot
+    catch it: the child process must die in std::terminate with our message,
+    which shows the exception was built and thrown correctly."""
+
+    CHILD = """
+import ctypes, sys
+ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+import gpumem
+gpumem.set_limit(4 << 20, device=13)
+lib = gpumem._library()[0]
+lib.gm_torch_alloc.restype = ctypes.c_void_p
+lib.gm_torch_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+ok = lib.gm_torch_alloc(4096, 13, None)
+print("small allocation:", bool(ok), flush=True)
+lib.gm_torch_alloc(64 << 20, 13, None)
+print("not thrown", flush=True)
+"""
+
+    def run_child(self, extra_env):
+        env = dict(os.environ, **extra_env)
+        return subprocess.run([sys.executable, "-c", self.CHILD], env=env, capture_output=True, text=True,
+                              cwd=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+    def setUp(self):
+        try:
+            ctypes.CDLL("libstdc++.so.6")
+        except OSError:
+            self.skipTest("no libstdc++.so.6 on this machine")
+
+    def test_out_of_memory_throws_runtime_error(self):
+        out = self.run_child({})
+        self.assertIn("small allocation: True", out.stdout)
+        self.assertNotIn("not thrown", out.stdout)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("std::runtime_error", out.stderr)
+        self.assertIn("CUDA out of memory (gpumem): tried to allocate", out.stderr)
+
+    def test_null_mode_returns_null(self):
+        out = self.run_child({"GPUMEM_TORCH_OOM": "null"})
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("not thrown", out.stdout)
+
+
+class TestMaxBatchSize(unittest.TestCase):
+    dev = 11
+
+    def setUp(self):
+        gpumem.set_limit(64 * MiB, device=self.dev)
+
+    def tearDown(self):
+        gpumem.set_limit(0, device=self.dev)
+
+    def test_finds_the_largest_fitting_batch_and_leaves_nothing(self):
+        calls = []
+
+        def step(b):
+            calls.append(b)
+            held = [gpumem.alloc(MiB, device=self.dev) for _ in range(b)]  # b MiB in 1 MiB blocks
+            big = gpumem.alloc(2 * MiB, device=self.dev)
+            del held, big
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            best = gpumem.max_batch_size(step, 1, 1000, device=self.dev)
+        self.assertEqual(best, 62)  # 62 MiB + 2 MiB = the 64 MiB limit
+        self.assertLessEqual(len(calls), 2 + (1000 - 1).bit_length())
+        s = gpumem.stats(self.dev)
+        self.assertEqual(s["allocated"], 0)
+        self.assertEqual(s["reserved"], 0)
+
+    def test_hi_fits(self):
+        self.assertEqual(gpumem.max_batch_size(lambda b: gpumem.alloc(b * MiB, device=self.dev), 1, 8,
+                                               device=self.dev), 8)
+
+    def test_lo_does_not_fit(self):
+        with self.assertRaises(gpumem.OutOfMemoryError):
+            gpumem.max_batch_size(lambda b: gpumem.alloc(b * MiB, device=self.dev), 100, 200,
+                                  device=self.dev)
+
+    def test_other_errors_propagate(self):
+        def step(b):
+            raise KeyError("not memory")
+        with self.assertRaises(KeyError):
+            gpumem.max_batch_size(step, 1, 4, device=self.dev)
+
+    def test_bad_range(self):
+        with self.assertRaises(ValueError):
+            gpumem.max_batch_size(lambda b: None, 5, 4)
+        with self.assertRaises(ValueError):
+            gpumem.max_batch_size(lambda b: None, 0, 4)
+
+    def test_memory_left_alive_is_reported(self):
+        kept = []
+
+        def step(b):
+            kept.append(gpumem.alloc(MiB, device=self.dev))
+        with self.assertWarns(ResourceWarning):
+            gpumem.max_batch_size(step, 1, 2, device=self.dev)
+        for a in kept:
+            a.free()
+
+
+def fake_torch(initialized=False, available=True, refuse=False):
+    """A stand-in for `torch` recording what gpumem.torch.enable() does."""
+    rec = {"hooks": {}}
+
+    class Obj:
+        pass
+    obj = Obj()
+    for name in ("set_reset_fn", "set_record_stream_fn", "set_memory_fraction_fn"):
+        setattr(obj, name, (lambda n: lambda addr: rec["hooks"].__setitem__(n, addr))(name))
+
+    class CUDAPluggableAllocator:
+        def __init__(self, path, alloc_name, free_name):
+            rec["plug"] = (path, alloc_name, free_name)
+
+        def allocator(self):
+            return obj
+
+    def change_current_allocator(a):
+        if refuse:
+            raise RuntimeError("Can't swap an already initialized allocator")
+        rec["changed"] = a
+
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(
+        is_available=lambda: available, is_initialized=lambda: initialized,
+        current_device=lambda: 0,
+        memory=types.SimpleNamespace(CUDAPluggableAllocator=CUDAPluggableAllocator,
+                                     change_current_allocator=change_current_allocator))
+    return torch, rec
+
+
+class TestTorchAdapter(unittest.TestCase):
+    def setUp(self):
+        self.saved = sys.modules.get("torch")
+        gpumem.torch._state.update(enabled=False, allocator=None, hooks=())
+
+    def tearDown(self):
+        if self.saved is None:
+            sys.modules.pop("torch", None)
+        else:
+            sys.modules["torch"] = self.saved
+        gpumem.torch._state.update(enabled=False, allocator=None, hooks=())
+
+    def test_enable_plugs_the_library_and_its_hooks(self):
+        torch, rec = fake_torch()
+        sys.modules["torch"] = torch
+        gpumem.torch.enable()
+        self.assertTrue(gpumem.torch.is_enabled())
+        self.assertEqual(rec["plug"], (gpumem.library_path(), "gm_torch_alloc", "gm_torch_free"))
+        self.assertIn("changed", rec)
+        addr = lambda sym: ctypes.cast(getattr(lib(), sym), ctypes.c_void_p).value  # noqa: E731
+        self.assertEqual(rec["hooks"], {"set_reset_fn": addr("gm_torch_empty_cache"),
+                                        "set_record_stream_fn": addr("gm_torch_record_stream"),
+                                        "set_memory_fraction_fn": addr("gm_torch_set_memory_fraction")})
+        self.assertEqual(len(gpumem.torch.hooks()), 3)
+        gpumem.torch.enable()  # second call: nothing happens
+        self.assertIn("allocated", gpumem.torch.memory_stats())
+
+    def test_enable_after_cuda_init_is_a_clear_error(self):
+        torch, rec = fake_torch(initialized=True)
+        sys.modules["torch"] = torch
+        with self.assertRaisesRegex(gpumem.torch.TorchError, "before PyTorch initializes CUDA"):
+            gpumem.torch.enable()
+        self.assertNotIn("changed", rec)
+        self.assertFalse(gpumem.torch.is_enabled())
+
+    def test_enable_refused_by_torch_is_a_clear_error(self):
+        torch, _ = fake_torch(refuse=True)
+        sys.modules["torch"] = torch
+        with self.assertRaisesRegex(gpumem.torch.TorchError, "right after `import torch`"):
+            gpumem.torch.enable()
+        self.assertFalse(gpumem.torch.is_enabled())
+
+    def test_no_cuda(self):
+        torch, _ = fake_torch(available=False)
+        sys.modules["torch"] = torch
+        with self.assertRaisesRegex(gpumem.torch.TorchError, "no CUDA device"):
+            gpumem.torch.enable()
+
+    def test_no_torch(self):
+        sys.modules["torch"] = None  # makes `import torch` fail
+        with self.assertRaisesRegex(ImportError, "gpumem.torch needs PyTorch"):
+            gpumem.torch.enable()
+
+
+def fake_cupy():
+    rec = {}
+
+    class OutOfMemoryError(MemoryError):
+        def __init__(self, size, total, limit=0):
+            super().__init__(size, total)
+            self.size = size
+
+    class UnownedMemory:
+        def __init__(self, ptr, size, owner, device_id=-1):
+            self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
+
+    class MemoryPointer:
+        def __init__(self, mem, offset):
+            self.mem, self.ptr = mem, mem.ptr + offset
+
+    memory = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError, UnownedMemory=UnownedMemory,
+                                   MemoryPointer=MemoryPointer, get_allocator=lambda: "previous")
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(
+        memory=memory, runtime=types.SimpleNamespace(getDevice=lambda: 12),
+        get_current_stream=lambda: types.SimpleNamespace(ptr=0x1234),
+        set_allocator=lambda fn: rec.__setitem__("allocator", fn))
+    return cupy, rec
+
+
+class TestCupyAdapter(unittest.TestCase):
+    def setUp(self):
+        self.saved = sys.modules.get("cupy")
+        gpumem.cupy._state.update(enabled=False, previous=None)
+
+    def tearDown(self):
+        if self.saved is None:
+            sys.modules.pop("cupy", None)
+        else:
+            sys.modules["cupy"] = self.saved
+        gpumem.cupy._state.update(enabled=False, previous=None)
+
+    def test_allocations_come_from_the_device_pool(self):
+        cupy, rec = fake_cupy()
+        sys.modules["cupy"] = cupy
+        gpumem.cupy.enable()
+        malloc = rec["allocator"]
+        base = gpumem.stats(12)["allocated"]
+        p = malloc(5 * MiB)
+        self.assertNotEqual(p.ptr, 0)
+        self.assertEqual(p.mem.device_id, 12)
+        self.assertEqual(gpumem.stats(12)["allocated"], base + 5 * MiB)
+        del p
+        self.assertEqual(gpumem.stats(12)["allocated"], base)
+        gpumem.set_limit(4 * MiB, device=12)
+        try:
+            with self.assertRaises(cupy.cuda.memory.OutOfMemoryError) as cm:
+                malloc(64 * MiB)
+            self.assertTrue(gpumem.is_out_of_memory(cm.exception))
+        finally:
+            gpumem.set_limit(0, device=12)
+        gpumem.cupy.disable()
+        self.assertEqual(rec["allocator"], "previous")
+
+    def test_no_cupy(self):
+        sys.modules["cupy"] = None
+        with self.assertRaisesRegex(ImportError, "gpumem.cupy needs CuPy"):
+            gpumem.cupy.enable()
+
+
+if __name__ == "__main__":
+    unittest.main()
