@@ -193,6 +193,19 @@ struct gm_pool {
 
     gm_stats_t st;               /* counters kept under the lock */
     uint64_t backend_ticks;      /* time inside backend calls, gm__ticks() units */
+
+    /* Observability (src/observe.h): out-of-memory handlers, in the order
+     * added; the leak tracker's stacks; the current trace buffer; this
+     * pool's slot in the shared statistics segment; registry membership. */
+    struct gm__oom_handler {
+        gm_oom_handler_t fn;
+        void *user;
+    } oom_handlers[GM_OOM_MAX_HANDLERS];
+    unsigned n_oom_handlers;
+    struct gm__leak_table *leaks;
+    struct gm__trace_buf *trace_buf;
+    struct gm__mon_slot *mon;
+    bool registered;
 };
 
 /* ---- defined in src/pages.c -------------------------------------------- */
