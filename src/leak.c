@@ -195,15 +195,27 @@ static bool addr2line(void *addr, char *buf, size_t cap)
     }
     /* Position-independent objects: the offset from the load address. */
     off -= (uintptr_t)di.dli_fbase;
-    snprintf(cmd, sizeof cmd, "/usr/bin/addr2line -e '%s' %#lx 2>/dev/null", exe,
+    snprintf(cmd, sizeof cmd, "/usr/bin/addr2line -f -e '%s' %#lx 2>/dev/null", exe,
              (unsigned long)off);
     FILE *p = popen(cmd, "r");
     if (!p) return false;
-    bool ok = fgets(buf, (int)cap, p) != NULL;
+    char fn[256], line[512];
+    bool ok = fgets(fn, sizeof fn, p) && fgets(line, sizeof line, p);
     pclose(p);
     if (!ok) return false;
-    buf[strcspn(buf, "\n")] = '\0';
-    return strncmp(buf, "??", 2) != 0;
+    fn[strcspn(fn, "\n")] = '\0';
+    line[strcspn(line, "\n")] = '\0';
+    if (!strncmp(line, "??", 2) && !strncmp(fn, "??", 2)) return false;
+    size_t a = strlen(fn) < cap - 1 ? strlen(fn) : cap - 1;
+    memcpy(buf, fn, a);
+    buf[a] = '\0';
+    if (a + 1 < cap) {
+        buf[a] = ' ';
+        size_t b = strlen(line) < cap - a - 2 ? strlen(line) : cap - a - 2;
+        memcpy(buf + a + 1, line, b);
+        buf[a + 1 + b] = '\0';
+    }
+    return true;
 }
 
 /* ---- reports ------------------------------------------------------------------- */
