@@ -482,7 +482,9 @@ static int oom_error(gm_pool_t *pool, int rc, size_t size)
     return gm__set_error(rc == GM_LIMIT ? GM_LIMIT : GM_OUT_OF_MEMORY,
                          "gm_alloc: cannot allocate %zu bytes: %s; allocated %s, reserved %s, "
                          "limit %s, device free %s",
-                         size, rc == GM_LIMIT ? "the pool limit is reached" : "out of device memory",
+                         size,
+                         rc == GM_LIMIT && pool->cfg.limit ? "the pool limit is reached"
+                                                           : "out of device memory",
                          gm__fmt_bytes(pool->st.allocated, a, sizeof a),
                          gm__fmt_bytes(pool->st.reserved, r, sizeof r),
                          gm__fmt_bytes(pool->limit, l, sizeof l),

@@ -79,7 +79,9 @@ GM_PRINTF(2, 3) static void put(out_t *o, const char *fmt, ...)
 int gm__oom_report_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, int rc,
                           const char *reason)
 {
-    int status = rc == GM_LIMIT ? GM_LIMIT : GM_OUT_OF_MEMORY;
+    /* GM_LIMIT only for a limit the user set; the device's size is OOM. */
+    int status = rc == GM_LIMIT && pool->cfg.limit ? GM_LIMIT : GM_OUT_OF_MEMORY;
+    if (reason && !strncmp(reason, "gm_alloc: ", 10)) reason += 10;
     pool->st.oom_count++;
     gm__trace_record_locked(pool, GM__TRACE_ALLOC_FAIL, 0, size, stream);
 
@@ -105,7 +107,7 @@ int gm__oom_report_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, int 
     char msg[2000];
     out_t o = {msg, sizeof msg, 0};
     char b1[32], b2[32], b3[32], b4[32], b5[32];
-    put(&o, "gm_alloc: out of memory: cannot allocate %s (%zu bytes) on stream %p: %s\n",
+    put(&o, "gm_alloc: out of memory: cannot allocate %s (%zu bytes) on stream %p (%s)\n",
         gm__fmt_bytes(size, b1, sizeof b1), size, stream, reason ? reason : "");
     if (have_info)
         put(&o, "  device %d (%s, %s): total %s, free %s\n", pool->cfg.device, pool->ops->name,
@@ -128,12 +130,10 @@ int gm__oom_report_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, int 
         void *const *fr = gm__leak_stack_locked(pool, top[k]->addr, &n);
         if (fr) gm__leak_site(fr, n, site, sizeof site);
         put(&o, "    %s at %#lx%s%s\n", gm__fmt_bytes(top[k]->requested, b1, sizeof b1),
-            (unsigned long)top[k]->addr, site[0] ? " from " : "",
-            site[0] ? site
-                    : (atomic_load_explicit(&gm__leak_on, memory_order_relaxed)
-                           ? ""
-                           : " (call sites: run with GPUMEM_LEAK_CHECK=1)"));
+            (unsigned long)top[k]->addr, site[0] ? " from " : "", site);
     }
+    if (top[0] && !pool->leaks)
+        put(&o, "    (call sites: run with GPUMEM_LEAK_CHECK=1)\n");
     put(&o, "  OOM handlers %u; ooms so far %llu", pool->n_oom_handlers,
         (unsigned long long)pool->st.oom_count);
     return gm__set_error(status, "%s", msg);
