@@ -190,6 +190,8 @@ void gm__monitor_publish_slow_locked(gm_pool_t *pool)
 #define GM__MON_COPY(name, desc) s->values[i++] = st->name;
     GM_STAT_FIELDS(GM__MON_COPY)
 #undef GM__MON_COPY
+    s->values[offsetof(gm_stats_t, backend_ns) / 8 - offsetof(gm_stats_t, allocated) / 8] =
+        (uint64_t)((double)pool->backend_ticks * gm__ns_per_tick());
     /* Derived without a walk: cached. */
     s->values[offsetof(gm_stats_t, cached) / 8 - offsetof(gm_stats_t, allocated) / 8] =
         st->reserved - st->active;
@@ -206,7 +208,7 @@ uint64_t gm__monitor_value(const gm__mon_proc_view_t *v, const gm__mon_pool_view
     return 0;
 }
 
-static bool read_seg(const char *path, gm__mon_proc_view_t *v)
+static bool read_seg(const char *path, int name_pid, gm__mon_proc_view_t *v)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return false;
@@ -229,7 +231,8 @@ static bool read_seg(const char *path, gm__mon_proc_view_t *v)
         memcpy(v->names, m->names, sizeof v->names);
         for (unsigned i = 0; i < v->n_fields; i++) v->names[i][GM_MON_NAME - 1] = '\0';
         /* The process must be alive and the same one (pids are reused). */
-        if (kill(m->pid, 0) != 0 && errno == ESRCH) ok = false;
+        if (m->pid != name_pid) ok = false; /* a copied or corrupt file */
+        else if (kill(m->pid, 0) != 0 && errno == ESRCH) ok = false;
         else if (start_time_of(m->pid, NULL, 0) != m->start_time) ok = false;
         for (int i = 0; ok && i < MON_SLOTS; i++) {
             const struct gm__mon_slot *s = &m->slots[i];
@@ -272,11 +275,11 @@ int gm__monitor_scan(void (*fn)(const gm__mon_proc_view_t *v, void *arg), void *
     while ((e = readdir(d))) {
         if (strncmp(e->d_name, "gpumem.", 7) != 0) continue;
         char *end;
-        strtol(e->d_name + 7, &end, 10);
-        if (*end || end == e->d_name + 7) continue;
+        long pid = strtol(e->d_name + 7, &end, 10);
+        if (*end || end == e->d_name + 7 || pid <= 0 || pid > INT32_MAX) continue;
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", dir(), e->d_name);
-        if (!read_seg(path, v)) continue;
+        if (!read_seg(path, (int)pid, v)) continue;
         fn(v, arg);
         n++;
     }
