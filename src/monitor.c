@@ -62,6 +62,7 @@ _Static_assert(N_FIELDS <= GM_MON_MAX_FIELDS, "raise GM_MON_MAX_FIELDS");
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static mon_seg_t *seg;
+static double ns_per_tick;       /* read once at attach: no pthread_once per op */
 static char seg_path[512];
 
 static const char *dir(void)
@@ -132,7 +133,9 @@ static void create_locked(void)
 
 void gm__monitor_attach(gm_pool_t *pool)
 {
+    double npt = gm__ns_per_tick();
     pthread_mutex_lock(&mu);
+    ns_per_tick = npt;
     if (!seg) create_locked();
     if (seg) {
         for (int i = 0; i < MON_SLOTS; i++) {
@@ -179,23 +182,44 @@ void gm__monitor_unlink(void)
     pthread_mutex_unlock(&mu);
 }
 
+#define IDX(field) (offsetof(gm_stats_t, field) / 8 - offsetof(gm_stats_t, allocated) / 8)
+
 void gm__monitor_publish_slow_locked(gm_pool_t *pool)
 {
     struct gm__mon_slot *s = pool->mon;
+    const gm_stats_t *st = &pool->st;
     uint64_t q = atomic_load_explicit(&s->seq, memory_order_relaxed);
     atomic_store_explicit(&s->seq, q + 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
-    const gm_stats_t *st = &pool->st;
-    size_t i = 0;
+    if (GM_LIKELY(s->values[IDX(reserved)] == st->reserved && s->values[IDX(mapped)] == st->mapped &&
+                  s->values[IDX(backend_ns)] != 0)) {
+        /* No page moved: only the counters an allocate or a free changes. */
+        s->values[IDX(allocated)] = st->allocated;
+        s->values[IDX(allocated_peak)] = st->allocated_peak;
+        s->values[IDX(active)] = st->active;
+        s->values[IDX(active_peak)] = st->active_peak;
+        s->values[IDX(cached)] = st->reserved - st->active;
+        s->values[IDX(alloc_count)] = st->alloc_count;
+        s->values[IDX(free_count)] = st->free_count;
+        s->values[IDX(live_blocks)] = st->live_blocks;
+        s->values[IDX(allocated_total)] = st->allocated_total;
+        s->values[IDX(freed_total)] = st->freed_total;
+        s->values[IDX(oom_count)] = st->oom_count;
+    } else {
+        size_t i = 0;
 #define GM__MON_COPY(name, desc) s->values[i++] = st->name;
-    GM_STAT_FIELDS(GM__MON_COPY)
+        GM_STAT_FIELDS(GM__MON_COPY)
 #undef GM__MON_COPY
-    s->values[offsetof(gm_stats_t, backend_ns) / 8 - offsetof(gm_stats_t, allocated) / 8] =
-        (uint64_t)((double)pool->backend_ticks * gm__ns_per_tick());
-    /* Derived without a walk: cached. */
-    s->values[offsetof(gm_stats_t, cached) / 8 - offsetof(gm_stats_t, allocated) / 8] =
-        st->reserved - st->active;
+        s->values[IDX(backend_ns)] = (uint64_t)((double)pool->backend_ticks * ns_per_tick) | 1;
+        s->values[IDX(cached)] = st->reserved - st->active;
+    }
     atomic_store_explicit(&s->seq, q + 2, memory_order_release);
+}
+
+/* A full copy at the next publish (slow paths: trims, OOMs, peak resets). */
+void gm__monitor_invalidate_locked(gm_pool_t *pool)
+{
+    if (pool->mon) pool->mon->values[IDX(backend_ns)] = 0;
 }
 
 /* ---- readers ------------------------------------------------------------------- */

@@ -96,7 +96,12 @@ int gm__oom_report_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, int 
 void gm__monitor_attach(gm_pool_t *pool);   /* no lock held */
 void gm__monitor_detach(gm_pool_t *pool);   /* no lock held */
 void gm__monitor_unlink(void);              /* exit, last pool */
+/* Copy the pool's counters into its slot (a seqlock write).  Only the
+ * counters allocate and free change, unless reserved or mapped moved or
+ * gm__monitor_invalidate_locked asked for a full copy.  backend_ns is kept
+ * odd (| 1) so that 0 can mean "copy everything next time". */
 void gm__monitor_publish_slow_locked(gm_pool_t *pool);
+void gm__monitor_invalidate_locked(gm_pool_t *pool);
 static inline void gm__monitor_publish_locked(gm_pool_t *pool)
 {
     if (GM_LIKELY(pool->mon != NULL)) gm__monitor_publish_slow_locked(pool);

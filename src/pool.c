@@ -258,6 +258,7 @@ static inline int resolve(gm_pool_t **pool)
 static int alloc_slow_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr, int rc)
 {
     pool->st.alloc_failures++;
+    gm__monitor_invalidate_locked(pool);
     char reason[256];
     snprintf(reason, sizeof reason, "%s", gm_last_error());
 
@@ -407,6 +408,7 @@ int gm_trim(gm_pool_t *pool, size_t keep, size_t *released)
     GM_CHECK(resolve(&pool));
     gm__lock(&pool->lock);
     int rc = gm__pages_trim_locked(pool, keep, released);
+    gm__monitor_invalidate_locked(pool);
     gm__monitor_publish_locked(pool);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);

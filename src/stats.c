@@ -156,6 +156,7 @@ static void reset_peaks_locked(gm_pool_t *pool)
     pool->st.allocated_peak = pool->st.allocated;
     pool->st.active_peak = pool->st.active;
     pool->st.reserved_peak = pool->st.reserved;
+    gm__monitor_invalidate_locked(pool);
     gm__monitor_publish_locked(pool);
 }
 

@@ -48,7 +48,10 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;  /* everything below */
 static pthread_cond_t cv_work = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t cv_done = PTHREAD_COND_INITIALIZER;
 static struct gm__trace_buf *queue_head, *queue_tail;
-static struct gm__trace_buf *spare;  /* one recycled buffer */
+#define MAX_SPARE 8
+static struct gm__trace_buf *spares; /* recycled buffers (a list through next):
+                                        no malloc, no page faults in steady state */
+static int n_spares;
 static uint64_t gen;                 /* current trace; 0 = none yet */
 static bool writer_busy, writer_stop, writer_running;
 static pthread_t writer;
@@ -85,25 +88,63 @@ static void out_write(const char *s, size_t n)
     if (w != n && !write_error) write_error = errno ? errno : EIO;
 }
 
+/* Decimal and hex digits without printf: the writer formats millions of
+ * rows, and snprintf with a double costs several hundred ns a row. */
+static char *put_dec(char *p, uint64_t x)
+{
+    char tmp[24];
+    int n = 0;
+    do tmp[n++] = (char)('0' + x % 10); while ((x /= 10));
+    while (n) *p++ = tmp[--n];
+    return p;
+}
+
+static char *put_hex(char *p, uint64_t x)
+{
+    static const char digits[] = "0123456789abcdef";
+    char tmp[20];
+    int n = 0;
+    do tmp[n++] = digits[x & 15]; while ((x >>= 4));
+    *p++ = '0';
+    *p++ = 'x';
+    while (n) *p++ = tmp[--n];
+    return p;
+}
+
 static void format_buf(const struct gm__trace_buf *b)
 {
     static const char *const names[] = {"allocate", "free", "allocate failure"};
+    static const size_t lens[] = {8, 4, 16};
     char text[64 * 1024];
-    size_t at = 0;
+    char *p = text;
     for (size_t i = 0; i < b->n; i++) {
         const rec_t *r = &b->r[i];
-        double t = r->tick >= start_tick ? (double)(r->tick - start_tick) * ns_per_tick * 1e-9 : 0;
-        int n = snprintf(text + at, sizeof text - at, "%u,%.9f,%s,0x%llx,%llu,0x%llx\n",
-                         r->thread, t, names[r->action < 3 ? r->action : 0],
-                         (unsigned long long)r->ptr, (unsigned long long)r->size,
-                         (unsigned long long)r->stream);
-        if (n > 0) at += (size_t)n;
-        if (sizeof text - at < 200) {
-            out_write(text, at);
-            at = 0;
+        uint64_t ns = r->tick >= start_tick
+                          ? (uint64_t)((double)(r->tick - start_tick) * ns_per_tick)
+                          : 0;
+        unsigned a = r->action < 3 ? r->action : 0;
+        p = put_dec(p, r->thread);
+        *p++ = ',';
+        p = put_dec(p, ns / 1000000000u); /* seconds.nanoseconds */
+        *p++ = '.';
+        uint64_t frac = ns % 1000000000u;
+        for (uint64_t d = 100000000u; d; d /= 10) *p++ = (char)('0' + frac / d % 10);
+        *p++ = ',';
+        memcpy(p, names[a], lens[a]);
+        p += lens[a];
+        *p++ = ',';
+        p = put_hex(p, r->ptr);
+        *p++ = ',';
+        p = put_dec(p, r->size);
+        *p++ = ',';
+        p = put_hex(p, r->stream);
+        *p++ = '\n';
+        if ((size_t)(text + sizeof text - p) < 160) {
+            out_write(text, (size_t)(p - text));
+            p = text;
         }
     }
-    if (at) out_write(text, at);
+    if (p > text) out_write(text, (size_t)(p - text));
 }
 
 static void *writer_main(void *arg)
@@ -122,8 +163,10 @@ static void *writer_main(void *arg)
         if (current) format_buf(b); /* file and gen change only while the queue is empty */
         pthread_mutex_lock(&mu);
         writer_busy = false;
-        if (!spare) {
-            spare = b;
+        if (n_spares < MAX_SPARE) {
+            b->next = spares;
+            spares = b;
+            n_spares++;
             b = NULL;
         }
         pthread_cond_broadcast(&cv_done);
@@ -164,8 +207,11 @@ void gm__trace_record_slow_locked(gm_pool_t *pool, int action, uintptr_t ptr, si
         pthread_mutex_lock(&mu);
         if (b && b->n && b->gen == gen) enqueue(b);
         else if (b) free(b);
-        b = spare;
-        spare = NULL;
+        b = spares;
+        if (b) {
+            spares = b->next;
+            n_spares--;
+        }
         g = gen;
         pthread_mutex_unlock(&mu);
         if (!b) b = malloc(sizeof *b);
@@ -256,8 +302,12 @@ int gm_trace_stop(void)
     writer_stop = false;
     int err = close_file_locked();
     if (!err) err = write_error;
-    free(spare);
-    spare = NULL;
+    while (spares) {
+        struct gm__trace_buf *n = spares->next;
+        free(spares);
+        spares = n;
+    }
+    n_spares = 0;
     pthread_mutex_unlock(&mu);
     if (err)
         return gm__set_error(GM_IO, "gm_trace_stop: writing %s failed: %s", path_now, strerror(err));
@@ -282,7 +332,7 @@ int gm_trace_start(const char *path)
     const char *header = "Thread,Time,Action,Pointer,Size,Stream\n";
 #ifdef GM_HAVE_ZLIB
     if (gzip) {
-        gz = gzopen(path, "wb6");
+        gz = gzopen(path, "wb1");
         if (!gz) rc = gm__set_error(GM_IO, "gm_trace_start: cannot create %s: %s", path, strerror(errno));
     } else
 #endif
