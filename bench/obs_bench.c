@@ -52,14 +52,21 @@ int main(int argc, char **argv)
     if (argc > 2 && strcmp(argv[2], "-")) snprintf(path, sizeof path, "%s", argv[2]);
     else snprintf(path, sizeof path, "%s/obs_bench.csv%s", tmp && *tmp ? tmp : "/tmp",
                   strcmp(mode, "trace.gz") ? "" : ".gz");
+    /* The environment's pool (GPUMEM_BACKEND=cuda on a GPU), sim by default. */
     gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = GM_BACKEND_SIM;
-    cfg.sim_capacity = (size_t)4 << 30;
+    if (gm_config_from_env(&cfg) != GM_OK) {
+        fprintf(stderr, "obs_bench: %s\n", gm_last_error());
+        return 1;
+    }
+    if (!getenv("GPUMEM_BACKEND")) cfg.backend = GM_BACKEND_SIM;
+    if (!getenv("GPUMEM_SIM_CAPACITY")) cfg.sim_capacity = (size_t)4 << 30;
     gm_pool_t *pool;
     if (gm_pool_create(&cfg, &pool) != GM_OK) {
         fprintf(stderr, "obs_bench: %s\n", gm_last_error());
         return 1;
     }
+    gm_device_info_t di = GM_DEVICE_INFO_INIT;
+    gm_pool_device_info(pool, &di);
     if (!strncmp(mode, "trace", 5) && gm_trace_start(path) != GM_OK) {
         fprintf(stderr, "obs_bench: %s\n", gm_last_error());
         return 1;
@@ -101,10 +108,10 @@ int main(int argc, char **argv)
     for (int k = 0; k < GM_CALL_COUNT; k++) calls += st.backend_calls[k];
     gm_pool_destroy(pool);
     const char *mon = getenv("GPUMEM_MONITOR");
-    printf("{\"mode\":\"%s\",\"monitor\":%s,\"pairs_per_batch\":%ld,\"batches\":%d,"
+    printf("{\"backend\":\"%s\",\"mode\":\"%s\",\"monitor\":%s,\"pairs_per_batch\":%ld,\"batches\":%d,"
            "\"wall_ns_per_op\":%.1f,\"thread_cpu_ns_per_op\":%.1f,"
            "\"process_cpu_ns_per_op\":%.1f,\"backend_calls\":%llu}\n",
-           mode, mon && !strcmp(mon, "0") ? "false" : "true", pairs, BATCHES, ns[BATCHES / 2],
+           di.backend_name, mode, mon && !strcmp(mon, "0") ? "false" : "true", pairs, BATCHES, ns[BATCHES / 2],
            tns[BATCHES / 2], pns[BATCHES / 2], (unsigned long long)calls);
     if (!strncmp(mode, "trace", 5)) remove(path);
     return 0;

@@ -171,8 +171,9 @@ void gm__monitor_unlink(void)
 {
     pthread_mutex_lock(&mu);
     if (seg) {
-        /* Pools may still point into it at exit: keep the mapping, drop the name. */
-        unlink(seg_path);
+        /* Pools may still point into it at exit: keep the mapping, drop the
+         * name (only ours: a forked child shares the mapping, not the name). */
+        if (seg->pid == (int32_t)getpid()) unlink(seg_path);
         for (int i = 0; i < MON_SLOTS; i++)
             if (seg->slots[i].in_use) goto keep;
         munmap(seg, sizeof *seg);

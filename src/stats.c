@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "observe.h"
 
@@ -22,12 +23,18 @@ static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
 static gm_pool_t **registry;
 static size_t n_registry, cap_registry;
 static bool exit_handler_installed;
+static pid_t owner_pid; /* the process that installed the exit handler */
 
+/* At exit: the leak report (which may end the process with
+ * GM_LEAK_EXIT_STATUS, so the segment goes first), the trace's last rows.
+ * A child forked without exec runs the same handler: it leaves the
+ * parent's segment, trace and leaks alone. */
 static void at_exit(void)
 {
-    gm__leak_at_exit(); /* may _exit with GM_LEAK_EXIT_STATUS */
-    gm_trace_stop();
+    if (getpid() != owner_pid) return;
     gm__monitor_unlink();
+    gm_trace_stop();
+    gm__leak_at_exit();
 }
 
 void gm__observe_pool_created(gm_pool_t *pool)
@@ -48,6 +55,7 @@ void gm__observe_pool_created(gm_pool_t *pool)
     }
     if (!exit_handler_installed) {
         exit_handler_installed = true;
+        owner_pid = getpid();
         first = true;
         atexit(at_exit);
     }

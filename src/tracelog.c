@@ -290,6 +290,7 @@ static int close_file_locked(void)
 int gm_trace_stop(void)
 {
     if (!atomic_exchange(&gm__trace_on, 0)) return GM_OK;
+    if (!writer_running) return GM_OK;
     gm__registry_foreach(collect, NULL);
     pthread_mutex_lock(&mu);
     wait_drained();
@@ -314,8 +315,28 @@ int gm_trace_stop(void)
     return GM_OK;
 }
 
+/* A child forked while tracing has no writer thread, and the file is the
+ * parent's: it stops tracing without writing or closing anything (closing
+ * would write the parent's buffered rows a second time). */
+static void atfork_child(void)
+{
+    atomic_store(&gm__trace_on, 0);
+    pthread_mutex_init(&mu, NULL);
+    queue_head = queue_tail = NULL;
+    writer_running = writer_busy = writer_stop = false;
+    file = NULL;
+#ifdef GM_HAVE_ZLIB
+    gz = NULL;
+#endif
+    gen++; /* buffers the pools hold now belong to no trace */
+}
+
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void install_atfork(void) { pthread_atfork(NULL, NULL, atfork_child); }
+
 int gm_trace_start(const char *path)
 {
+    pthread_once(&atfork_once, install_atfork);
     if (!path || !*path) return gm__set_error(GM_INVALID_ARGUMENT, "gm_trace_start: no path");
     if (strlen(path) >= sizeof path_now)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_trace_start: path too long");

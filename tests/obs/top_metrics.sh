@@ -10,6 +10,8 @@ export GPUMEM_MONITOR_DIR=$dir
 fifo=$dir/in
 mkfifo "$fifo"
 fail=0
+backend=${GPUMEM_TEST_BACKEND:-sim}
+[[ $backend == auto ]] && backend=sim
 check() { if ! grep -q -- "$2" <<<"$3"; then echo "FAIL: $1: no '$2' in:"; echo "$3"; fail=1; fi; }
 
 "$holder" hold <"$fifo" >"$dir/out" &
@@ -32,7 +34,7 @@ printf 'junk' >"$dir/gpumem.12"
 json=$("$gpumem" top --once --json)
 check "top --json pid" "\"pid\":$hpid" "$json"
 check "top --json allocated" '"allocated":8388608' "$json"
-check "top --json backend" '"backend":"sim"' "$json"
+check "top --json backend" "\"backend\":\"$backend\"" "$json"
 check "top --json command" '"command":"test_observe"' "$json"
 [[ $(grep -o '"pid":' <<<"$json" | wc -l) == 1 ]] || { echo "FAIL: more than one process: $json"; fail=1; }
 [[ -e $dir/gpumem.999999999 ]] && { echo "FAIL: the dead process's segment was not removed"; fail=1; }
@@ -49,8 +51,8 @@ check "top without tty" "$hpid" "$table2"
 m=$("$gpumem" metrics)
 check "metrics HELP" "# HELP gpumem_allocated_bytes" "$m"
 check "metrics TYPE" "# TYPE gpumem_alloc_total counter" "$m"
-check "metrics sample" 'gpumem_allocated_bytes{device="0",backend="sim",command="test_observe"} 8388608' "$m"
-check "metrics counter" 'gpumem_alloc_total{device="0",backend="sim",command="test_observe"} 2' "$m"
+check "metrics sample" "gpumem_allocated_bytes{device=\"0\",backend=\"$backend\",command=\"test_observe\"} 8388608" "$m"
+check "metrics counter" "gpumem_alloc_total{device=\"0\",backend=\"$backend\",command=\"test_observe\"} 2" "$m"
 grep -q 'pid="' <<<"$m" && { echo "FAIL: pid label without --pid-labels"; fail=1; }
 m2=$("$gpumem" metrics --pid-labels)
 check "metrics pid label" "pid=\"$hpid\"" "$m2"
