@@ -168,6 +168,8 @@ static int first_user_frame(void *const *frames, int n)
     return i < n ? i : 0;
 }
 
+int gm__leak_first_user_frame(void *const *frames, int n) { return first_user_frame(frames, n); }
+
 void gm__leak_site(void *const *frames, int n, char *buf, size_t cap)
 {
     if (cap) buf[0] = '\0';
@@ -216,6 +218,14 @@ static bool addr2line(void *addr, char *buf, size_t cap)
         buf[a + 1 + b] = '\0';
     }
     return true;
+}
+
+void gm__leak_describe(void *addr, char *buf, size_t cap)
+{
+    char sym[256], line[512];
+    symbolize(addr, sym, sizeof sym);
+    if (addr2line(addr, line, sizeof line)) snprintf(buf, cap, "%.120s at %.120s", sym, line);
+    else snprintf(buf, cap, "%s", sym);
 }
 
 /* ---- reports ------------------------------------------------------------------- */

@@ -54,6 +54,9 @@ static inline void gm__trace_record_locked(gm_pool_t *pool, int action, uintptr_
     if (GM_UNLIKELY(atomic_load_explicit(&gm__trace_on, memory_order_relaxed)))
         gm__trace_record_slow_locked(pool, action, ptr, size, stream);
 }
+/* With leak tracking on: the call stack of the allocation just recorded
+ * (the pool's last record), written to the side file PATH.sites. */
+void gm__trace_site_locked(gm_pool_t *pool, void *const *frames, int n);
 /* Hand the pool's buffer to the writer and wait until the file has it
  * (pool lock NOT held). */
 void gm__trace_pool_flush(gm_pool_t *pool);
@@ -74,6 +77,11 @@ void *const *gm__leak_stack_locked(gm_pool_t *pool, uintptr_t ptr, int *n);
 /* The first frame outside libgpumem, symbolized as "fn+0x12 (object)" into
  * buf; "" when unknown.  Never allocates. */
 void gm__leak_site(void *const *frames, int n, char *buf, size_t cap);
+/* addr as "sym (object) at function file:line" (addr2line, when installed:
+ * starts a process; never on an allocation path). */
+void gm__leak_describe(void *addr, char *buf, size_t cap);
+/* Index of the first frame outside libgpumem (dladdr: not on a hot path). */
+int gm__leak_first_user_frame(void *const *frames, int n);
 void gm__leak_fini(gm_pool_t *pool);
 /* Print the pool's leaks on stderr (leak checking on); count them. */
 void gm__leak_report_stderr(gm_pool_t *pool, uint64_t *bytes, uint64_t *count);

@@ -332,7 +332,11 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
     if (GM_LIKELY(rc == GM_OK)) {
         pool->st.allocated_total += size;
         gm__trace_record_locked(pool, GM__TRACE_ALLOC, (uintptr_t)*ptr, size, stream);
-        if (GM_UNLIKELY(n_frames)) gm__leak_add_locked(pool, (uintptr_t)*ptr, frames, n_frames);
+        if (GM_UNLIKELY(n_frames)) {
+            gm__leak_add_locked(pool, (uintptr_t)*ptr, frames, n_frames);
+            if (atomic_load_explicit(&gm__trace_on, memory_order_relaxed))
+                gm__trace_site_locked(pool, frames, n_frames);
+        }
     }
     gm__monitor_publish_locked(pool);
     VALIDATE_LOCKED(pool);

@@ -10,6 +10,11 @@
  * pool destruction and process exit hand over the partial buffers and wait
  * for the file to have them.  Times are time-stamp-counter ticks, turned
  * into seconds since the start by the writer.
+ *
+ * Call sites: with leak tracking on, an allocation's first frames travel
+ * with its record, and the writer adds a line "ROW,BYTES,SITE" to the side
+ * file PATH.sites (ROW: the allocate row's number among the data rows, from
+ * 1), symbolized there.  The CSV itself stays exactly RMM's format.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -25,6 +30,7 @@
 #include "observe.h"
 
 #define BUF_RECORDS 4096
+#define SITE_FRAMES 4
 
 typedef struct rec {
     uint64_t tick;
@@ -39,10 +45,19 @@ struct gm__trace_buf {
     struct gm__trace_buf *next;  /* in the writer's queue */
     uint64_t gen;                /* the trace it belongs to */
     size_t n;
+    void *(*sites)[SITE_FRAMES]; /* per record, allocated when first needed */
+    uint8_t has_site[BUF_RECORDS];
     rec_t r[BUF_RECORDS];
 };
 
 atomic_int gm__trace_on;
+
+static void buf_free(struct gm__trace_buf *b)
+{
+    if (!b) return;
+    free(b->sites);
+    free(b);
+}
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;  /* everything below */
 static pthread_cond_t cv_work = PTHREAD_COND_INITIALIZER;
@@ -56,6 +71,8 @@ static uint64_t gen;                 /* current trace; 0 = none yet */
 static bool writer_busy, writer_stop, writer_running;
 static pthread_t writer;
 static FILE *file;
+static FILE *sites_file;             /* PATH.sites, opened at the first site */
+static uint64_t rows_written;
 #ifdef GM_HAVE_ZLIB
 static gzFile gz;
 #endif
@@ -111,6 +128,38 @@ static char *put_hex(char *p, uint64_t x)
     return p;
 }
 
+static void write_site(uint64_t row, uint64_t size, void *const *frames)
+{
+    if (!sites_file) {
+        char p[sizeof path_now + 8];
+        snprintf(p, sizeof p, "%s.sites", path_now);
+        sites_file = fopen(p, "w");
+        if (!sites_file) return;
+        fputs("Row,Bytes,Site\n", sites_file);
+    }
+    /* One addr2line per distinct call site: a small cache. */
+    static struct {
+        void *addr;
+        char text[240];
+    } cache[256];
+    /* The allocating frame and its caller: "f at a.c:7 < g at a.c:14". */
+    char site[512] = "";
+    size_t at = 0;
+    for (int k = 0; k < 2 && frames[k]; k++) {
+        void *a = frames[k];
+        size_t h = ((uintptr_t)a >> 4) % 256;
+        if (cache[h].addr != a) {
+            cache[h].addr = a;
+            gm__leak_describe(a, cache[h].text, sizeof cache[h].text);
+        }
+        int n = snprintf(site + at, sizeof site - at, "%s%s", k ? " < " : "", cache[h].text);
+        if (n > 0) at += (size_t)n < sizeof site - at ? (size_t)n : sizeof site - at - 1;
+    }
+    for (char *c = site; *c; c++)
+        if (*c == ',' || *c == '\n') *c = ';';
+    fprintf(sites_file, "%llu,%llu,%s\n", (unsigned long long)row, (unsigned long long)size, site);
+}
+
 static void format_buf(const struct gm__trace_buf *b)
 {
     static const char *const names[] = {"allocate", "free", "allocate failure"};
@@ -139,6 +188,8 @@ static void format_buf(const struct gm__trace_buf *b)
         *p++ = ',';
         p = put_hex(p, r->stream);
         *p++ = '\n';
+        rows_written++;
+        if (b->has_site[i] && b->sites) write_site(rows_written, r->size, b->sites[i]);
         if ((size_t)(text + sizeof text - p) < 160) {
             out_write(text, (size_t)(p - text));
             p = text;
@@ -172,7 +223,7 @@ static void *writer_main(void *arg)
         pthread_cond_broadcast(&cv_done);
         if (b) {
             pthread_mutex_unlock(&mu);
-            free(b);
+            buf_free(b);
             pthread_mutex_lock(&mu);
         }
     }
@@ -206,7 +257,7 @@ void gm__trace_record_slow_locked(gm_pool_t *pool, int action, uintptr_t ptr, si
     if (GM_UNLIKELY(!b || b->n == BUF_RECORDS || b->gen != g)) {
         pthread_mutex_lock(&mu);
         if (b && b->n && b->gen == gen) enqueue(b);
-        else if (b) free(b);
+        else buf_free(b);
         b = spares;
         if (b) {
             spares = b->next;
@@ -214,12 +265,16 @@ void gm__trace_record_slow_locked(gm_pool_t *pool, int action, uintptr_t ptr, si
         }
         g = gen;
         pthread_mutex_unlock(&mu);
-        if (!b) b = malloc(sizeof *b);
+        if (!b) {
+            b = malloc(sizeof *b);
+            if (b) b->sites = NULL;
+        }
         pool->trace_buf = b;
         if (!b) return; /* out of host memory: this record is lost */
         b->n = 0;
         b->gen = g;
     }
+    b->has_site[b->n] = 0;
     rec_t *r = &b->r[b->n++];
     r->tick = gm__ticks();
     r->ptr = ptr;
@@ -227,6 +282,19 @@ void gm__trace_record_slow_locked(gm_pool_t *pool, int action, uintptr_t ptr, si
     r->stream = (uint64_t)(uintptr_t)stream;
     r->thread = thread_id();
     r->action = (uint32_t)action;
+}
+
+void gm__trace_site_locked(gm_pool_t *pool, void *const *frames, int n)
+{
+    struct gm__trace_buf *b = pool->trace_buf;
+    if (!b || !b->n || b->r[b->n - 1].action != GM__TRACE_ALLOC) return;
+    if (!b->sites) {
+        b->sites = calloc(BUF_RECORDS, sizeof b->sites[0]);
+        if (!b->sites) return;
+    }
+    int k = gm__leak_first_user_frame(frames, n);
+    for (int j = 0; j < SITE_FRAMES; j++) b->sites[b->n - 1][j] = k + j < n ? frames[k + j] : NULL;
+    b->has_site[b->n - 1] = 1;
 }
 
 void gm__trace_pool_flush(gm_pool_t *pool)
@@ -246,12 +314,12 @@ void gm__trace_pool_flush(gm_pool_t *pool)
 #endif
     }
     pthread_mutex_unlock(&mu);
-    free(b);
+    buf_free(b);
 }
 
 void gm__trace_pool_fini(gm_pool_t *pool)
 {
-    free(pool->trace_buf);
+    buf_free(pool->trace_buf);
     pool->trace_buf = NULL;
 }
 
@@ -267,13 +335,17 @@ static void collect(gm_pool_t *pool, void *arg)
     if (!b) return;
     pthread_mutex_lock(&mu);
     if (b->n && b->gen == gen) enqueue(b);
-    else free(b);
+    else buf_free(b);
     pthread_mutex_unlock(&mu);
 }
 
 static int close_file_locked(void)
 {
     int rc = 0;
+    if (sites_file) {
+        if (fclose(sites_file) != 0) rc = errno ? errno : EIO;
+        sites_file = NULL;
+    }
 #ifdef GM_HAVE_ZLIB
     if (gz) {
         if (gzclose(gz) != Z_OK) rc = EIO;
@@ -305,7 +377,7 @@ int gm_trace_stop(void)
     if (!err) err = write_error;
     while (spares) {
         struct gm__trace_buf *n = spares->next;
-        free(spares);
+        buf_free(spares);
         spares = n;
     }
     n_spares = 0;
@@ -325,6 +397,7 @@ static void atfork_child(void)
     queue_head = queue_tail = NULL;
     writer_running = writer_busy = writer_stop = false;
     file = NULL;
+    sites_file = NULL;
 #ifdef GM_HAVE_ZLIB
     gz = NULL;
 #endif
@@ -364,6 +437,10 @@ int gm_trace_start(const char *path)
     if (rc == GM_OK) {
         snprintf(path_now, sizeof path_now, "%s", path);
         write_error = 0;
+        rows_written = 0;
+        char sp[sizeof path_now + 8];
+        snprintf(sp, sizeof sp, "%s.sites", path);
+        remove(sp); /* an old side file would not match this trace */
         out_write(header, strlen(header));
         ns_per_tick = gm__ns_per_tick();
         start_tick = gm__ticks();

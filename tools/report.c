@@ -34,7 +34,8 @@ void gm_cli_report_usage(FILE *out)
             "Write one self-contained HTML file about an RMM CSV trace (plain or gzip):\n"
             "live and reserved bytes over time (reserved: replayed through a sim pool),\n"
             "the block map at the live peak, a histogram of allocation sizes, the top\n"
-            "allocation sites when the trace has them.  Progress goes to stderr.\n\n"
+            "allocation sites when the trace has them (TRACE.sites, written next to a\n"
+            "trace recorded with GPUMEM_LEAK_CHECK=1).  Progress goes to stderr.\n\n"
             "  -o, --output F  the HTML file to write (required)\n"
             "  --capacity B    sim device size for the replay (default: the sim's own)\n"
             "  --no-replay     skip the replay (no reserved line, no block map)\n");
@@ -48,6 +49,54 @@ static int cmp_blk(const void *a, const void *b)
 {
     const blk_t *x = a, *y = b;
     return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/* Call sites from the side file TRACE.sites ("Row,Bytes,Site", written by
+ * the trace recorder under GPUMEM_LEAK_CHECK): bytes and allocations per
+ * site, aggregated in a small open-addressing table. */
+#define SITE_SLOTS 4096
+typedef struct site {
+    char *name;
+    uint64_t bytes, count;
+} site_t;
+
+static int cmp_site(const void *a, const void *b)
+{
+    const site_t *x = a, *y = b;
+    return x->bytes < y->bytes ? 1 : x->bytes > y->bytes ? -1 : 0;
+}
+
+static size_t load_sites(const char *trace, site_t *tab, uint64_t *rows)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s.sites", trace);
+    FILE *f = fopen(path, "r");
+    *rows = 0;
+    if (!f) return 0;
+    char line[2048];
+    size_t n = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *c1 = strchr(line, ','), *c2 = c1 ? strchr(c1 + 1, ',') : NULL;
+        if (!c2 || !strncmp(line, "Row,", 4)) continue;
+        char *name = c2 + 1;
+        name[strcspn(name, "\r\n")] = '\0';
+        uint64_t bytes = strtoull(c1 + 1, NULL, 10), h = 1469598103934665603ull;
+        for (const char *q = name; *q; q++) h = (h ^ (unsigned char)*q) * 1099511628211ull;
+        size_t j = (size_t)(h % SITE_SLOTS);
+        while (tab[j].name && strcmp(tab[j].name, name)) j = (j + 1) % SITE_SLOTS;
+        if (!tab[j].name) {
+            if (n == SITE_SLOTS - 1) continue; /* full: the rest are not counted */
+            tab[j].name = strdup(name);
+            if (!tab[j].name) continue;
+            n++;
+        }
+        tab[j].bytes += bytes;
+        tab[j].count++;
+        ++*rows;
+    }
+    fclose(f);
+    qsort(tab, SITE_SLOTS, sizeof *tab, cmp_site);
+    return n;
 }
 
 static void progress(const char *what, size_t done, size_t n, int *shown)
@@ -106,6 +155,9 @@ int gm_cli_report(int argc, char **argv)
     gm_stream_t *streams = calloc(t.n_streams ? t.n_streams : 1, sizeof *streams);
     blk_t *blocks = calloc(t.n_slots ? t.n_slots : 1, sizeof *blocks);
     uint64_t hist[64] = {0};
+    site_t *sites = calloc(SITE_SLOTS, sizeof *sites);
+    uint64_t site_rows = 0;
+    size_t n_sites = sites ? load_sites(in, sites, &site_rows) : 0;
     size_t n_blocks = 0, peak_op = 0;
     uint64_t reserved_peak = 0;
     gm_pool_t *pool = NULL;
@@ -216,7 +268,14 @@ int gm_cli_report(int argc, char **argv)
         fprintf(out, "%s[%llu,%llu]", first ? "" : ",", 1ull << b, (unsigned long long)hist[b]);
         first = 0;
     }
-    fprintf(out, "],\"sites\":[]}");
+    fprintf(out, "],\"site_rows\":%llu,\"sites\":[", (unsigned long long)site_rows);
+    for (size_t k = 0; k < n_sites && k < 20; k++) {
+        fprintf(out, "%s[", k ? "," : "");
+        gm_cli_json_string(out, sites[k].name);
+        fprintf(out, ",%llu,%llu]", (unsigned long long)sites[k].bytes,
+                (unsigned long long)sites[k].count);
+    }
+    fprintf(out, "]}");
     fwrite(at + strlen(mark), 1, page_len - (size_t)(at + strlen(mark) - page), out);
     if (fclose(out) != 0) {
         out = NULL;
@@ -243,6 +302,9 @@ done:
     free(ptrs);
     free(streams);
     free(blocks);
+    if (sites)
+        for (size_t k = 0; k < SITE_SLOTS; k++) free(sites[k].name);
+    free(sites);
     gm__trace_free(&t);
     return rc;
 }

@@ -389,6 +389,42 @@ static void test_trace_rows(void)
     CHECK(rows == 5);
     CHECK(ok == 5);
     remove(path);
+
+    /* With leak tracking on, call sites go to PATH.sites, one per allocate row. */
+    CHECK_OK(gm_leak_tracking(1));
+    CHECK_OK(gm_trace_start(path));
+    pool = make_pool(64 * MiB);
+    if (!pool) {
+        CHECK(!"pool");
+        gm_trace_stop();
+        gm_leak_tracking(0);
+        return;
+    }
+    void *q1 = plant_leak(pool, 4096), *q2 = plant_leak(pool, 8192);
+    CHECK_OK(gm_free(pool, q1, NULL));
+    CHECK_OK(gm_free(pool, q2, NULL));
+    CHECK_OK(gm_trace_stop());
+    CHECK_OK(gm_leak_tracking(0));
+    gm_pool_destroy(pool);
+    char sites[300];
+    snprintf(sites, sizeof sites, "%s.sites", path);
+    f = fopen(sites, "r");
+    CHECK(f != NULL);
+    if (!f) return;
+    rows = 0;
+    int named = 0;
+    CHECK(fgets(line, sizeof line, f) && !strcmp(line, "Row,Bytes,Site\n"));
+    while (fgets(line, sizeof line, f)) {
+        rows++;
+        if (strstr(line, "test_observe")) named++;
+        if (rows == 1) CHECK(!strncmp(line, "1,4096,", 7));
+        if (rows == 2) CHECK(!strncmp(line, "2,8192,", 7));
+    }
+    fclose(f);
+    CHECK(rows == 2);
+    CHECK(named == 2);
+    remove(sites);
+    remove(path);
 }
 
 int main(int argc, char **argv)

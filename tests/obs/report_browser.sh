@@ -24,6 +24,12 @@ Thread,Time,Action,Pointer,Size,Stream
 1,0.5,free,0x1000,1048576,0
 1,0.6,free,0x400000,8388608,0x7
 CSV
+cat >"$tmp/small.csv.sites" <<'SITES'
+Row,Bytes,Site
+1,1048576,load_weights at model.c:12 < main at model.c:40
+2,3000,make_scratch at model.c:20 < main at model.c:41
+4,8388608,load_weights at model.c:12 < main at model.c:40
+SITES
 "$gpumem" report data/sample.csv.gz -o "$tmp/sample.html" || { echo "FAIL: report of the sample"; exit 1; }
 "$gpumem" report "$tmp/small.csv" -o "$tmp/small.html" || { echo "FAIL: report of the small trace"; exit 1; }
 for f in sample small; do
@@ -47,6 +53,10 @@ for f in sample small; do
     echo "FAIL: $f: the page's checks did not pass:"; grep -o '<span id="checks"[^<]*' <<<"$dom"; fail=1
   fi
   grep -q '<title>gpumem report: checks ok</title>' <<<"$dom" || { echo "FAIL: $f: title"; fail=1; }
+  if [[ $f == small ]]; then
+    grep -q 'load_weights at model.c:12 &lt; main at model.c:40</td><td class="num">9.44 MB</td><td class="num">2</td>' <<<"$dom" ||
+      { echo "FAIL: small: the top call site is not in the page"; grep -o '<div id="sites">.*</div>' <<<"$dom"; fail=1; }
+  fi
   timeout 120 "$browser" "${flags[@]}" --screenshot="$tmp/$f.png" --window-size=1000,1400 \
     "file://$tmp/$f.html" >/dev/null 2>&1
   if [[ ! -s $tmp/$f.png ]]; then echo "FAIL: $f: no screenshot"; fail=1; continue; fi
