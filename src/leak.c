@@ -322,6 +322,8 @@ void gm__leak_report_stderr(gm_pool_t *pool, uint64_t *bytes, uint64_t *count)
     if (leak_mode == 2) atomic_store(&leaked_at_destroy, 1);
 }
 
+bool gm__leak_reporting(void) { return leak_mode || atomic_load(&gm__leak_on); }
+
 int gm_leak_tracking(int enabled)
 {
     if (enabled) {

@@ -85,6 +85,8 @@ int gm__leak_first_user_frame(void *const *frames, int n);
 void gm__leak_fini(gm_pool_t *pool);
 /* Print the pool's leaks on stderr (leak checking on); count them. */
 void gm__leak_report_stderr(gm_pool_t *pool, uint64_t *bytes, uint64_t *count);
+/* Are leaks printed at pool destruction (GPUMEM_LEAK_CHECK, or tracking on)? */
+bool gm__leak_reporting(void);
 /* Read GPUMEM_LEAK_CHECK (first pool). */
 void gm__leak_init_env(void);
 /* At exit: report every registered pool's leaks; exit status. */

@@ -76,7 +76,7 @@ void gm__observe_pool_created(gm_pool_t *pool)
 void gm__observe_pool_destroying(gm_pool_t *pool)
 {
     if (!pool->registered) return;
-    if (atomic_load(&gm__leak_on) || getenv("GPUMEM_LEAK_CHECK")) {
+    if (gm__leak_reporting()) {
         uint64_t bytes = 0, count = 0;
         gm__leak_report_stderr(pool, &bytes, &count);
     }
