@@ -31,6 +31,7 @@
 
 #define BUF_RECORDS 4096
 #define SITE_FRAMES 4
+#define SITE 4u /* flag in rec_t.action: sites[i] holds the call site */
 
 typedef struct rec {
     uint64_t tick;
@@ -45,8 +46,8 @@ struct gm__trace_buf {
     struct gm__trace_buf *next;  /* in the writer's queue */
     uint64_t gen;                /* the trace it belongs to */
     size_t n;
-    void *(*sites)[SITE_FRAMES]; /* per record, allocated when first needed */
-    uint8_t has_site[BUF_RECORDS];
+    void *(*sites)[SITE_FRAMES]; /* per record, allocated when first needed;
+                                    valid where the record's action has SITE */
     rec_t r[BUF_RECORDS];
 };
 
@@ -171,7 +172,7 @@ static void format_buf(const struct gm__trace_buf *b)
         uint64_t ns = r->tick >= start_tick
                           ? (uint64_t)((double)(r->tick - start_tick) * ns_per_tick)
                           : 0;
-        unsigned a = r->action < 3 ? r->action : 0;
+        unsigned a = (r->action & ~SITE) < 3 ? r->action & ~SITE : 0;
         p = put_dec(p, r->thread);
         *p++ = ',';
         p = put_dec(p, ns / 1000000000u); /* seconds.nanoseconds */
@@ -189,7 +190,7 @@ static void format_buf(const struct gm__trace_buf *b)
         p = put_hex(p, r->stream);
         *p++ = '\n';
         rows_written++;
-        if (b->has_site[i] && b->sites) write_site(rows_written, r->size, b->sites[i]);
+        if ((r->action & SITE) && b->sites) write_site(rows_written, r->size, b->sites[i]);
         if ((size_t)(text + sizeof text - p) < 160) {
             out_write(text, (size_t)(p - text));
             p = text;
@@ -274,7 +275,6 @@ void gm__trace_record_slow_locked(gm_pool_t *pool, int action, uintptr_t ptr, si
         b->n = 0;
         b->gen = g;
     }
-    b->has_site[b->n] = 0;
     rec_t *r = &b->r[b->n++];
     r->tick = gm__ticks();
     r->ptr = ptr;
@@ -294,7 +294,7 @@ void gm__trace_site_locked(gm_pool_t *pool, void *const *frames, int n)
     }
     int k = gm__leak_first_user_frame(frames, n);
     for (int j = 0; j < SITE_FRAMES; j++) b->sites[b->n - 1][j] = k + j < n ? frames[k + j] : NULL;
-    b->has_site[b->n - 1] = 1;
+    b->r[b->n - 1].action |= SITE;
 }
 
 void gm__trace_pool_flush(gm_pool_t *pool)
