@@ -29,6 +29,15 @@
 
 #include "observe.h"
 
+/* Seqlock fences.  On x86 stores are not reordered with stores, nor loads
+ * with loads, so a compiler barrier is enough (and TSan builds reject
+ * atomic_thread_fence); elsewhere a real fence. */
+#if defined(__x86_64__) || defined(__i386__)
+#define SEQ_FENCE(order) atomic_signal_fence(order)
+#else
+#define SEQ_FENCE(order) atomic_thread_fence(order)
+#endif
+
 #define MON_MAGIC 0x314d454d55504d47ull /* "GMPUMEM1" little-endian */
 #define MON_VERSION 1
 #define MON_SLOTS 16
@@ -191,7 +200,7 @@ void gm__monitor_publish_slow_locked(gm_pool_t *pool)
     const gm_stats_t *st = &pool->st;
     uint64_t q = atomic_load_explicit(&s->seq, memory_order_relaxed);
     atomic_store_explicit(&s->seq, q + 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
+    SEQ_FENCE(memory_order_release);
     if (GM_LIKELY(s->values[IDX(reserved)] == st->reserved && s->values[IDX(mapped)] == st->mapped &&
                   s->values[IDX(backend_ns)] != 0)) {
         /* No page moved: only the counters an allocate or a free changes. */
@@ -267,7 +276,7 @@ static bool read_seg(const char *path, int name_pid, gm__mon_proc_view_t *v)
                 uint64_t q0 = atomic_load_explicit(&s->seq, memory_order_acquire);
                 if (q0 & 1) continue;
                 memcpy(p->values, (const void *)s->values, sizeof p->values);
-                atomic_thread_fence(memory_order_acquire);
+                SEQ_FENCE(memory_order_acquire);
                 if (atomic_load_explicit(&s->seq, memory_order_relaxed) == q0) break;
             }
             p->device = s->device;
