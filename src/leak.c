@@ -138,7 +138,9 @@ static bool ours(void *addr)
     Dl_info self, it;
     if (!dladdr((void *)gm_alloc, &self) || !dladdr(addr, &it)) return false;
     if (it.dli_fbase != self.dli_fbase) return false;
-    /* Statically linked: only the gm_ functions count as ours. */
+    /* libgpumem.so: every frame in it.  Linked statically into a program:
+     * only the gm_ functions, when the program exports its symbols. */
+    if (self.dli_fname && strstr(self.dli_fname, "libgpumem")) return true;
     return it.dli_sname && !strncmp(it.dli_sname, "gm_", 3);
 }
 
@@ -163,7 +165,11 @@ static void symbolize(void *addr, char *buf, size_t cap)
 /* The frames worth showing: skip the allocator's own. */
 static int first_user_frame(void *const *frames, int n)
 {
+    /* A sanitizer's backtrace interceptor may come first: skip up to two
+     * frames that are not ours before ours begin, then ours. */
     int i = 0;
+    while (i < n && i < 2 && !ours(frames[i])) i++;
+    if (i == n || !ours(frames[i])) i = 0;
     while (i < n && ours(frames[i])) i++;
     return i < n ? i : 0;
 }
