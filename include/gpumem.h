@@ -249,6 +249,11 @@ GM_API int gm_pool_device_info(gm_pool_t *pool, gm_device_info_t *info);
     X(oom_count,          "allocations that failed for lack of memory")        \
     X(retries,            "allocations served after reclaiming memory")        \
     X(pages_stolen,       "free physical pages mapped at a new place to serve a range") \
+    X(inactive_split,     "free bytes in pages shared with other blocks (cannot be released)") \
+    X(allocated_total,    "bytes requested by all successful allocations so far") \
+    X(freed_total,        "bytes requested by all successful frees so far")   \
+    X(alloc_failures,     "allocations that entered the slow path (trim, retry, handlers)") \
+    X(oom_handler_calls,  "calls of out-of-memory handlers")                   \
     X(backend_ns,         "wall time spent inside backend calls")              \
     X(modeled_device_ns,  "sim backend: modeled device time of its calls")    \
     X(host_reserved,      "pinned host bytes held (registered chunks)")        \
@@ -289,6 +294,73 @@ GM_API int gm_stats_json(const gm_stats_t *stats, char *buf, size_t cap, size_t 
 /* Walk every internal structure of the pool and check its invariants.
  * GM_INTERNAL with a message naming the broken one. */
 GM_API int gm_pool_check(gm_pool_t *pool);
+
+/* ------------------------------------------------------------------------ */
+/* Observability                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Names PyTorch users know, and ours (docs/observability.md has the table):
+ *   torch "allocated_bytes"      == our `active`    (aligned bytes of live blocks)
+ *   torch "requested_bytes"      == our `allocated` (what callers asked for)
+ *   torch "reserved_bytes"       == our `reserved`
+ *   torch "inactive_split_bytes" == our `inactive_split`
+ *   torch "num_alloc_retries"    == our `retries`;  "num_ooms" == `oom_count`. */
+
+/* Sum of the stats of every live pool of this process (peaks are the sums of
+ * the pools' peaks, so an upper bound of the process peak).  Pools register
+ * themselves at creation and leave at destruction. */
+GM_API int gm_process_stats(gm_stats_t *stats);
+/* gm_pool_reset_peaks on every pool of the process. */
+GM_API int gm_process_reset_peaks(void);
+
+/* Out-of-memory handlers.  When an allocation cannot be served even after
+ * the pool has drained its streams and trimmed its cache, each handler of the
+ * pool is called in the order they were added, WITHOUT the pool lock held (a
+ * handler may free memory of this pool, or of others).  Return non-zero to
+ * ask for a retry of the allocation (after freeing something), 0 to decline.
+ * The first handler that asks for a retry stops the round; the allocation is
+ * retried; if it fails again the round restarts, at most GM_OOM_MAX_ROUNDS
+ * times.  When every handler declines, the allocation fails with
+ * GM_OUT_OF_MEMORY (or GM_LIMIT) and the full OOM report in gm_last_error(). */
+typedef int (*gm_oom_handler_t)(gm_pool_t *pool, size_t size, gm_stream_t stream, void *user);
+#define GM_OOM_MAX_HANDLERS 8
+#define GM_OOM_MAX_ROUNDS 4
+/* Add a handler (pool NULL: the default pool).  The same (fn, user) pair
+ * added twice is GM_INVALID_ARGUMENT; more than GM_OOM_MAX_HANDLERS: GM_LIMIT. */
+GM_API int gm_set_oom_handler(gm_pool_t *pool, gm_oom_handler_t fn, void *user);
+/* Remove the handler added with the same (fn, user); GM_INVALID_ARGUMENT when
+ * there is none.  Does not wait for a call of it already running. */
+GM_API int gm_remove_oom_handler(gm_pool_t *pool, gm_oom_handler_t fn, void *user);
+
+/* Allocation tracing in RMM's logging CSV (Thread,Time,Action,Pointer,Size,
+ * Stream), gzip'd when path ends in ".gz" (and zlib was found at build time).
+ * Process-wide: every pool's allocate / free / allocate failure is recorded.
+ * GPUMEM_TRACE=PATH starts it when the first pool is created.  Records go to
+ * per-pool binary buffers under the pool lock; a background thread formats
+ * and writes them.  Stop flushes everything and closes the file; the file is
+ * also complete after a pool is destroyed or at process exit. */
+GM_API int gm_trace_start(const char *path);
+GM_API int gm_trace_stop(void);
+
+/* Leak check.  With GPUMEM_LEAK_CHECK=1 (or =error) every allocation records
+ * its call stack (glibc backtrace, at most GM_LEAK_MAX_FRAMES frames);
+ * symbols are resolved only when reporting.  At pool destruction and at
+ * process exit each live allocation is printed on stderr as
+ *   Leaked N bytes at 0xADDR
+ *       #0 0x... function+0x12 (object)
+ * followed by "LEAK SUMMARY: X bytes leaked in Y allocations".  With
+ * GPUMEM_LEAK_CHECK=error, a process that leaked exits with status
+ * GM_LEAK_EXIT_STATUS (fresh leaks found by the exit check; see the docs). */
+#define GM_LEAK_MAX_FRAMES 16
+#define GM_LEAK_EXIT_STATUS 23
+/* Turn stack recording on or off for allocations made from now on
+ * (enabled != 0); what GPUMEM_LEAK_CHECK=1 does at the first pool. */
+GM_API int gm_leak_tracking(int enabled);
+/* The leak report of `pool` (NULL: every pool of the process) as text into
+ * buf (always NUL-terminated when cap > 0); *len (optional) receives the
+ * length it needed.  Without tracking, stacks read "(stack not recorded)".
+ * GM_INVALID_ARGUMENT when the text did not fit (it is cut). */
+GM_API int gm_leak_report(gm_pool_t *pool, char *buf, size_t cap, size_t *len);
 
 /* ------------------------------------------------------------------------ */
 /* Host memory                                                              */

@@ -474,14 +474,17 @@ static gm__block_t *find_for(gm_pool_t *pool, gm__stream_t *s, int cls, size_t s
     return b;
 }
 
+/* Why this attempt failed; the caller (pool.c's slow path) retries and, in
+ * the end, the OOM report (oom.c) counts it and adds the pool's picture. */
 static int oom_error(gm_pool_t *pool, int rc, size_t size)
 {
     char a[32], r[32], l[32], f[32];
-    pool->st.oom_count++;
     return gm__set_error(rc == GM_LIMIT ? GM_LIMIT : GM_OUT_OF_MEMORY,
                          "gm_alloc: cannot allocate %zu bytes: %s; allocated %s, reserved %s, "
                          "limit %s, device free %s",
-                         size, rc == GM_LIMIT ? "the pool limit is reached" : "out of device memory",
+                         size,
+                         rc == GM_LIMIT && pool->cfg.limit ? "the pool limit is reached"
+                                                           : "out of device memory",
                          gm__fmt_bytes(pool->st.allocated, a, sizeof a),
                          gm__fmt_bytes(pool->st.reserved, r, sizeof r),
                          gm__fmt_bytes(pool->limit, l, sizeof l),
@@ -500,7 +503,6 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
         b = freeidx_find(&pool->global.idx[cls], asize);
         if (!b) b = freeidx_find(&s->idx[cls], asize);
         if (!b) {
-            pool->st.oom_count++;
             return gm__set_error(GM_OUT_OF_MEMORY,
                                  "gm_alloc: cannot allocate %zu bytes: the pool's address space "
                                  "is exhausted (fragmented by blocks still in flight)", size);

@@ -14,8 +14,9 @@
 
 #include "internal.h"
 
-/* Longer messages are truncated; callers keep them to a line or two. */
-#define ERROR_CAP 512
+/* Longer messages are truncated; callers keep them to a line or two, except
+ * the out-of-memory report. */
+#define ERROR_CAP 2048 /* room for the OOM report (src/oom.c) */
 
 static _Thread_local char last_error[ERROR_CAP];
 

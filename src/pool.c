@@ -8,6 +8,12 @@
  * takes it (none is called with it held) and nothing below it blocks on
  * anything but backend calls, which only growth, trim and stream draining
  * make.
+ *
+ * Observability hooks are one call each into the files of src/observe.h:
+ * pool creation and destruction register the pool, the allocation and free
+ * paths record into the trace, the leak table and the monitor slot, and a
+ * failed allocation goes through one slow path (alloc_slow_locked) that ends
+ * in the out-of-memory report of src/oom.c.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -16,6 +22,7 @@
 #include <string.h>
 
 #include "host.h"
+#include "observe.h"
 #include "pool.h"
 
 /* ---- environment: one table, read by gm_config_from_env ------------------ */
@@ -133,10 +140,13 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
 void gm_pool_destroy(gm_pool_t *pool)
 {
     if (!pool) return;
+    gm__observe_pool_destroying(pool);
     gm__copy_fini(pool);
     gm__sysmem_fini(pool);
     gm__host_fini(pool);
     gm__lock(&pool->lock);
+    gm__leak_fini(pool);
+    gm__trace_pool_fini(pool);
     gm__pages_fini(pool);
     for (int c = 0; c < GM_CLASS_COUNT; c++) gm__arena_fini(pool, &pool->arena[c]);
     gm__alloc_fini(pool);
@@ -205,6 +215,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
             goto fail;
         }
     }
+    gm__observe_pool_created(pool);
     gm__clear_error();
     *out = pool;
     return GM_OK;
@@ -311,29 +322,103 @@ static inline int resolve(gm_pool_t **pool)
 #define VALIDATE_LOCKED(pool) ((void)0)
 #endif
 
+/* Everything after a failed first attempt, lock held (released around the
+ * handlers).  The steps, each followed by a retry:
+ *   1. drain the streams and trim the cache (free pages go back to the
+ *      device, so a large range can get fresh ones);
+ *   2. the user's out-of-memory handlers, called without the lock;
+ *   3. a last resort (see below);
+ * then the report.  `retries` counts allocations served by a retry,
+ * `alloc_failures` the entries here, `oom_count` (in oom.c) the failures. */
+static int alloc_slow_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr, int rc)
+{
+    pool->st.alloc_failures++;
+    gm__monitor_invalidate_locked(pool);
+    char reason[256];
+    snprintf(reason, sizeof reason, "%s", gm_last_error());
+
+    gm__drain_streams_locked(pool);
+    if (gm__pages_trim_locked(pool, 0, NULL) != GM_OK) gm__clear_error();
+    gm__stream_t *s = gm__stream_get_locked(pool, stream);
+    if (!s) return gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
+    rc = gm__alloc_locked(pool, size, s, ptr);
+    if (rc == GM_OK) goto served;
+    if (rc != GM_OUT_OF_MEMORY && rc != GM_LIMIT) return rc;
+    snprintf(reason, sizeof reason, "%s", gm_last_error());
+
+    for (int round = 0; round < GM_OOM_MAX_ROUNDS && pool->n_oom_handlers; round++) {
+        struct gm__oom_handler h[GM_OOM_MAX_HANDLERS];
+        unsigned n = pool->n_oom_handlers;
+        memcpy(h, pool->oom_handlers, n * sizeof h[0]);
+        int again = 0;
+        unsigned calls = 0;
+        gm__unlock(&pool->lock);
+        for (unsigned i = 0; i < n && !again; i++, calls++)
+            again = h[i].fn(pool, size, stream, h[i].user);
+        gm__lock(&pool->lock);
+        pool->st.oom_handler_calls += calls;
+        if (!again) break;
+        s = gm__stream_get_locked(pool, stream);
+        if (!s) return gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
+        rc = gm__alloc_locked(pool, size, s, ptr);
+        if (rc == GM_OK) goto served;
+        if (rc != GM_OUT_OF_MEMORY && rc != GM_LIMIT) return rc;
+        snprintf(reason, sizeof reason, "%s", gm_last_error());
+    }
+
+    /* The last resort: pinned host memory the device can address (opt-in,
+     * counted apart in stats, announced on stderr; src/sysmem.c). */
+    if (pool->cfg.flags & GM_POOL_SYSMEM_FALLBACK) {
+        s = gm__stream_get_locked(pool, stream);
+        if (s && gm__sysmem_alloc_locked(pool, size, s, ptr, rc) == GM_OK) return GM_OK;
+        snprintf(reason, sizeof reason, "%s", gm_last_error());
+    }
+
+    return gm__oom_report_locked(pool, size, stream, rc, reason);
+served:
+    pool->st.retries++;
+    gm__clear_error();
+    return GM_OK;
+}
+
 int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
 {
     if (GM_UNLIKELY(!ptr)) return gm__set_error(GM_INVALID_ARGUMENT, "gm_alloc: ptr is NULL");
     *ptr = NULL;
     GM_CHECK(resolve(&pool));
     if (GM_UNLIKELY(size == 0)) return GM_OK;
+    void *frames[GM_LEAK_MAX_FRAMES];
+    int n_frames = 0;
+    if (GM_UNLIKELY(atomic_load_explicit(&gm__leak_on, memory_order_relaxed)))
+        n_frames = gm__leak_capture(frames); /* before the lock: unwinding is slow */
     gm__lock(&pool->lock);
+    int rc;
     if (GM_UNLIKELY(size > pool->limit || size > GM_MAX_REQUEST)) {
-        char a[32];
+        char a[32], why[160];
         bool over_device = size > pool->info.total_memory || size > GM_MAX_REQUEST;
         size_t cap = over_device ? pool->info.total_memory : pool->limit;
-        pool->st.oom_count++;
+        snprintf(why, sizeof why, "%zu bytes is more than the %s (%s)", size,
+                 over_device ? "device's memory" : "pool limit", gm__fmt_bytes(cap, a, sizeof a));
+        rc = gm__oom_report_locked(pool, size, stream, over_device ? GM_OUT_OF_MEMORY : GM_LIMIT,
+                                   why);
         gm__unlock(&pool->lock);
-        return gm__set_error(over_device ? GM_OUT_OF_MEMORY : GM_LIMIT,
-                             "gm_alloc: %zu bytes is more than the %s (%s)", size,
-                             over_device ? "device's memory" : "pool limit",
-                             gm__fmt_bytes(cap, a, sizeof a));
+        return rc;
     }
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
-    int rc = s ? gm__alloc_locked(pool, size, s, ptr)
-               : gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
-    if ((rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT) && (pool->cfg.flags & GM_POOL_SYSMEM_FALLBACK))
-        rc = gm__sysmem_alloc_locked(pool, size, s, ptr, rc);
+    rc = s ? gm__alloc_locked(pool, size, s, ptr)
+           : gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
+    if (GM_UNLIKELY(rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT))
+        rc = alloc_slow_locked(pool, size, stream, ptr, rc);
+    if (GM_LIKELY(rc == GM_OK)) {
+        pool->st.allocated_total += size;
+        gm__trace_record_locked(pool, GM__TRACE_ALLOC, (uintptr_t)*ptr, size, stream);
+        if (GM_UNLIKELY(n_frames)) {
+            gm__leak_add_locked(pool, (uintptr_t)*ptr, frames, n_frames);
+            if (atomic_load_explicit(&gm__trace_on, memory_order_relaxed))
+                gm__trace_site_locked(pool, frames, n_frames);
+        }
+    }
+    gm__monitor_publish_locked(pool);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);
     return rc;
@@ -345,15 +430,25 @@ int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     GM_CHECK(resolve(&pool));
     gm__lock(&pool->lock);
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
+    uint64_t before = pool->st.allocated;
     int rc = s ? gm__free_locked(pool, ptr, s)
                : gm__set_error(GM_NO_HOST_MEMORY, "gm_free: out of host memory for a stream");
-    if (rc == GM_INVALID_POINTER && pool->sysmem) rc = gm__sysmem_free_locked(pool, ptr, s, rc);
+    size_t size = (size_t)(before - pool->st.allocated);
+    if (rc == GM_INVALID_POINTER && pool->sysmem &&
+        gm__sysmem_size_locked(pool, ptr, &size) == GM_OK) /* a block of the sysmem fallback */
+        rc = gm__sysmem_free_locked(pool, ptr, s, rc);
+    if (GM_LIKELY(rc == GM_OK)) {
+        pool->st.freed_total += size;
+        gm__trace_record_locked(pool, GM__TRACE_FREE, (uintptr_t)ptr, size, stream);
+        if (GM_UNLIKELY(pool->leaks != NULL)) gm__leak_del_locked(pool, (uintptr_t)ptr);
+    }
     if (rc == GM_OK && pool->cfg.release_threshold != SIZE_MAX &&
         pool->st.reserved - pool->st.active > pool->cfg.release_threshold) {
         /* Giving memory back is best effort: the free itself succeeded. */
         if (gm__pages_trim_locked(pool, pool->cfg.release_threshold, NULL) != GM_OK)
             gm__clear_error();
     }
+    gm__monitor_publish_locked(pool);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);
     return rc;
@@ -402,6 +497,8 @@ int gm_trim(gm_pool_t *pool, size_t keep, size_t *released)
     GM_CHECK(resolve(&pool));
     gm__lock(&pool->lock);
     int rc = gm__pages_trim_locked(pool, keep, released);
+    gm__monitor_invalidate_locked(pool);
+    gm__monitor_publish_locked(pool);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);
     return rc;
@@ -493,79 +590,6 @@ int gm_pool_device_info(gm_pool_t *pool, gm_device_info_t *info)
     size_t n = info->size < sizeof d ? info->size : sizeof d;
     memcpy(info, &d, n);
     info->size = n;
-    return GM_OK;
-}
-
-int gm_pool_stats(gm_pool_t *pool, gm_stats_t *stats)
-{
-    if (!stats || stats->size < offsetof(gm_stats_t, allocated))
-        return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_stats: initialise stats with GM_STATS_INIT");
-    GM_CHECK(resolve(&pool));
-    gm_stats_t s;
-    gm__lock(&pool->lock);
-    s = pool->st;
-    s.backend_ns = (uint64_t)((double)pool->backend_ticks * gm__ns_per_tick());
-    gm__alloc_free_summary_locked(pool, &s.largest_free_block, &s.free_blocks);
-    gm__unlock(&pool->lock);
-    gm__host_stats(pool, &s);
-    gm__copy_stats(pool, &s);
-    s.cached = s.reserved - s.active;
-    uint64_t free_mapped = s.mapped > s.active ? s.mapped - s.active : 0;
-    s.fragmentation_ppm = free_mapped && s.largest_free_block < free_mapped
-                              ? (uint64_t)(1e6 * (1.0 - (double)s.largest_free_block / (double)free_mapped))
-                              : 0;
-    s.modeled_device_ns = pool->ops->modeled_ns ? pool->ops->modeled_ns(pool->bk) : 0;
-    s.size = sizeof s;
-    s.version = GM_STATS_VERSION;
-    size_t n = stats->size < sizeof s ? stats->size : sizeof s;
-    memcpy(stats, &s, n);
-    stats->size = n;
-    return GM_OK;
-}
-
-int gm_pool_reset_peaks(gm_pool_t *pool)
-{
-    GM_CHECK(resolve(&pool));
-    gm__lock(&pool->lock);
-    pool->st.allocated_peak = pool->st.allocated;
-    pool->st.active_peak = pool->st.active;
-    pool->st.reserved_peak = pool->st.reserved;
-    pool->st.sysmem_allocated_peak = pool->st.sysmem_allocated;
-    gm__unlock(&pool->lock);
-    gm__host_reset_peaks(pool);
-    return GM_OK;
-}
-
-int gm_stats_json(const gm_stats_t *st, char *buf, size_t cap, size_t *len)
-{
-    if (!st || (!buf && cap)) return gm__set_error(GM_INVALID_ARGUMENT, "gm_stats_json: NULL argument");
-    size_t at = 0;
-#define PUT(...)                                                               \
-    do {                                                                       \
-        int n_ = snprintf(buf ? buf + (at < cap ? at : cap) : NULL,            \
-                          at < cap ? cap - at : 0, __VA_ARGS__);               \
-        if (n_ > 0) at += (size_t)n_;                                          \
-    } while (0)
-    const char *sep = "";
-    PUT("{");
-#define GM__STAT_JSON(name, desc)                                              \
-    PUT("%s\"" #name "\":%llu", sep, (unsigned long long)st->name);            \
-    sep = ",";
-    GM_STAT_FIELDS(GM__STAT_JSON)
-#undef GM__STAT_JSON
-    PUT(",\"backend_calls\":{");
-    sep = "";
-    for (int k = 0; k < GM_CALL_COUNT; k++) {
-        PUT("%s\"%s\":%llu", sep, gm_call_name(k), (unsigned long long)st->backend_calls[k]);
-        sep = ",";
-    }
-    PUT("}}");
-#undef PUT
-    if (len) *len = at;
-    if (cap && at >= cap) {
-        buf[cap - 1] = '\0';
-        return gm__set_error(GM_INVALID_ARGUMENT, "gm_stats_json: needs %zu bytes, got %zu", at + 1, cap);
-    }
     return GM_OK;
 }
 

@@ -197,6 +197,19 @@ struct gm_pool {
     struct gm__host *host;       /* pinned host pool (host.c), own lock */
     struct gm__copy *copy;       /* staged copy engine (copy.c), made on first use */
     struct gm__sysmem *sysmem;   /* device blocks served from host memory (sysmem.c) */
+
+    /* Observability (src/observe.h): out-of-memory handlers, in the order
+     * added; the leak tracker's stacks; the current trace buffer; this
+     * pool's slot in the shared statistics segment; registry membership. */
+    struct gm__oom_handler {
+        gm_oom_handler_t fn;
+        void *user;
+    } oom_handlers[GM_OOM_MAX_HANDLERS];
+    unsigned n_oom_handlers;
+    struct gm__leak_table *leaks;
+    struct gm__trace_buf *trace_buf;
+    struct gm__mon_slot *mon;
+    bool registered;
 };
 
 /* ---- defined in src/pool.c -------------------------------------------- */

@@ -32,6 +32,13 @@ int gm_cli_synth_generate(const char *kind, unsigned long long seed, double scal
                           size_t *len);
 extern const char *const gm_cli_synth_kinds[];
 
+int gm_cli_report(int argc, char **argv);     /* report.c */
+void gm_cli_report_usage(FILE *out);
+int gm_cli_top(int argc, char **argv);        /* top.c */
+void gm_cli_top_usage(FILE *out);
+int gm_cli_metrics(int argc, char **argv);    /* metrics.c */
+void gm_cli_metrics_usage(FILE *out);
+
 /* ---- shared helpers (gpumem.c) ---------------------------------------- */
 
 /* The value of option `name` at argv[*i]: "--name=VALUE" or "--name VALUE"

@@ -28,6 +28,11 @@ static const command_t commands[] = {
     {"synth", gm_cli_synth, gm_cli_synth_usage,
      "write a synthetic trace of a workload (LLM serving, ViT, pipelines ...)"},
     {"info", gm_cli_info, gm_cli_info_usage, "show the backend and device a pool uses"},
+    {"report", gm_cli_report, gm_cli_report_usage,
+     "write a self-contained HTML report of a trace (timeline, block map, sizes)"},
+    {"top", gm_cli_top, gm_cli_top_usage, "live view of every process using gpumem"},
+    {"metrics", gm_cli_metrics, gm_cli_metrics_usage,
+     "print every gpumem process's counters in Prometheus text format"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

@@ -1,0 +1,145 @@
+/*
+ * observe.h — private declarations of the observability files: the registry
+ * of pools and process statistics (stats.c), the trace recorder
+ * (tracelog.c), the leak tracker (leak.c), the out-of-memory report
+ * (oom.c) and the shared statistics segment read by `gpumem top` and
+ * `gpumem metrics` (monitor.c).
+ *
+ * The one idea: the allocation path pays one predictable branch per feature
+ * that is off, and a few stores under the lock it already holds for one that
+ * is on.  Formatting, symbolizing, writing files and walking structures
+ * happen on other threads or at report time.
+ */
+#ifndef GM_OBSERVE_H
+#define GM_OBSERVE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pool.h"
+#include "trace.h"
+
+struct gm__leak_table;
+struct gm__trace_buf;
+struct gm__mon_slot;
+
+/* ---- defined in src/stats.c ---------------------------------------------- */
+
+/* Called at the end of a successful gm_pool_create (no lock held): registers
+ * the pool, and at the first pool applies GPUMEM_TRACE, GPUMEM_LEAK_CHECK and
+ * the monitor segment, and installs the exit handler. */
+void gm__observe_pool_created(gm_pool_t *pool);
+/* Called first thing in gm_pool_destroy (no lock held): leak report when leak
+ * checking is on, trace flush, monitor slot release, unregistration.  A pool
+ * that was never registered is fine. */
+void gm__observe_pool_destroying(gm_pool_t *pool);
+/* Call fn on every registered pool, holding the registry lock (not the pools'
+ * locks).  Lock order: registry, then a pool's lock, then the trace lock. */
+void gm__registry_foreach(void (*fn)(gm_pool_t *pool, void *arg), void *arg);
+/* Fill *s from pool (lock held): the counters plus the derived fields. */
+void gm__stats_snapshot_locked(gm_pool_t *pool, gm_stats_t *s);
+
+/* ---- defined in src/tracelog.c ------------------------------------------- */
+
+extern atomic_int gm__trace_on;
+/* Append one record (action: GM__TRACE_ALLOC / _FREE / _ALLOC_FAIL of
+ * trace.h) to the pool's buffer.  Pool lock held; no syscall, no formatting
+ * except when a buffer fills (then a hand-over to the writer thread). */
+void gm__trace_record_slow_locked(gm_pool_t *pool, int action, uintptr_t ptr, size_t size,
+                                  gm_stream_t stream);
+static inline void gm__trace_record_locked(gm_pool_t *pool, int action, uintptr_t ptr,
+                                           size_t size, gm_stream_t stream)
+{
+    if (GM_UNLIKELY(atomic_load_explicit(&gm__trace_on, memory_order_relaxed)))
+        gm__trace_record_slow_locked(pool, action, ptr, size, stream);
+}
+/* With leak tracking on: the call stack of the allocation just recorded
+ * (the pool's last record), written to the side file PATH.sites. */
+void gm__trace_site_locked(gm_pool_t *pool, void *const *frames, int n);
+/* Hand the pool's buffer to the writer and wait until the file has it
+ * (pool lock NOT held). */
+void gm__trace_pool_flush(gm_pool_t *pool);
+/* Free the pool's buffer (pool being destroyed, after the flush). */
+void gm__trace_pool_fini(gm_pool_t *pool);
+
+/* ---- defined in src/leak.c ----------------------------------------------- */
+
+extern atomic_int gm__leak_on;
+/* Capture the caller's stack into frames (GM_LEAK_MAX_FRAMES); the count. */
+int gm__leak_capture(void **frames);
+/* Remember / forget the stack of a live allocation.  Pool lock held.  Out of
+ * host memory for the table only loses that stack. */
+void gm__leak_add_locked(gm_pool_t *pool, uintptr_t ptr, void *const *frames, int n);
+void gm__leak_del_locked(gm_pool_t *pool, uintptr_t ptr);
+/* The recorded stack of ptr (NULL, *n = 0 when none).  Pool lock held. */
+void *const *gm__leak_stack_locked(gm_pool_t *pool, uintptr_t ptr, int *n);
+/* The first frame outside libgpumem, symbolized as "fn+0x12 (object)" into
+ * buf; "" when unknown.  Never allocates. */
+void gm__leak_site(void *const *frames, int n, char *buf, size_t cap);
+/* addr as "sym (object) at function file:line" (addr2line, when installed:
+ * starts a process; never on an allocation path). */
+void gm__leak_describe(void *addr, char *buf, size_t cap);
+/* Index of the first frame outside libgpumem (dladdr: not on a hot path). */
+int gm__leak_first_user_frame(void *const *frames, int n);
+void gm__leak_fini(gm_pool_t *pool);
+/* Print the pool's leaks on stderr (leak checking on); count them. */
+void gm__leak_report_stderr(gm_pool_t *pool, uint64_t *bytes, uint64_t *count);
+/* Are leaks printed at pool destruction (GPUMEM_LEAK_CHECK, or tracking on)? */
+bool gm__leak_reporting(void);
+/* Read GPUMEM_LEAK_CHECK (first pool). */
+void gm__leak_init_env(void);
+/* At exit: report every registered pool's leaks; exit status. */
+void gm__leak_at_exit(void);
+
+/* ---- defined in src/oom.c ------------------------------------------------ */
+
+/* The final out-of-memory report: counts the OOM, records an `allocate
+ * failure` trace row, and sets the last error (status GM_OUT_OF_MEMORY or
+ * GM_LIMIT per rc) to the full report.  Pool lock held; never allocates. */
+int gm__oom_report_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, int rc,
+                          const char *reason);
+
+/* ---- defined in src/monitor.c -------------------------------------------- */
+
+/* The shared segment (/dev/shm/gpumem.<pid>, or $GPUMEM_MONITOR_DIR). */
+void gm__monitor_attach(gm_pool_t *pool);   /* no lock held */
+void gm__monitor_detach(gm_pool_t *pool);   /* no lock held */
+void gm__monitor_unlink(void);              /* exit, last pool */
+/* Copy the pool's counters into its slot (a seqlock write).  Only the
+ * counters allocate and free change, unless reserved or mapped moved or
+ * gm__monitor_invalidate_locked asked for a full copy.  backend_ns is kept
+ * odd (| 1) so that 0 can mean "copy everything next time". */
+void gm__monitor_publish_slow_locked(gm_pool_t *pool);
+void gm__monitor_invalidate_locked(gm_pool_t *pool);
+static inline void gm__monitor_publish_locked(gm_pool_t *pool)
+{
+    if (GM_LIKELY(pool->mon != NULL)) gm__monitor_publish_slow_locked(pool);
+}
+
+/* Readers (the CLI): one process's view, read from its segment. */
+#define GM_MON_MAX_FIELDS 64
+#define GM_MON_NAME 32
+typedef struct gm__mon_pool_view {
+    int device;
+    char backend[16];
+    uint64_t values[GM_MON_MAX_FIELDS];
+} gm__mon_pool_view_t;
+typedef struct gm__mon_proc_view {
+    int pid;
+    char command[64];
+    unsigned n_fields;
+    char names[GM_MON_MAX_FIELDS][GM_MON_NAME];
+    unsigned n_pools;
+    gm__mon_pool_view_t pools[16];
+} gm__mon_proc_view_t;
+/* Read every live process's segment in the monitor directory; remove stale
+ * ones (dead pid, or a pid reused by another process).  Calls fn per
+ * process.  Returns the number of processes, or -1 with errno when the
+ * directory cannot be read. */
+int gm__monitor_scan(void (*fn)(const gm__mon_proc_view_t *v, void *arg), void *arg);
+/* The value of field `name` in a pool view (0 when the field is unknown). */
+uint64_t gm__monitor_value(const gm__mon_proc_view_t *v, const gm__mon_pool_view_t *p,
+                           const char *name);
+
+#endif /* GM_OBSERVE_H */

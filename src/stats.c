@@ -1,0 +1,277 @@
+/*
+ * stats.c — statistics of a pool and of the process, the JSON form of them,
+ * and the process-wide registry of pools that the observability features
+ * walk (process stats, leak reports, trace flushes, the exit handler).
+ *
+ * The one idea: counters are plain fields kept under the pool lock by the
+ * code that changes them; everything derived (cached, largest free block,
+ * fragmentation, inactive split) is computed only when someone asks, so the
+ * allocation path never pays for a statistic.  The registry is a small array
+ * under its own mutex, taken before any pool lock.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "host.h"
+#include "observe.h"
+
+/* ---- the registry ------------------------------------------------------------ */
+
+static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static gm_pool_t **registry;
+static size_t n_registry, cap_registry;
+static bool exit_handler_installed;
+static pid_t owner_pid; /* the process that installed the exit handler */
+
+/* At exit: the leak report (which may end the process with
+ * GM_LEAK_EXIT_STATUS, so the segment goes first), the trace's last rows.
+ * A child forked without exec runs the same handler: it leaves the
+ * parent's segment, trace and leaks alone. */
+static void at_exit(void)
+{
+    if (getpid() != owner_pid) return;
+    gm__monitor_unlink();
+    gm_trace_stop();
+    gm__leak_at_exit();
+}
+
+void gm__observe_pool_created(gm_pool_t *pool)
+{
+    bool first = false;
+    pthread_mutex_lock(&registry_mu);
+    if (n_registry == cap_registry) {
+        size_t cap = cap_registry ? cap_registry * 2 : 8;
+        gm_pool_t **r = realloc(registry, cap * sizeof *r);
+        if (r) {
+            registry = r;
+            cap_registry = cap;
+        }
+    }
+    if (n_registry < cap_registry) { /* else: an unlisted pool, observed less */
+        registry[n_registry++] = pool;
+        pool->registered = true;
+    }
+    if (!exit_handler_installed) {
+        exit_handler_installed = true;
+        owner_pid = getpid();
+        first = true;
+        atexit(at_exit);
+    }
+    pthread_mutex_unlock(&registry_mu);
+    if (first) {
+        gm__leak_init_env();
+        const char *t = getenv("GPUMEM_TRACE");
+        if (t && *t && gm_trace_start(t) != GM_OK)
+            fprintf(stderr, "gpumem: GPUMEM_TRACE=%s: %s\n", t, gm_last_error());
+    }
+    gm__monitor_attach(pool);
+    gm__lock(&pool->lock);
+    gm__monitor_publish_locked(pool);
+    gm__unlock(&pool->lock);
+    gm__clear_error();
+}
+
+void gm__observe_pool_destroying(gm_pool_t *pool)
+{
+    if (!pool->registered) return;
+    if (gm__leak_reporting()) {
+        uint64_t bytes = 0, count = 0;
+        gm__leak_report_stderr(pool, &bytes, &count);
+    }
+    gm__trace_pool_flush(pool);
+    gm__monitor_detach(pool);
+    bool last;
+    pthread_mutex_lock(&registry_mu);
+    for (size_t i = 0; i < n_registry; i++) {
+        if (registry[i] == pool) {
+            registry[i] = registry[--n_registry];
+            break;
+        }
+    }
+    pool->registered = false;
+    last = n_registry == 0;
+    pthread_mutex_unlock(&registry_mu);
+    if (last) gm__monitor_unlink();
+}
+
+void gm__registry_foreach(void (*fn)(gm_pool_t *pool, void *arg), void *arg)
+{
+    pthread_mutex_lock(&registry_mu);
+    for (size_t i = 0; i < n_registry; i++) fn(registry[i], arg);
+    pthread_mutex_unlock(&registry_mu);
+}
+
+/* ---- one pool ------------------------------------------------------------------ */
+
+/* Free bytes in pages a free block shares with its neighbours: the parts of
+ * free blocks outside their whole pages.  Trimming cannot give them back
+ * while the neighbours live (PyTorch's "inactive split"). */
+static uint64_t inactive_split_locked(gm_pool_t *pool)
+{
+    uint64_t sum = 0;
+    for (int c = 0; c < GM_CLASS_COUNT; c++) {
+        for (gm__block_t *b = pool->arena[c].first; b; b = b->next) {
+            if (!b->free) continue;
+            uintptr_t lo = GM_ALIGN_UP(b->addr, pool->page);
+            uintptr_t hi = GM_ALIGN_DOWN(b->addr + b->size, pool->page);
+            sum += hi > lo ? b->size - (hi - lo) : b->size;
+        }
+    }
+    return sum;
+}
+
+void gm__stats_snapshot_locked(gm_pool_t *pool, gm_stats_t *s)
+{
+    *s = pool->st;
+    s->backend_ns = (uint64_t)((double)pool->backend_ticks * gm__ns_per_tick());
+    gm__alloc_free_summary_locked(pool, &s->largest_free_block, &s->free_blocks);
+    s->inactive_split = inactive_split_locked(pool);
+    s->cached = s->reserved - s->active;
+    uint64_t free_mapped = s->mapped > s->active ? s->mapped - s->active : 0;
+    s->fragmentation_ppm =
+        free_mapped && s->largest_free_block < free_mapped
+            ? (uint64_t)(1e6 * (1.0 - (double)s->largest_free_block / (double)free_mapped))
+            : 0;
+    s->modeled_device_ns = pool->ops->modeled_ns ? pool->ops->modeled_ns(pool->bk) : 0;
+    s->size = sizeof *s;
+    s->version = GM_STATS_VERSION;
+}
+
+/* The pinned host pool and the copy engine keep their own counters under
+ * their own locks (src/host.c, src/copy.c); read them without the pool lock. */
+static void host_stats(gm_pool_t *pool, gm_stats_t *s)
+{
+    gm__host_stats(pool, s);
+    gm__copy_stats(pool, s);
+}
+
+static int stats_out(const gm_stats_t *s, gm_stats_t *stats)
+{
+    size_t n = stats->size < sizeof *s ? stats->size : sizeof *s;
+    memcpy(stats, s, n);
+    stats->size = n;
+    return GM_OK;
+}
+
+int gm_pool_stats(gm_pool_t *pool, gm_stats_t *stats)
+{
+    if (!stats || stats->size < offsetof(gm_stats_t, allocated))
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_stats: initialise stats with GM_STATS_INIT");
+    if (!pool) GM_CHECK(gm_default_pool(&pool));
+    gm_stats_t s;
+    gm__lock(&pool->lock);
+    gm__stats_snapshot_locked(pool, &s);
+    gm__unlock(&pool->lock);
+    host_stats(pool, &s);
+    return stats_out(&s, stats);
+}
+
+static void reset_peaks_locked(gm_pool_t *pool)
+{
+    pool->st.allocated_peak = pool->st.allocated;
+    pool->st.active_peak = pool->st.active;
+    pool->st.reserved_peak = pool->st.reserved;
+    pool->st.sysmem_allocated_peak = pool->st.sysmem_allocated;
+    gm__monitor_invalidate_locked(pool);
+    gm__monitor_publish_locked(pool);
+}
+
+int gm_pool_reset_peaks(gm_pool_t *pool)
+{
+    if (!pool) GM_CHECK(gm_default_pool(&pool));
+    gm__lock(&pool->lock);
+    reset_peaks_locked(pool);
+    gm__unlock(&pool->lock);
+    gm__host_reset_peaks(pool);
+    return GM_OK;
+}
+
+/* ---- the process ------------------------------------------------------------------ */
+
+static void add_pool(gm_pool_t *pool, void *arg)
+{
+    gm_stats_t *sum = arg, s;
+    gm__lock(&pool->lock);
+    gm__stats_snapshot_locked(pool, &s);
+    gm__unlock(&pool->lock);
+    host_stats(pool, &s);
+#define GM__STAT_ADD(name, desc) sum->name += s.name;
+    GM_STAT_FIELDS(GM__STAT_ADD)
+#undef GM__STAT_ADD
+    for (int k = 0; k < GM_CALL_COUNT; k++) sum->backend_calls[k] += s.backend_calls[k];
+    /* Not additive: the largest block of any pool, fragmentation recomputed. */
+    if (s.largest_free_block > sum->fragmentation_ppm) sum->fragmentation_ppm = s.largest_free_block;
+}
+
+int gm_process_stats(gm_stats_t *stats)
+{
+    if (!stats || stats->size < offsetof(gm_stats_t, allocated))
+        return gm__set_error(GM_INVALID_ARGUMENT,
+                             "gm_process_stats: initialise stats with GM_STATS_INIT");
+    gm_stats_t s;
+    memset(&s, 0, sizeof s);
+    gm__registry_foreach(add_pool, &s);
+    /* add_pool kept the largest single block in fragmentation_ppm. */
+    s.largest_free_block = s.fragmentation_ppm;
+    uint64_t free_mapped = s.mapped > s.active ? s.mapped - s.active : 0;
+    s.fragmentation_ppm =
+        free_mapped && s.largest_free_block < free_mapped
+            ? (uint64_t)(1e6 * (1.0 - (double)s.largest_free_block / (double)free_mapped))
+            : 0;
+    s.size = sizeof s;
+    s.version = GM_STATS_VERSION;
+    return stats_out(&s, stats);
+}
+
+static void reset_pool(gm_pool_t *pool, void *arg)
+{
+    (void)arg;
+    gm__lock(&pool->lock);
+    reset_peaks_locked(pool);
+    gm__unlock(&pool->lock);
+    gm__host_reset_peaks(pool);
+}
+
+int gm_process_reset_peaks(void)
+{
+    gm__registry_foreach(reset_pool, NULL);
+    return GM_OK;
+}
+
+/* ---- JSON ------------------------------------------------------------------------- */
+
+int gm_stats_json(const gm_stats_t *st, char *buf, size_t cap, size_t *len)
+{
+    if (!st || (!buf && cap)) return gm__set_error(GM_INVALID_ARGUMENT, "gm_stats_json: NULL argument");
+    size_t at = 0;
+#define PUT(...)                                                               \
+    do {                                                                       \
+        int n_ = snprintf(buf ? buf + (at < cap ? at : cap) : NULL,            \
+                          at < cap ? cap - at : 0, __VA_ARGS__);               \
+        if (n_ > 0) at += (size_t)n_;                                          \
+    } while (0)
+    const char *sep = "";
+    PUT("{");
+#define GM__STAT_JSON(name, desc)                                              \
+    PUT("%s\"" #name "\":%llu", sep, (unsigned long long)st->name);            \
+    sep = ",";
+    GM_STAT_FIELDS(GM__STAT_JSON)
+#undef GM__STAT_JSON
+    PUT(",\"backend_calls\":{");
+    sep = "";
+    for (int k = 0; k < GM_CALL_COUNT; k++) {
+        PUT("%s\"%s\":%llu", sep, gm_call_name(k), (unsigned long long)st->backend_calls[k]);
+        sep = ",";
+    }
+    PUT("}}");
+#undef PUT
+    if (len) *len = at;
+    if (cap && at >= cap) {
+        buf[cap - 1] = '\0';
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_stats_json: needs %zu bytes, got %zu", at + 1, cap);
+    }
+    return GM_OK;
+}

@@ -1,0 +1,153 @@
+/*
+ * top.c — `gpumem top`: a live view of every process on this machine that
+ * uses gpumem, one line per pool: pid, command, device, backend, allocated,
+ * reserved, cached, peak, OOMs.
+ *
+ * The one idea: nothing to connect to.  Each process publishes its pools'
+ * counters in a small shared segment (src/monitor.c); this command only
+ * reads those files, like top reads /proc, and refreshes.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "internal.h"
+#include "observe.h"
+
+void gm_cli_top_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: gpumem top [--once] [--json] [--interval SECONDS]\n\n"
+            "Show every process using gpumem on this machine, one line per pool:\n"
+            "pid, command, device, backend, allocated (requested bytes), reserved,\n"
+            "cached, reserved peak, OOMs.  Refreshes every second (q or Ctrl-C quits).\n"
+            "Processes publish their counters in $GPUMEM_MONITOR_DIR or /dev/shm\n"
+            "(gpumem.<pid>); files of dead processes are ignored and removed.\n\n"
+            "  --once          print one snapshot and exit (also without a terminal)\n"
+            "  --json          one JSON array of processes (implies --once)\n"
+            "  --interval S    seconds between refreshes (default 1)\n");
+}
+
+typedef struct row_arg {
+    FILE *out;
+    int json;
+    int count;
+} row_arg_t;
+
+static void print_json(const gm__mon_proc_view_t *v, row_arg_t *a)
+{
+    fprintf(a->out, "%s{\"pid\":%d,\"command\":", a->count ? "," : "", v->pid);
+    gm_cli_json_string(a->out, v->command);
+    fprintf(a->out, ",\"pools\":[");
+    for (unsigned i = 0; i < v->n_pools; i++) {
+        const gm__mon_pool_view_t *p = &v->pools[i];
+        fprintf(a->out, "%s{\"device\":%d,\"backend\":", i ? "," : "", p->device);
+        gm_cli_json_string(a->out, p->backend);
+        for (unsigned f = 0; f < v->n_fields; f++)
+            fprintf(a->out, ",\"%s\":%llu", v->names[f], (unsigned long long)p->values[f]);
+        fprintf(a->out, "}");
+    }
+    fprintf(a->out, "]}");
+}
+
+static void print_row(const gm__mon_proc_view_t *v, void *arg)
+{
+    row_arg_t *a = arg;
+    if (a->json) {
+        print_json(v, a);
+    } else {
+        for (unsigned i = 0; i < v->n_pools; i++) {
+            const gm__mon_pool_view_t *p = &v->pools[i];
+            char al[32], re[32], ca[32], pk[32];
+            fprintf(a->out, "%7d %-16.16s %3d %-5s %11s %11s %11s %11s %6llu\n", v->pid,
+                    v->command, p->device, p->backend,
+                    gm__fmt_bytes(gm__monitor_value(v, p, "allocated"), al, sizeof al),
+                    gm__fmt_bytes(gm__monitor_value(v, p, "reserved"), re, sizeof re),
+                    gm__fmt_bytes(gm__monitor_value(v, p, "cached"), ca, sizeof ca),
+                    gm__fmt_bytes(gm__monitor_value(v, p, "reserved_peak"), pk, sizeof pk),
+                    (unsigned long long)gm__monitor_value(v, p, "oom_count"));
+        }
+    }
+    a->count++;
+}
+
+static int snapshot(FILE *out, int json)
+{
+    row_arg_t a = {out, json, 0};
+    if (json) fprintf(out, "[");
+    else
+        fprintf(out, "%7s %-16s %3s %-5s %11s %11s %11s %11s %6s\n", "PID", "COMMAND", "DEV",
+                "BACK", "ALLOCATED", "RESERVED", "CACHED", "PEAK", "OOMS");
+    int n = gm__monitor_scan(print_row, &a);
+    if (json) fprintf(out, "]\n");
+    if (n < 0) {
+        fprintf(stderr, "gpumem top: cannot read the monitor directory: %s\n", strerror(errno));
+        return 1;
+    }
+    if (!json && n == 0) fprintf(out, "(no process is using gpumem)\n");
+    return 0;
+}
+
+static volatile sig_atomic_t stop;
+static void on_signal(int sig) { (void)sig; stop = 1; }
+
+int gm_cli_top(int argc, char **argv)
+{
+    int once = 0, json = 0, missing = 0;
+    double interval = 1.0;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            gm_cli_top_usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--once")) {
+            once = 1;
+        } else if (!strcmp(argv[i], "--json")) {
+            json = once = 1;
+        } else if ((v = gm_cli_option(argc, argv, &i, "interval", &missing))) {
+            char *end;
+            interval = strtod(v, &end);
+            if (*end || interval <= 0 || interval > 3600) {
+                fprintf(stderr, "gpumem top: --interval %s: give seconds, e.g. 0.5\n", v);
+                return 2;
+            }
+        } else {
+            if (!missing) fprintf(stderr, "gpumem top: unknown option '%s'\n", argv[i]);
+            gm_cli_top_usage(stderr);
+            return 2;
+        }
+    }
+    if (once || !isatty(STDOUT_FILENO)) return snapshot(stdout, json);
+
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    struct termios saved;
+    int tty_in = isatty(STDIN_FILENO) && tcgetattr(STDIN_FILENO, &saved) == 0;
+    if (tty_in) {
+        struct termios raw = saved;
+        raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+        tcsetattr(STDIN_FILENO, TCSANOW, &raw);
+    }
+    int rc = 0;
+    while (!stop) {
+        printf("\033[H\033[2J");
+        printf("gpumem top — every %.1f s, q to quit\n\n", interval);
+        rc = snapshot(stdout, 0);
+        fflush(stdout);
+        if (rc) break;
+        struct pollfd pfd = {STDIN_FILENO, POLLIN, 0};
+        int r = poll(tty_in ? &pfd : NULL, tty_in ? 1 : 0, (int)(interval * 1000));
+        if (r > 0) {
+            char c;
+            if (read(STDIN_FILENO, &c, 1) == 1 && (c == 'q' || c == 'Q')) break;
+        }
+    }
+    if (tty_in) tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+    return rc;
+}
