@@ -460,6 +460,26 @@ size_t gm__drain_streams_locked(gm_pool_t *pool)
     return moved;
 }
 
+/* The stream is about to be destroyed: no event may be recorded on it again.
+ * Wait for its work if it holds free blocks, and hand them to every stream;
+ * its (now empty) state stays, harmless if the handle is reused. */
+int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
+{
+    for (size_t i = 0; i < pool->n_streams; i++) {
+        gm__stream_t *s = pool->streams[i];
+        if (s->handle != handle) continue;
+        size_t held = 0;
+        for (int c = 0; c < GM_CLASS_COUNT; c++) held += s->idx[c].count;
+        if (!held) return GM_OK;
+        int rc;
+        GM_BK(rc, pool, stream_sync, (pool->bk, handle));
+        GM_CHECK(rc);
+        migrate_stream(pool, s, UINT64_MAX);
+        return GM_OK;
+    }
+    return GM_OK;
+}
+
 /* ---- allocation ---------------------------------------------------------------- */
 
 /* The tightest free block for size: the stream's own index, then the global

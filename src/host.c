@@ -354,6 +354,29 @@ static void free_insert(struct gm__host *h, hblk_t *b, uint32_t owner, uint64_t 
     idx_insert(x, b);
 }
 
+/* Move the free blocks of s freed up to sequence `upto` to the global index.
+ * Host lock held.  Returns blocks moved. */
+static size_t migrate_locked(struct gm__host *h, hstream_t *s, uint64_t upto)
+{
+    size_t moved = 0;
+    for (unsigned fl = 0; fl < HFL * 2; fl++) {
+        hidx_t *x = &s->idx[fl / HFL];
+        for (unsigned sl = 0; sl < HSL; sl++) {
+            hblk_t *b = x->heads[fl % HFL][sl];
+            while (b) {
+                hblk_t *nx = b->fnext;
+                if (b->seq <= upto) {
+                    idx_remove(x, b);
+                    free_insert(h, b, OWNER_GLOBAL, 0);
+                    moved++;
+                }
+                b = nx;
+            }
+        }
+    }
+    return moved;
+}
+
 /* Move blocks of other streams whose frees are known complete to the global
  * index.  Records an event on each stream holding blocks (once per batch of
  * frees) and asks whether it is done; never waits.  Backend failures here
@@ -389,23 +412,29 @@ static size_t reclaim_locked(gm_pool_t *pool, uint32_t except)
             continue;
         }
         s->ev_pending = false;
-        for (unsigned fl = 0; fl < HFL * 2; fl++) {
-            hidx_t *x = &s->idx[fl / HFL];
-            for (unsigned sl = 0; sl < HSL; sl++) {
-                hblk_t *b = x->heads[fl % HFL][sl];
-                while (b) {
-                    hblk_t *nx = b->fnext;
-                    if (b->seq <= s->ev_seq) {
-                        idx_remove(x, b);
-                        free_insert(h, b, OWNER_GLOBAL, 0);
-                        moved++;
-                    }
-                    b = nx;
-                }
-            }
-        }
+        moved += migrate_locked(h, s, s->ev_seq);
     }
     return moved;
+}
+
+/* Before `handle` is destroyed (gm_stream_destroy): no event may be recorded
+ * on it again, so wait for it if it holds free blocks and hand them to every
+ * stream.  Takes the host lock. */
+int gm__host_stream_retire(gm_pool_t *pool, gm_stream_t handle)
+{
+    struct gm__host *h = pool->host;
+    int rc = GM_OK;
+    if (!h) return GM_OK;
+    gm__lock(&h->lock);
+    for (uint32_t i = 1; i < h->n_streams; i++) {
+        hstream_t *s = h->streams[i];
+        if (s->handle != handle || !(s->idx[0].count + s->idx[1].count)) continue;
+        GM_HBK(rc, pool, stream_sync, (pool->bk, handle));
+        if (rc == GM_OK) migrate_locked(h, s, UINT64_MAX);
+        break;
+    }
+    gm__unlock(&h->lock);
+    return rc;
 }
 
 /* ---- chunks -------------------------------------------------------------------------- */

@@ -38,6 +38,9 @@ int gm__host_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr,
 int gm__host_free(gm_pool_t *pool, void *ptr, gm_stream_t stream);
 /* Is [p, p+n) inside one live pinned block?  Takes the host lock. */
 bool gm__host_is_pinned(gm_pool_t *pool, const void *p, size_t n);
+/* Before a stream is destroyed: wait for it if the host pool holds blocks
+ * freed on it, and make them everyone's.  Takes the host lock. */
+int gm__host_stream_retire(gm_pool_t *pool, gm_stream_t handle);
 /* Add the host side's counters to *s (host_*, backend calls and time).
  * Takes the host lock (the pool lock may be held). */
 void gm__host_stats(gm_pool_t *pool, gm_stats_t *s);

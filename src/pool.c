@@ -559,8 +559,24 @@ int gm_stream_destroy(gm_pool_t *pool, gm_stream_t stream)
     if (!stream) return gm__set_error(GM_INVALID_ARGUMENT, "gm_stream_destroy: the default stream "
                                       "cannot be destroyed");
     GM_CHECK(resolve(&pool));
+    GM_CHECK(gm_stream_forget(pool, stream));
     UNLOCKED_CALL(pool, stream_destroy, (pool->bk, stream));
     return rc;
+}
+
+int gm_stream_forget(gm_pool_t *pool, gm_stream_t stream)
+{
+    GM_CHECK(resolve(&pool));
+    /* No event may be recorded on the stream after this: blocks freed on it
+     * become everyone's first (after waiting for its work, if any). */
+    gm__lock(&pool->lock);
+    int rc = gm__stream_retire_locked(pool, stream);
+    gm__unlock(&pool->lock);
+    if (rc == GM_OK) rc = gm__host_stream_retire(pool, stream);
+    if (rc != GM_OK)
+        return gm__set_error(rc, "gm_stream_forget: waiting for the stream's work on memory "
+                             "freed on it failed: %s", gm_last_error());
+    return GM_OK;
 }
 
 /* ---- information and statistics ------------------------------------------------ */

@@ -260,6 +260,9 @@ gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle);
 /* Synchronize streams holding freed blocks and move those blocks to the
  * global index, so their pages can be unmapped.  Returns blocks moved. */
 size_t gm__drain_streams_locked(gm_pool_t *pool);
+/* Before a stream is destroyed: wait for it if it holds free blocks and move
+ * them to the global index.  GM_NOT_READY etc. from the sync. */
+int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle);
 gm__block_t *gm__block_new_locked(gm_pool_t *pool);
 void gm__block_release_locked(gm_pool_t *pool, gm__block_t *b);
 void gm__freeidx_insert(gm__freeidx_t *idx, gm__block_t *b);

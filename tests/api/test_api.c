@@ -354,6 +354,44 @@ static void test_streams(void)
     gm_pool_destroy(pool);
 }
 
+/* gm_stream_forget / gm_stream_destroy: blocks freed on a stream become
+ * everyone's, and no event is recorded on that stream afterwards. */
+static void test_stream_forget(void)
+{
+    gm_pool_t *pool = make_pool(256 * MiB, 8 * MiB);
+    if (!pool) { CHECK(pool != NULL); return; }
+    gm_stream_t S, T;
+    CHECK_OK(gm_stream_create(pool, &S));
+    CHECK_OK(gm_stream_create(pool, &T));
+    void *p, *h, *q, *hq;
+    CHECK_OK(gm_alloc(pool, 6 * MiB, S, &p));
+    CHECK_OK(gm_host_alloc(pool, 100000, S, &h));
+    CHECK_OK(gm_free(pool, p, S));
+    CHECK_OK(gm_host_free(pool, h, S));
+    if (is_sim()) {
+        CHECK_OK(gm_sim_hold_stream(pool, S, 1));
+        CHECK_RC(gm_stream_forget(pool, S), GM_NOT_READY);
+        CHECK(strstr(gm_last_error(), "gm_stream_forget") != NULL);
+        CHECK_OK(gm_sim_hold_stream(pool, S, 0));
+    }
+    CHECK_OK(gm_stream_destroy(pool, S));
+    gm_stats_t a = GM_STATS_INIT, b = GM_STATS_INIT;
+    CHECK_OK(gm_pool_stats(pool, &a));
+    /* The memory S freed serves T at once: no event on S needed. */
+    CHECK_OK(gm_alloc(pool, 6 * MiB, T, &q));
+    CHECK(q == p);
+    CHECK_OK(gm_host_alloc(pool, 100000, T, &hq));
+    CHECK(hq == h);
+    CHECK_OK(gm_pool_stats(pool, &b));
+    CHECK(b.backend_calls[GM_CALL_event_record] == a.backend_calls[GM_CALL_event_record]);
+    CHECK_OK(gm_free(pool, q, T));
+    CHECK_OK(gm_host_free(pool, hq, T));
+    CHECK_OK(gm_stream_forget(pool, NULL)); /* a stream it holds nothing for: nothing to do */
+    CHECK_OK(gm_stream_destroy(pool, T));
+    CHECK_OK(gm_pool_check(pool));
+    gm_pool_destroy(pool);
+}
+
 /* Each backend call kind failing in turn: a clean status, nothing leaked,
  * the pool usable afterwards. */
 static void test_fault_injection(void)
@@ -439,6 +477,7 @@ int main(void)
     test_stitching_keeps_data();
     test_steady_state();
     test_streams();
+    test_stream_forget();
     test_fault_injection();
     test_device_info();
     return test_summary();
