@@ -128,7 +128,7 @@ typedef struct gm_pool_config {
     size_t sim_capacity;        /* sim backend: device size; 0 = GPUMEM_SIM_CAPACITY or 80 GiB */
     unsigned flags;             /* GM_POOL_* flags (see "Host memory"); others must be 0 */
     unsigned copy_threads;      /* staged copies: worker threads; 0 = GPUMEM_COPY_THREADS or min(12, 3*cores/4) */
-    size_t copy_chunk;          /* staged copies: staging buffer size; 0 = 4 MiB */
+    size_t copy_chunk;          /* staged copies: staging buffer size; 0 = 2 MiB */
 } gm_pool_config_t;
 
 #define GM_POOL_CONFIG_INIT                                                    \

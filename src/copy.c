@@ -32,11 +32,12 @@
 
 #define DIRECT_MAX ((size_t)256 << 10)     /* copies up to this: one backend copy */
 #define PIECE_MIN ((size_t)64 << 10)       /* smallest staged piece */
-/* Staging buffer size and worker count: a sweep on an H200 host (16 cores;
- * threads 8/12/16 x chunks 2/4/8/16 MiB, 256 MiB and 1 GiB copies) was best
- * at 12 threads of 4 MiB (H2D 47, D2H 43-45 GB/s); 8 MiB+ pieces make the
- * pipeline's fill and drain too long for a 256 MiB copy. */
-#define DEFAULT_CHUNK ((size_t)4 << 20)
+/* Staging buffer size and worker count: two sweeps on H200 hosts (16 cores;
+ * threads 8/12/16 x pieces 2/4/8/16 MiB, 256 MiB and 1 GiB copies) were most
+ * consistently fast at 12 threads of 2 MiB (H2D 45-47, D2H 44-48 GB/s);
+ * 8 MiB and larger pieces make the pipeline's fill and drain too long.
+ * Non-temporal stores for the CPU half did not help measurably. */
+#define DEFAULT_CHUNK ((size_t)2 << 20)
 #define MAX_THREADS 64
 
 enum { DIR_H2D = 0, DIR_D2H = 1 };

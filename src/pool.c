@@ -53,7 +53,7 @@ static const struct env_option {
      offsetof(gm_pool_config_t, flags)},
     {"GPUMEM_COPY_THREADS", ENV_INT, "0", "worker threads of staged host copies (0: min(12, 3*cores/4))",
      offsetof(gm_pool_config_t, copy_threads)},
-    {"GPUMEM_COPY_CHUNK", ENV_SIZE, "0", "staging buffer size of staged host copies (0: 4MiB)",
+    {"GPUMEM_COPY_CHUNK", ENV_SIZE, "0", "staging buffer size of staged host copies (0: 2MiB)",
      offsetof(gm_pool_config_t, copy_chunk)},
 };
 
