@@ -32,6 +32,7 @@ import warnings
 __all__ = [
     "GpumemError", "OutOfMemoryError", "library_path", "version", "stats", "trim",
     "set_limit", "leak_report", "alloc", "Allocation", "max_batch_size", "is_out_of_memory",
+    "forget_stream",
 ]
 
 # Status codes of include/gpumem.h (GM_ERRNO_MAP); names come from the library.
@@ -97,6 +98,7 @@ def _declare(lib):
         "gm_memset": (c_int, [c_void_p, c_void_p, c_int, c_size_t, c_void_p]),
         "gm_memcpy": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_void_p]),
         "gm_stream_synchronize": (c_int, [c_void_p, c_void_p]),
+        "gm_stream_forget": (c_int, [c_void_p, c_void_p]),
         "gm_torch_empty_cache": (None, []),
     }
     for name, (res, args) in sigs.items():
@@ -215,6 +217,15 @@ def trim(keep=0, device=None):
 def _trim_all():
     """gm_trim(0) on every pool the library has created (errors to stderr)."""
     _library()[0].gm_torch_empty_cache()
+
+
+def forget_stream(stream, device=None):
+    """Call before destroying a stream that memory was freed on (a CUDA stream
+    handle as an int, e.g. cupy.cuda.Stream.ptr or torch.cuda.Stream.cuda_stream):
+    waits for it if the pool holds blocks freed on it and makes them usable
+    by every stream, so the pool never records an event on it again."""
+    lib = _library()[0]
+    _check(lib.gm_stream_forget(_pool(device), ctypes.c_void_p(int(stream))), "gm_stream_forget")
 
 
 def set_limit(limit, device=None):

@@ -83,6 +83,17 @@ class TestPools(unittest.TestCase):
         finally:
             gpumem.set_limit(0, device=dev)
 
+    def test_forget_stream_hands_its_blocks_to_everyone(self):
+        dev = 10
+        a = gpumem.alloc(6 * MiB, stream=0x77, device=dev)
+        ptr = a.ptr
+        a.free()  # cached on stream 0x77: other streams need an event on it first
+        calls0 = gpumem.stats(dev)["backend_calls"]["event_record"]
+        gpumem.forget_stream(0x77, device=dev)
+        with gpumem.alloc(6 * MiB, stream=0x78, device=dev) as b:
+            self.assertEqual(b.ptr, ptr)
+        self.assertEqual(gpumem.stats(dev)["backend_calls"]["event_record"], calls0)
+
     def test_bad_device_is_a_gpumem_error(self):
         with self.assertRaises(gpumem.GpumemError) as cm:
             gpumem.stats(-1)
