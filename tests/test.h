@@ -57,4 +57,27 @@ static inline int test_summary(void)
     return test_failed_ ? 1 : 0;
 }
 
+
+/* Helpers for tests of the public API (include gpumem.h before this file). */
+#ifdef GPUMEM_H
+/* A pool made from cfg; NULL, with the reason on stderr, when it cannot be. */
+static inline gm_pool_t *pool_from(const gm_pool_config_t *cfg)
+{
+    gm_pool_t *pool = NULL;
+    if (gm_pool_create(cfg, &pool) != GM_OK) {
+        fprintf(stderr, "pool: %s\n", gm_last_error());
+        return NULL;
+    }
+    return pool;
+}
+
+/* The pool's stats (all zero when they cannot be read). */
+static inline gm_stats_t pool_stats_of(gm_pool_t *pool)
+{
+    gm_stats_t st = GM_STATS_INIT;
+    if (gm_pool_stats(pool, &st) != GM_OK) memset(&st, 0, sizeof st);
+    return st;
+}
+#endif
+
 #endif /* GM_TEST_H */

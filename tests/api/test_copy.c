@@ -19,24 +19,12 @@
 
 static gm_pool_t *new_pool(unsigned threads, size_t chunk)
 {
-    gm_pool_t *pool = NULL;
     gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
     cfg.backend = GM_BACKEND_SIM;
     cfg.sim_capacity = 512 * MiB;
     cfg.copy_threads = threads;
     cfg.copy_chunk = chunk;
-    if (gm_pool_create(&cfg, &pool) != GM_OK) {
-        fprintf(stderr, "pool: %s\n", gm_last_error());
-        return NULL;
-    }
-    return pool;
-}
-
-static gm_stats_t stats(gm_pool_t *pool)
-{
-    gm_stats_t st = GM_STATS_INIT;
-    if (gm_pool_stats(pool, &st) != GM_OK) memset(&st, 0, sizeof st);
-    return st;
+    return pool_from(&cfg);
 }
 
 static void fill(unsigned char *p, size_t n, unsigned seed)
@@ -75,7 +63,7 @@ static void test_round_trips(void)
         }
     }
     CHECK(ok);
-    gm_stats_t st = stats(pool);
+    gm_stats_t st = pool_stats_of(pool);
     CHECK(st.copy_staged_bytes > 0 && st.copy_direct_bytes > 0);
     printf("staged %llu bytes, direct %llu bytes\n", (unsigned long long)st.copy_staged_bytes,
            (unsigned long long)st.copy_direct_bytes);
@@ -85,12 +73,12 @@ static void test_round_trips(void)
     /* A pinned host buffer goes straight through, even when large. */
     void *pinned;
     CHECK_OK(gm_host_alloc(pool, 2 * MiB, NULL, &pinned));
-    uint64_t staged0 = stats(pool).copy_staged_bytes;
+    uint64_t staged0 = pool_stats_of(pool).copy_staged_bytes;
     fill(pinned, 2 * MiB, 99);
     CHECK_OK(gm_memcpy_h2d(pool, dev, pinned, 2 * MiB, NULL));
     CHECK_OK(gm_memcpy_d2h(pool, dst, dev, 2 * MiB, NULL));
     CHECK(memcmp(dst, pinned, 2 * MiB) == 0);
-    CHECK(stats(pool).copy_staged_bytes == staged0 + 2 * MiB); /* the d2h to dst was staged */
+    CHECK(pool_stats_of(pool).copy_staged_bytes == staged0 + 2 * MiB); /* the d2h to dst was staged */
     CHECK_OK(gm_host_free(pool, pinned, NULL));
 
     /* Bad input. */

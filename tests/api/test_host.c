@@ -17,22 +17,10 @@
 
 static gm_pool_t *new_pool(void)
 {
-    gm_pool_t *pool = NULL;
     gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
     cfg.backend = GM_BACKEND_SIM;
     cfg.sim_capacity = 256 * MiB;
-    if (gm_pool_create(&cfg, &pool) != GM_OK) {
-        fprintf(stderr, "pool: %s\n", gm_last_error());
-        return NULL;
-    }
-    return pool;
-}
-
-static gm_stats_t stats(gm_pool_t *pool)
-{
-    gm_stats_t st = GM_STATS_INIT;
-    if (gm_pool_stats(pool, &st) != GM_OK) memset(&st, 0, sizeof st);
-    return st;
+    return pool_from(&cfg);
 }
 
 static void test_basic(void)
@@ -53,7 +41,7 @@ static void test_basic(void)
     for (int i = 0; i < 64; i++)
         for (size_t j = 0; p[i] && j < sizes[i]; j += 61) ok &= ((unsigned char *)p[i])[j] == i;
     CHECK(ok);
-    gm_stats_t st = stats(pool);
+    gm_stats_t st = pool_stats_of(pool);
     CHECK(st.host_allocated == total);
     CHECK(st.host_allocated_peak == total);
     CHECK(st.host_alloc_count == 64);
@@ -75,16 +63,16 @@ static void test_basic(void)
 
     for (int i = 0; i < 64; i++) CHECK_OK(gm_host_free(pool, p[i], NULL));
     CHECK_RC(gm_host_free(pool, p[5], NULL), GM_INVALID_POINTER); /* double free */
-    st = stats(pool);
+    st = pool_stats_of(pool);
     CHECK(st.host_allocated == 0 && st.host_allocated_peak == total);
     CHECK_OK(gm_pool_reset_peaks(pool));
-    CHECK(stats(pool).host_allocated_peak == 0);
+    CHECK(pool_stats_of(pool).host_allocated_peak == 0);
 
     /* A large request gets a chunk of its own (64 KiB rounding); growing
      * first gives back the wholly free small chunk (unused <= in use / 20). */
     void *big;
     CHECK_OK(gm_host_alloc(pool, 40 * MiB + 5, NULL, &big));
-    st = stats(pool);
+    st = pool_stats_of(pool);
     CHECK(st.host_reserved == 40 * MiB + 64 * 1024);
     CHECK(st.backend_calls[GM_CALL_host_unregister] == 1);
     if (big) memset(big, 7, 40 * MiB + 5);
@@ -94,18 +82,18 @@ static void test_basic(void)
     CHECK_OK(gm_host_alloc(pool, 39 * MiB, NULL, &big2));
     CHECK(big2 == big);
     CHECK_OK(gm_host_free(pool, big2, NULL));
-    uint64_t regs = stats(pool).backend_calls[GM_CALL_host_register];
+    uint64_t regs = pool_stats_of(pool).backend_calls[GM_CALL_host_register];
     CHECK_OK(gm_host_alloc(pool, 20 * MiB, NULL, &big2));
-    CHECK(stats(pool).backend_calls[GM_CALL_host_register] == regs + 1); /* a chunk of its own */
+    CHECK(pool_stats_of(pool).backend_calls[GM_CALL_host_register] == regs + 1); /* a chunk of its own */
     CHECK_OK(gm_host_free(pool, big2, NULL));
 
     size_t rel = 0;
-    size_t before = stats(pool).host_reserved;
+    size_t before = pool_stats_of(pool).host_reserved;
     CHECK(before == 20 * MiB); /* growing gave the free 40 MiB chunk back */
     CHECK_OK(gm_host_trim(pool, 20 * MiB, &rel));
     CHECK(rel == 0);
     CHECK_OK(gm_host_trim(pool, 0, &rel));
-    CHECK(rel == before && stats(pool).host_reserved == 0);
+    CHECK(rel == before && pool_stats_of(pool).host_reserved == 0);
     /* It grows again after a trim. */
     CHECK_OK(gm_host_alloc(pool, 100, NULL, &q));
     CHECK_OK(gm_host_free(pool, q, NULL));
@@ -134,7 +122,7 @@ static void test_stream_rule(void)
     /* Another stream while S is in flight: not that block. */
     CHECK_OK(gm_host_alloc(pool, 32 * MiB, T, &r));
     CHECK(r != p);
-    CHECK(stats(pool).host_reserved == 64 * MiB);
+    CHECK(pool_stats_of(pool).host_reserved == 64 * MiB);
     CHECK_OK(gm_host_free(pool, r, T));
     /* A slightly smaller block on T is T's own free one. */
     CHECK_OK(gm_host_alloc(pool, 31 * MiB + 512 * 1024, T, &w));
@@ -144,12 +132,12 @@ static void test_stream_rule(void)
     size_t rel = 0;
     CHECK_OK(gm_host_trim(pool, 0, &rel));
     CHECK(rel == 32 * MiB);
-    CHECK(stats(pool).host_reserved == 32 * MiB);
+    CHECK(pool_stats_of(pool).host_reserved == 32 * MiB);
     /* Once S has passed the free, U gets it, without growing. */
     CHECK_OK(gm_sim_hold_stream(pool, S, 0));
     CHECK_OK(gm_host_alloc(pool, 32 * MiB, U, &w));
     CHECK(w == p);
-    CHECK(stats(pool).host_reserved == 32 * MiB);
+    CHECK(pool_stats_of(pool).host_reserved == 32 * MiB);
     CHECK_OK(gm_host_free(pool, w, U));
     CHECK_OK(gm_stream_destroy(pool, S));
     CHECK_OK(gm_stream_destroy(pool, T));
@@ -172,7 +160,7 @@ static void test_faults(void)
         char want[64];
         snprintf(want, sizeof want, "injected failure of %s", gm_call_name(kinds[k]));
         CHECK(strstr(gm_last_error(), want) != NULL);
-        gm_stats_t st = stats(pool);
+        gm_stats_t st = pool_stats_of(pool);
         CHECK(st.host_reserved == 0 && st.host_allocated == 0);
         /* The register call was undone when the device-pointer call failed. */
         CHECK(st.backend_calls[GM_CALL_host_unregister] == k);
@@ -184,9 +172,9 @@ static void test_faults(void)
     size_t rel = 1;
     CHECK_RC(gm_host_trim(pool, 0, &rel), GM_BACKEND);
     CHECK(rel == 0);
-    CHECK(stats(pool).host_reserved == 32 * MiB);
+    CHECK(pool_stats_of(pool).host_reserved == 32 * MiB);
     CHECK_OK(gm_host_trim(pool, 0, &rel));
-    CHECK(rel == 32 * MiB && stats(pool).host_reserved == 0);
+    CHECK(rel == 32 * MiB && pool_stats_of(pool).host_reserved == 0);
     /* Reclaim's event calls failing only delay reuse (here: until growth
      * reclaims again and gives the free chunk back). */
     gm_stream_t S;
@@ -197,7 +185,7 @@ static void test_faults(void)
     void *q;
     CHECK_OK(gm_host_alloc(pool, 32 * MiB, NULL, &q));
     CHECK(strcmp(gm_last_error(), "") == 0);
-    CHECK(stats(pool).host_reserved == 32 * MiB);
+    CHECK(pool_stats_of(pool).host_reserved == 32 * MiB);
     CHECK_OK(gm_host_free(pool, q, NULL));
     CHECK_OK(gm_stream_destroy(pool, S));
     gm_pool_destroy(pool);
@@ -216,13 +204,13 @@ static void test_cost_model(void)
     if (!pageable || !dev || !pinned) { CHECK(0); free(pageable); gm_pool_destroy(pool); return; }
     memset(pageable, 1, n);
     memset(pinned, 2, n);
-    uint64_t t0 = stats(pool).modeled_device_ns;
+    uint64_t t0 = pool_stats_of(pool).modeled_device_ns;
     CHECK_OK(gm_memcpy(pool, dev, pageable, n, NULL));
-    uint64_t t1 = stats(pool).modeled_device_ns;
+    uint64_t t1 = pool_stats_of(pool).modeled_device_ns;
     CHECK_OK(gm_memcpy(pool, dev, pinned, n, NULL));
-    uint64_t t2 = stats(pool).modeled_device_ns;
+    uint64_t t2 = pool_stats_of(pool).modeled_device_ns;
     CHECK_OK(gm_memcpy(pool, pageable, dev, n, NULL));
-    uint64_t t3 = stats(pool).modeled_device_ns;
+    uint64_t t3 = pool_stats_of(pool).modeled_device_ns;
     double h2d_pageable = (double)n / (double)(t1 - t0), h2d_pinned = (double)n / (double)(t2 - t1);
     double d2h_pageable = (double)n / (double)(t3 - t2);
     printf("sim model: H2D pageable %.1f GB/s, pinned %.1f GB/s; D2H pageable %.1f GB/s\n",

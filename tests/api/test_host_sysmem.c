@@ -18,23 +18,11 @@
 
 static gm_pool_t *new_pool(unsigned flags)
 {
-    gm_pool_t *pool = NULL;
     gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
     cfg.backend = GM_BACKEND_SIM;
     cfg.sim_capacity = 64 * MiB;
     cfg.flags = flags;
-    if (gm_pool_create(&cfg, &pool) != GM_OK) {
-        fprintf(stderr, "pool: %s\n", gm_last_error());
-        return NULL;
-    }
-    return pool;
-}
-
-static gm_stats_t stats(gm_pool_t *pool)
-{
-    gm_stats_t st = GM_STATS_INIT;
-    if (gm_pool_stats(pool, &st) != GM_OK) memset(&st, 0, sizeof st);
-    return st;
+    return pool_from(&cfg);
 }
 
 static void test_off(void)
@@ -46,7 +34,7 @@ static void test_off(void)
     int rc = gm_alloc(pool, 32 * MiB, NULL, &b);
     CHECK(rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT);
     CHECK(b == NULL);
-    CHECK(stats(pool).sysmem_count == 0);
+    CHECK(pool_stats_of(pool).sysmem_count == 0);
     CHECK_OK(gm_free(pool, a, NULL));
     gm_pool_destroy(pool);
 
@@ -61,10 +49,10 @@ static void test_on(void)
     if (!pool) { CHECK(0); return; }
     void *a, *b, *c;
     CHECK_OK(gm_alloc(pool, 48 * MiB, NULL, &a));
-    gm_stats_t st0 = stats(pool);
+    gm_stats_t st0 = pool_stats_of(pool);
     CHECK_OK(gm_alloc(pool, 32 * MiB + 3, NULL, &b));
     CHECK(b != NULL);
-    gm_stats_t st = stats(pool);
+    gm_stats_t st = pool_stats_of(pool);
     CHECK(st.sysmem_allocated == 32 * MiB + 3);
     CHECK(st.sysmem_allocated_peak == 32 * MiB + 3);
     CHECK(st.sysmem_count == 1);
@@ -86,12 +74,12 @@ static void test_on(void)
     CHECK_OK(gm_stream_create(pool, &S));
     CHECK_OK(gm_record_stream(pool, b, S));
     CHECK_OK(gm_alloc(pool, 24 * MiB, NULL, &c)); /* a second one */
-    CHECK(stats(pool).sysmem_count == 2);
+    CHECK(pool_stats_of(pool).sysmem_count == 2);
     CHECK_OK(gm_free(pool, b, NULL));
     CHECK_RC(gm_free(pool, b, NULL), GM_INVALID_POINTER);
     CHECK_RC(gm_block_size(pool, b, &sz), GM_INVALID_POINTER);
     CHECK_OK(gm_free(pool, c, NULL));
-    st = stats(pool);
+    st = pool_stats_of(pool);
     CHECK(st.sysmem_allocated == 0 && st.sysmem_allocated_peak == 32 * MiB + 3 + 24 * MiB);
     char json[8192];
     CHECK_OK(gm_stats_json(&st, json, sizeof json, NULL));
@@ -104,7 +92,7 @@ static void test_on(void)
     int rc = gm_alloc(pool, 32 * MiB, NULL, &b);
     CHECK(rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT);
     CHECK(strstr(gm_last_error(), "sysmem fallback failed too") != NULL);
-    CHECK(stats(pool).sysmem_count == 2);
+    CHECK(pool_stats_of(pool).sysmem_count == 2);
 
     /* A block left live is released with the pool. */
     CHECK_OK(gm_alloc(pool, 32 * MiB, NULL, &b));
