@@ -19,24 +19,35 @@ Where the library is looked for, in order (the first that loads wins):
 The pools are the library's per-device pools (gm_device_pool): PyTorch, CuPy,
 raw allocations and the figures here all see the same memory.  device=None
 means the default pool (that of $GPUMEM_DEVICE, 0 when unset).
+
+Every public function checks its arguments before it calls the library,
+because ctypes converts silently (2**64 + 4096 becomes 4096 as a size_t, -1
+becomes SIZE_MAX, 2**32 becomes device 0): sizes, limits, offsets, devices
+and streams must be ints (or objects with __index__, like numpy integers;
+bool and float are refused) -> TypeError otherwise; sizes and limits lie in
+[0, 2**63], devices in [0, 2**31), streams in [0, 2**64), memset values in
+[0, 255], and a memset stays inside its allocation -> InvalidArgumentError
+(a ValueError and a GpumemError named GM_INVALID_ARGUMENT) otherwise.
 """
 import ctypes
 import ctypes.util
 import gc
 import json
+import operator
 import os
 import sys
 import threading
 import warnings
 
 __all__ = [
-    "GpumemError", "OutOfMemoryError", "library_path", "version", "stats", "trim",
+    "GpumemError", "OutOfMemoryError", "InvalidArgumentError", "library_path", "version", "stats", "trim",
     "set_limit", "leak_report", "alloc", "Allocation", "max_batch_size", "is_out_of_memory",
     "forget_stream",
 ]
 
 # Status codes of include/gpumem.h (GM_ERRNO_MAP); names come from the library.
 GM_OK = 0
+GM_INVALID_ARGUMENT = 1
 GM_OUT_OF_MEMORY = 2
 GM_LIMIT = 3
 
@@ -52,6 +63,58 @@ class GpumemError(RuntimeError):
 
 class OutOfMemoryError(GpumemError, MemoryError):
     """Out of device memory, or over the pool's limit (GM_OUT_OF_MEMORY, GM_LIMIT)."""
+
+
+class InvalidArgumentError(GpumemError, ValueError):
+    """An argument out of range (GM_INVALID_ARGUMENT): found by the package's
+    own checks before the library is called, or reported by the library."""
+
+    def __init__(self, message, status=GM_INVALID_ARGUMENT, name="GM_INVALID_ARGUMENT"):
+        super().__init__(message, status, name)
+
+
+# Argument limits (see the module's docstring).  A size above 2**63 is no
+# real request; it is refused rather than wrapped by ctypes.
+SIZE_MAX = 1 << 63
+_DEVICE_END = 1 << 31                                    # C int
+_STREAM_END = 1 << (8 * ctypes.sizeof(ctypes.c_void_p))  # a pointer
+
+
+def _integer(value, what):
+    """value as an int: an int or anything with __index__, but not a bool."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError("%s must be an int, not %s" % (what, type(value).__name__))
+    return operator.index(value)
+
+
+def _size(value, what):
+    """A byte count or limit in [0, SIZE_MAX]."""
+    n = _integer(value, what)
+    if not 0 <= n <= SIZE_MAX:
+        raise InvalidArgumentError("%s must be in [0, 2**63], got %d" % (what, n))
+    return n
+
+
+def _device(device):
+    """None (the default pool) or a device ordinal that fits a C int; the
+    library refuses ordinals it has no pool slot for (GM_INVALID_ARGUMENT)."""
+    if device is None:
+        return None
+    d = _integer(device, "device")
+    if not 0 <= d < _DEVICE_END:
+        raise InvalidArgumentError("device must be in [0, 2**31), got %d" % d)
+    return d
+
+
+def _stream(stream, what="stream"):
+    """A stream handle as an int in [0, 2**64); None means 0, the default stream."""
+    if stream is None:
+        return 0
+    s = _integer(stream, what)
+    if not 0 <= s < _STREAM_END:
+        raise InvalidArgumentError("%s must be a stream handle in [0, 2**%d), got %d"
+                                   % (what, 8 * ctypes.sizeof(ctypes.c_void_p), s))
+    return s
 
 
 _lock = threading.Lock()
@@ -159,7 +222,12 @@ def _error(status, what):
     name = lib.gm_errname(status).decode()
     detail = lib.gm_last_error().decode()
     msg = "%s: %s (%s)" % (what, detail or lib.gm_strerror(status).decode(), name)
-    cls = OutOfMemoryError if status in (GM_OUT_OF_MEMORY, GM_LIMIT) else GpumemError
+    if status in (GM_OUT_OF_MEMORY, GM_LIMIT):
+        cls = OutOfMemoryError
+    elif status == GM_INVALID_ARGUMENT:
+        cls = InvalidArgumentError
+    else:
+        cls = GpumemError
     return cls(msg, status, name)
 
 
@@ -169,12 +237,14 @@ def _check(status, what):
 
 
 def _pool(device=None):
+    """The pool of `device` (checked by _device first)."""
+    device = _device(device)
     lib = _library()[0]
     p = ctypes.c_void_p()
     if device is None:
         _check(lib.gm_default_pool(ctypes.byref(p)), "gm_default_pool")
     else:
-        _check(lib.gm_device_pool(int(device), ctypes.byref(p)), "gm_device_pool(%d)" % int(device))
+        _check(lib.gm_device_pool(device, ctypes.byref(p)), "gm_device_pool(%d)" % device)
     return p
 
 
@@ -208,9 +278,10 @@ def reset_peaks(device=None):
 def trim(keep=0, device=None):
     """Give cached memory back to the device until at most `keep` bytes of
     cached memory remain; returns the bytes given back."""
+    keep = _size(keep, "trim: keep")
     lib = _library()[0]
     released = ctypes.c_size_t()
-    _check(lib.gm_trim(_pool(device), int(keep), ctypes.byref(released)), "gm_trim")
+    _check(lib.gm_trim(_pool(device), keep, ctypes.byref(released)), "gm_trim")
     return released.value
 
 
@@ -224,14 +295,18 @@ def forget_stream(stream, device=None):
     handle as an int, e.g. cupy.cuda.Stream.ptr or torch.cuda.Stream.cuda_stream):
     waits for it if the pool holds blocks freed on it and makes them usable
     by every stream, so the pool never records an event on it again."""
+    if stream is None:
+        raise TypeError("forget_stream: stream must be an int (a stream handle), not None")
+    stream = _stream(stream, "forget_stream: stream")
     lib = _library()[0]
-    _check(lib.gm_stream_forget(_pool(device), ctypes.c_void_p(int(stream))), "gm_stream_forget")
+    _check(lib.gm_stream_forget(_pool(device), ctypes.c_void_p(stream)), "gm_stream_forget")
 
 
 def set_limit(limit, device=None):
     """Set the pool's hard limit on reserved bytes (0: the device's memory)."""
+    limit = _size(limit, "set_limit: limit")
     lib = _library()[0]
-    _check(lib.gm_pool_set_limit(_pool(device), int(limit)), "gm_pool_set_limit")
+    _check(lib.gm_pool_set_limit(_pool(device), limit), "gm_pool_set_limit")
 
 
 def leak_report(device=None):
@@ -259,35 +334,58 @@ def leak_report(device=None):
 
 
 class Allocation:
-    """Device memory from gpumem: .ptr (int), .size, .device, .stream.
-    Freed by free(), by leaving a `with` block, or when collected."""
+    """Device memory from gpumem: .ptr (int; 0 for a 0-byte allocation),
+    .size, .device, .stream, all read-only.  Freed by free(), by leaving a
+    `with` block, or when collected; .ptr is None once freed."""
 
-    __slots__ = ("ptr", "size", "device", "stream", "_pool", "__weakref__")
+    __slots__ = ("_ptr", "_size", "_device", "_stream", "_pool", "__weakref__")
 
     def __init__(self, size, stream=0, device=None):
-        lib = _library()[0]
-        self.ptr = None
+        self._ptr = None
+        size = _size(size, "alloc: size")
+        stream = _stream(stream, "alloc: stream")
         self._pool = _pool(device)
-        self.size = int(size)
-        self.device = device
-        self.stream = int(stream or 0)
-        p = ctypes.c_void_p()
-        _check(lib.gm_alloc(self._pool, self.size, ctypes.c_void_p(self.stream), ctypes.byref(p)),
-               "gm_alloc(%d bytes)" % self.size)
-        self.ptr = p.value or 0
-
-    def memset(self, value, size=None):
+        self._size, self._device, self._stream = size, _device(device), stream
         lib = _library()[0]
-        n = self.size if size is None else int(size)
-        _check(lib.gm_memset(self._pool, ctypes.c_void_p(self.ptr), int(value), n,
-                             ctypes.c_void_p(self.stream)), "gm_memset")
+        p = ctypes.c_void_p()
+        _check(lib.gm_alloc(self._pool, size, ctypes.c_void_p(stream), ctypes.byref(p)),
+               "gm_alloc(%d bytes)" % size)
+        self._ptr = p.value or 0
+
+    ptr = property(lambda self: self._ptr, doc="device address (int), None once freed")
+    size = property(lambda self: self._size, doc="bytes requested")
+    device = property(lambda self: self._device, doc="device ordinal, None: the default pool")
+    stream = property(lambda self: self._stream, doc="stream it was allocated and is freed on")
+
+    def memset(self, value, size=None, offset=0):
+        """Set `size` bytes from `offset` to the byte `value` (0..255), on the
+        allocation's stream; size None: to the end.  The range must lie
+        inside the allocation (InvalidArgumentError otherwise)."""
+        if self._ptr is None:
+            raise ValueError("memset on a freed allocation")
+        value = _integer(value, "memset: value")
+        if not 0 <= value <= 255:
+            raise InvalidArgumentError("memset: value must be a byte in [0, 255], got %d" % value)
+        offset = _size(offset, "memset: offset")
+        if offset > self._size:
+            raise InvalidArgumentError("memset: offset %d is past the end of the %d-byte allocation"
+                                       % (offset, self._size))
+        n = self._size - offset if size is None else _size(size, "memset: size")
+        if n > self._size - offset:
+            raise InvalidArgumentError("memset: %d bytes at offset %d run past the end of the "
+                                       "%d-byte allocation" % (n, offset, self._size))
+        if n == 0:
+            return
+        lib = _library()[0]
+        _check(lib.gm_memset(self._pool, ctypes.c_void_p(self._ptr + offset), value, n,
+                             ctypes.c_void_p(self._stream)), "gm_memset")
 
     def free(self):
-        if self.ptr:
-            ptr, self.ptr = self.ptr, None
+        """Free the memory (a second call does nothing)."""
+        ptr, self._ptr = self._ptr, None
+        if ptr:
             lib = _library()[0]
-            _check(lib.gm_free(self._pool, ctypes.c_void_p(ptr), ctypes.c_void_p(self.stream)), "gm_free")
-        self.ptr = None
+            _check(lib.gm_free(self._pool, ctypes.c_void_p(ptr), ctypes.c_void_p(self._stream)), "gm_free")
 
     def __enter__(self):
         return self
@@ -354,9 +452,12 @@ def max_batch_size(step, lo, hi, device=None):
     pool holds more reserved memory at the end than at the start (memory
     kept alive by something step created).
     """
-    lo, hi = int(lo), int(hi)
+    if not callable(step):
+        raise TypeError("max_batch_size: step must be callable, not %s" % type(step).__name__)
+    lo, hi = _integer(lo, "max_batch_size: lo"), _integer(hi, "max_batch_size: hi")
+    device = _device(device)
     if lo < 1 or hi < lo:
-        raise ValueError("max_batch_size: need 1 <= lo <= hi, got lo=%d hi=%d" % (lo, hi))
+        raise InvalidArgumentError("max_batch_size: need 1 <= lo <= hi, got lo=%d hi=%d" % (lo, hi))
     _release_all()
     before = stats(device)["reserved"]
 

@@ -3,7 +3,8 @@
 Every CuPy array then lives in the pool of its device, allocated and freed
 on CuPy's current stream at allocation time; CuPy's own memory pool is out
 of the way.  An allocation that does not fit raises CuPy's
-cupy.cuda.memory.OutOfMemoryError.  CuPy is imported only by enable().
+cupy.cuda.memory.OutOfMemoryError; a size that is not an int in [0, 2**63]
+raises TypeError / gpumem.InvalidArgumentError before the library is called.  CuPy is imported only by enable().
 """
 import ctypes
 
@@ -45,18 +46,19 @@ def enable():
     memory = cupy.cuda.memory
 
     def malloc(size):
+        size = _gm._size(size, "gpumem.cupy allocator: size")  # TypeError / InvalidArgumentError
         device = cupy.cuda.runtime.getDevice()
-        stream = cupy.cuda.get_current_stream().ptr or 0
+        stream = _gm._stream(cupy.cuda.get_current_stream().ptr, "CuPy's current stream")
         pool = _gm._pool(device)
         p = ctypes.c_void_p()
-        rc = lib.gm_alloc(pool, int(size), ctypes.c_void_p(stream), ctypes.byref(p))
+        rc = lib.gm_alloc(pool, size, ctypes.c_void_p(stream), ctypes.byref(p))
         if rc != _gm.GM_OK:
             err = _gm._error(rc, "gm_alloc(%d bytes) for CuPy" % size)
             if isinstance(err, _gm.OutOfMemoryError):
-                raise memory.OutOfMemoryError(int(size), _gm.stats(device)["reserved"]) from err
+                raise memory.OutOfMemoryError(size, _gm.stats(device)["reserved"]) from err
             raise err
         owner = _Block(p.value or 0, stream, pool)
-        mem = memory.UnownedMemory(p.value or 0, int(size), owner, device)
+        mem = memory.UnownedMemory(p.value or 0, size, owner, device)
         return memory.MemoryPointer(mem, 0)
 
     _state["previous"] = memory.get_allocator() if hasattr(memory, "get_allocator") else None

@@ -90,10 +90,33 @@ def hooks():
     return _state["hooks"]
 
 
-def memory_stats(device=None):
-    """gpumem's statistics of the pool behind a CUDA device (default: the
-    current one): what torch.cuda.memory_stats() cannot give for a plugged
-    allocator.  'allocated' is the bytes PyTorch asked for and holds."""
+def _device_index(device):
+    """A CUDA device as PyTorch names it -- None (the current device), an
+    int, "cuda" / "cuda:N", or a torch.device of type cuda -- as an ordinal.
+    TypeError / gpumem.InvalidArgumentError for anything else."""
+    if isinstance(device, str):
+        kind, sep, index = device.partition(":")
+        if kind != "cuda":
+            raise _gm.InvalidArgumentError("device %r is not a CUDA device" % device)
+        if not sep:
+            device = None
+        elif index.isdigit() and index.isascii():
+            device = int(index)
+        else:
+            raise _gm.InvalidArgumentError("device %r: the index after 'cuda:' must be a "
+                                           "non-negative int" % device)
+    elif hasattr(device, "type") and hasattr(device, "index"):  # a torch.device
+        if device.type != "cuda":
+            raise _gm.InvalidArgumentError("device %r is not a CUDA device" % (device,))
+        device = device.index
     if device is None:
         device = _import_torch().cuda.current_device()
-    return _gm.stats(device)
+    return _gm._device(device)
+
+
+def memory_stats(device=None):
+    """gpumem's statistics of the pool behind a CUDA device (default: the
+    current one; an int, "cuda:N" or a torch.device): what
+    torch.cuda.memory_stats() cannot give for a plugged allocator.
+    'allocated' is the bytes PyTorch asked for and holds."""
+    return _gm.stats(_device_index(device))
