@@ -7,14 +7,16 @@ gpumem.torch (PyTorch's pluggable allocator) and gpumem.cupy (CuPy's
 set_allocator); both import their framework only when enabled.
 
 Where the library is looked for, in order (the first that loads wins):
-  1. $GPUMEM_LIBRARY (a path; if set and unloadable, that is an error);
-  2. the build/ folder of the source checkout this package sits in
+  1. libgpumem.so next to this file (the copy a wheel carries);
+  2. $GPUMEM_LIBRARY (a path; if set and unloadable, that is an error);
+  3. the build/ folder of the source checkout this package sits in
      (running from the repository, or installed with pip install -e);
-  3. the build/ folder recorded when the package was installed from a
-     checkout (pip install ./python);
-  4. libgpumem.so next to this file;
-  5. the dynamic loader's search path (ctypes.util.find_library("gpumem"),
+  4. the dynamic loader's search path (ctypes.util.find_library("gpumem"),
      LD_LIBRARY_PATH, ldconfig).
+
+__version__ is GM_VERSION_STRING of include/gpumem.h: recorded in
+_version.py when the wheel is built, read from the header when this package
+runs from a checkout.  version() is the loaded library's gm_version().
 
 The pools are the library's per-device pools (gm_device_pool): PyTorch, CuPy,
 raw allocations and the figures here all see the same memory.  device=None
@@ -40,7 +42,7 @@ import threading
 import warnings
 
 __all__ = [
-    "GpumemError", "OutOfMemoryError", "InvalidArgumentError", "library_path", "version", "stats", "trim",
+    "__version__", "GpumemError", "OutOfMemoryError", "InvalidArgumentError", "library_path", "version", "stats", "trim",
     "set_limit", "leak_report", "alloc", "Allocation", "max_batch_size", "is_out_of_memory",
     "forget_stream",
 ]
@@ -117,23 +119,43 @@ def _stream(stream, what="stream"):
     return s
 
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _header_version(header):
+    """GM_VERSION_STRING of a gpumem.h, None if it has none."""
+    try:
+        with open(header, encoding="utf-8") as f:
+            for line in f:
+                words = line.split()
+                if words[:2] == ["#define", "GM_VERSION_STRING"] and len(words) == 3:
+                    return words[2].strip('"')
+    except OSError:
+        pass
+    return None
+
+
+try:
+    from ._version import __version__  # written by the wheel build
+except ImportError:  # a checkout: its header is the one source of the version
+    __version__ = _header_version(os.path.join(_HERE, "..", "..", "include", "gpumem.h")) or "0+unknown"
+
 _lock = threading.Lock()
 _lib = None
 _lib_path = None
 
 
+def _bundled():
+    """The library a wheel carries, next to this file."""
+    return os.path.join(_HERE, "libgpumem.so")
+
+
 def _candidates():
-    """(description, path or name) in the order they are tried."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    """(description, path or name) in the order they are tried after the
+    bundled library and $GPUMEM_LIBRARY."""
     out = []
-    checkout = os.path.normpath(os.path.join(here, "..", "..", "build", "libgpumem.so"))
+    checkout = os.path.normpath(os.path.join(_HERE, "..", "..", "build", "libgpumem.so"))
     out.append(("source checkout build folder", checkout))
-    try:
-        from . import _location  # written by setup.py at install time
-        out.append(("build folder recorded at install", os.path.join(_location.BUILD_DIR, "libgpumem.so")))
-    except ImportError:
-        pass
-    out.append(("package folder", os.path.join(here, "libgpumem.so")))
     found = ctypes.util.find_library("gpumem")
     if found:
         out.append(("ctypes.util.find_library('gpumem')", found))
@@ -181,6 +203,16 @@ def _library():
     with _lock:
         if _lib is not None:
             return _lib, _lib_path
+        bundled = _bundled()
+        if os.path.exists(bundled):
+            try:
+                lib = ctypes.CDLL(bundled)
+                _declare(lib)
+            except (OSError, AttributeError) as e:
+                raise OSError("gpumem: the library this package carries, %s, cannot be loaded: %s"
+                              % (bundled, e)) from e
+            _lib, _lib_path = lib, bundled
+            return _lib, _lib_path
         env = os.environ.get("GPUMEM_LIBRARY")
         if env:
             try:
@@ -203,8 +235,10 @@ def _library():
                 continue
             _lib, _lib_path = lib, path
             return _lib, _lib_path
-        raise OSError("gpumem: libgpumem.so not found. Build it with `make` in the gpumem checkout, "
-                      "or set GPUMEM_LIBRARY to its path. Looked in:\n" + "\n".join(tried))
+        raise OSError("gpumem: libgpumem.so not found. Install the gpumem wheel (it carries the "
+                      "library), build it with `make` in the gpumem checkout, or set GPUMEM_LIBRARY "
+                      "to its path. Looked in:\n  package folder: %s (no such file)\n" % bundled
+                      + "\n".join(tried))
 
 
 def library_path():
