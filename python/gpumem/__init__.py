@@ -375,6 +375,8 @@ class Allocation:
     __slots__ = ("_ptr", "_size", "_device", "_stream", "_pool", "__weakref__")
 
     def __init__(self, size, stream=0, device=None):
+        if getattr(self, "_ptr", None) is not None:  # a second __init__ would lose the block
+            raise TypeError("Allocation is already initialized")
         self._ptr = None
         size = _size(size, "alloc: size")
         stream = _stream(stream, "alloc: stream")
@@ -426,6 +428,17 @@ class Allocation:
 
     def __exit__(self, *exc):
         self.free()
+
+    # One owner per block: a copy would free it a second time, possibly after
+    # the pool handed it to someone else.
+    def __copy__(self):
+        raise TypeError("an Allocation owns its device memory and cannot be copied")
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce__(self):
+        raise TypeError("an Allocation owns its device memory and cannot be pickled")
 
     def __del__(self):
         try:

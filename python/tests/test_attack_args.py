@@ -113,6 +113,19 @@ class TestAllocArgs(ArgCase):
                         setattr(a, name, value)
             self.assertEqual(a.size, 4096)
 
+    def test_one_owner_per_block(self):
+        import copy
+        import pickle
+        with gpumem.alloc(4096, device=DEV) as a:
+            for dup in (copy.copy, copy.deepcopy, pickle.dumps):
+                with self.subTest(dup=dup):
+                    with self.assertRaises(TypeError):  # the copy's free would free it twice
+                        dup(a)
+            with self.assertRaises(TypeError):
+                a.__init__(8192, device=DEV)  # would lose the first block
+            self.assertEqual(a.size, 4096)
+            self.assertEqual(gpumem.stats(DEV)["allocated"], 4096)
+
     def test_int_like_values_are_accepted(self):
         class Index:  # what numpy integers look like to Python: __index__
             def __init__(self, v):
