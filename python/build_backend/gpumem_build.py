@@ -98,10 +98,17 @@ def _run(cmd, cwd=None):
 
 
 def _compiler():
-    for cc in ([os.environ["CC"]] if os.environ.get("CC") else []) + ["cc", "gcc", "clang"]:
-        path = shutil.which(cc.split()[0])
+    """The C compiler as a command list: $CC (which must exist when set), else
+    the first of cc, gcc, clang on PATH; None when there is none."""
+    if os.environ.get("CC"):
+        words = os.environ["CC"].split()
+        if not shutil.which(words[0]):
+            raise BuildError("gpumem_build: CC=%s: no such compiler" % os.environ["CC"])
+        return words
+    for cc in ("cc", "gcc", "clang"):
+        path = shutil.which(cc)
         if path:
-            return [path] + cc.split()[1:]
+            return [path]
     return None
 
 
