@@ -43,7 +43,7 @@ check "top --json command" '"command":"test_observe"' "$json"
 table=$("$gpumem" top --once)
 check "top table header" "ALLOCATED" "$table"
 check "top table row" "$hpid test_observe" "$table"
-check "top table bytes" "8.39 MB" "$table"
+check "top table bytes" "8.00 MiB" "$table"
 # Not a terminal: top prints one snapshot and exits.
 table2=$(timeout 10 "$gpumem" top </dev/null) || { echo "FAIL: top without a tty did not exit"; fail=1; }
 check "top without tty" "$hpid" "$table2"
