@@ -351,7 +351,10 @@ GM_API int gm_remove_oom_handler(gm_pool_t *pool, gm_oom_handler_t fn, void *use
  * GPUMEM_TRACE=PATH starts it when the first pool is created.  Records go to
  * per-pool binary buffers under the pool lock; a background thread formats
  * and writes them.  Stop flushes everything and closes the file; the file is
- * also complete after a pool is destroyed or at process exit. */
+ * also complete after a pool is destroyed or at process exit.  Both may be
+ * called from any number of threads at once: calls are serialized, start
+ * while a trace runs stops that trace first (the last start wins), and stop
+ * with no trace running is a no-op returning GM_OK. */
 GM_API int gm_trace_start(const char *path);
 GM_API int gm_trace_stop(void);
 
