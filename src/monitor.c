@@ -14,6 +14,21 @@
  * files whose process is gone or whose pid now belongs to another process
  * (its start time in /proc/<pid>/stat differs).  GPUMEM_MONITOR=0 turns it
  * off.
+ *
+ * The directory is shared with other users (/dev/shm is world-writable), so
+ * a name there is never trusted.  The writer creates a fresh file under a
+ * temporary name (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0644), checks with fstat
+ * that it is a regular file of ours, gives it its blocks with
+ * posix_fallocate (a full /dev/shm is then an error here, never a SIGBUS at
+ * a later store), maps it, fills it, and renames it onto gpumem.<pid>: a
+ * symlink or another user's file planted at that name is replaced as a name
+ * (or, in a sticky directory, the rename fails) and never opened.  When the
+ * file cannot be made, the pool works without it and the process says so
+ * once on stderr.  Readers open with O_NONBLOCK|O_NOFOLLOW, accept only
+ * regular files of their own user or root of exactly the segment's size,
+ * read() a private copy (a file truncated meanwhile gives a short read, not
+ * a SIGBUS), validate every field, and turn the strings into printable
+ * ASCII: what a view holds is safe to print anywhere.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -25,6 +40,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "observe.h"
@@ -73,6 +89,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static mon_seg_t *seg;
 static double ns_per_tick;       /* read once at attach: no pthread_once per op */
 static char seg_path[512];
+static bool failure_said;         /* the "no monitor file" note, once */
 
 static const char *dir(void)
 {
@@ -101,43 +118,96 @@ static uint64_t start_time_of(int pid, char *comm, size_t cap)
     return s ? strtoull(s, NULL, 10) : 0;
 }
 
-/* mu held: create the segment. */
+/* mu held: say once on stderr why this process has no monitor file. */
+static void say_no_monitor_locked(const char *path, const char *what, int err)
+{
+    if (failure_said) return;
+    failure_said = true;
+    fprintf(stderr, "gpumem: no monitor file %s (%s: %s); gpumem top and gpumem metrics will "
+            "not show this process\n", path, what, strerror(err));
+}
+
+/* mu held: create the segment (see the file comment: a fresh file under a
+ * temporary name, checked, sized, filled, then renamed into place). */
 static void create_locked(void)
 {
     const char *v = getenv("GPUMEM_MONITOR");
     if (v && !strcmp(v, "0")) return;
-    snprintf(seg_path, sizeof seg_path, "%s/gpumem.%d", dir(), (int)getpid());
-    int fd = open(seg_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return; /* no /dev/shm: the process just is not visible to top */
-    if (ftruncate(fd, sizeof(mon_seg_t)) != 0) {
-        close(fd);
-        unlink(seg_path);
+    const char *d = dir();
+    int pid = (int)getpid();
+    int n = snprintf(seg_path, sizeof seg_path, "%s/gpumem.%d", d, pid);
+    char tmp[sizeof seg_path + 32];
+    if (n < 0 || (size_t)n >= sizeof seg_path) {
+        say_no_monitor_locked(d, "directory name too long", ENAMETOOLONG);
         return;
     }
-    void *m = mmap(NULL, sizeof(mon_seg_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int fd = -1, err = 0;
+    const char *what = "create";
+    for (int tries = 0; tries < 8 && fd < 0; tries++) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        snprintf(tmp, sizeof tmp, "%s/.gpumem.%d.%lx.tmp", d, pid,
+                 (unsigned long)(ts.tv_nsec ^ ((unsigned long)ts.tv_sec << 20)) + (unsigned long)tries);
+        fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        err = errno;
+        if (fd < 0 && err != EEXIST) break;
+    }
+    if (fd < 0) {
+        say_no_monitor_locked(seg_path, what, err);
+        return;
+    }
+    void *m = MAP_FAILED;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        what = "fstat";
+        err = errno;
+    } else if (!S_ISREG(sb.st_mode) || sb.st_uid != geteuid() || (sb.st_mode & 022) ||
+               sb.st_size != 0) {
+        what = "not a fresh regular file of this user";
+        err = EPERM;
+    } else if ((err = posix_fallocate(fd, 0, sizeof(mon_seg_t))) != 0) {
+        what = "allocate"; /* posix_fallocate returns the error */
+    } else if ((m = mmap(NULL, sizeof(mon_seg_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+               MAP_FAILED) {
+        what = "mmap";
+        err = errno;
+    }
     close(fd);
     if (m == MAP_FAILED) {
-        unlink(seg_path);
+        unlink(tmp);
+        say_no_monitor_locked(seg_path, what, err);
         return;
     }
-    seg = m;
-    seg->version = MON_VERSION;
-    seg->size = sizeof *seg;
-    seg->pid = (int32_t)getpid();
-    seg->n_fields = (uint32_t)N_FIELDS;
-    seg->start_time = start_time_of(seg->pid, NULL, 0);
+    mon_seg_t *sg = m;
+    sg->version = MON_VERSION;
+    sg->size = sizeof *sg;
+    sg->pid = (int32_t)pid;
+    sg->n_fields = (uint32_t)N_FIELDS;
+    sg->start_time = start_time_of(pid, NULL, 0);
     /* The full command line's first word beats the 15-byte comm. */
     FILE *f = fopen("/proc/self/cmdline", "r");
     if (f) {
-        size_t n = fread(seg->command, 1, sizeof seg->command - 1, f);
+        size_t k = fread(sg->command, 1, sizeof sg->command - 1, f);
         fclose(f);
-        seg->command[n] = '\0';
-        const char *base = strrchr(seg->command, '/');
-        if (base) memmove(seg->command, base + 1, strlen(base + 1) + 1);
+        sg->command[k] = '\0';
+        const char *base = strrchr(sg->command, '/');
+        if (base) memmove(sg->command, base + 1, strlen(base + 1) + 1);
     }
     for (size_t i = 0; i < N_FIELDS; i++)
-        snprintf(seg->names[i], GM_MON_NAME, "%s", field_names[i]);
-    __atomic_store_n(&seg->magic, MON_MAGIC, __ATOMIC_RELEASE);
+        snprintf(sg->names[i], GM_MON_NAME, "%s", field_names[i]);
+    __atomic_store_n(&sg->magic, MON_MAGIC, __ATOMIC_RELEASE);
+    /* Onto the public name: replaces a stale file of ours, a planted
+     * symlink or a file at that name as a directory entry, never writing
+     * into it; in a sticky directory (/dev/shm) another user's file stays
+     * and the rename fails. */
+    if (rename(tmp, seg_path) != 0) {
+        err = errno;
+        unlink(tmp);
+        munmap(m, sizeof(mon_seg_t));
+        say_no_monitor_locked(seg_path, "rename into place", err);
+        return;
+    }
+    seg = sg;
 }
 
 void gm__monitor_attach(gm_pool_t *pool)
