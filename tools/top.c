@@ -5,7 +5,9 @@
  *
  * The one idea: nothing to connect to.  Each process publishes its pools'
  * counters in a small shared segment (src/monitor.c); this command only
- * reads those files, like top reads /proc, and refreshes.
+ * reads those files, like top reads /proc, and refreshes.  The files may be
+ * hostile: the reader (gm__monitor_scan) hands over only printable ASCII
+ * strings and checked field names, and JSON strings are quoted here.
  */
 #include <errno.h>
 #include <math.h>
@@ -50,8 +52,11 @@ static void print_json(const gm__mon_proc_view_t *v, row_arg_t *a)
         const gm__mon_pool_view_t *p = &v->pools[i];
         fprintf(a->out, "%s{\"device\":%d,\"backend\":", i ? "," : "", p->device);
         gm_cli_json_string(a->out, p->backend);
-        for (unsigned f = 0; f < v->n_fields; f++)
-            fprintf(a->out, ",\"%s\":%llu", v->names[f], (unsigned long long)p->values[f]);
+        for (unsigned f = 0; f < v->n_fields; f++) {
+            fputc(',', a->out);
+            gm_cli_json_string(a->out, v->names[f]);
+            fprintf(a->out, ":%llu", (unsigned long long)p->values[f]);
+        }
         fprintf(a->out, "}");
     }
     fprintf(a->out, "]}");
