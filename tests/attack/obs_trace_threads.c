@@ -8,6 +8,7 @@
  * second stop is a no-op returning GM_OK.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -18,7 +19,7 @@
 static char dir[256];
 static int rounds = 40;
 static gm_pool_t *pool;
-static volatile int done;
+static atomic_int done;
 
 static void *watchdog(void *arg)
 {
