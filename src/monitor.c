@@ -392,14 +392,19 @@ static bool read_seg(const char *path, int name_pid, gm__mon_proc_view_t *v, mon
         if (!s->in_use) continue;
         off_t off = (off_t)offsetof(mon_seg_t, slots) + (off_t)i * (off_t)sizeof *s;
         /* The seqlock, through pread: the slot (seq first), then seq again. */
+        bool got = false;
         for (int tries = 0; tries < 100; tries++) {
-            if (!pread_all(fd, s, sizeof *s, off)) break;
+            if (!pread_all(fd, s, sizeof *s, off)) break; /* truncated meanwhile */
             uint64_t q0 = atomic_load_explicit(&s->seq, memory_order_relaxed), q1;
+            got = true; /* after 100 busy tries: the last copy, as before */
             if (q0 & 1) continue;
-            if (!pread_all(fd, &q1, sizeof q1, off)) break;
+            if (!pread_all(fd, &q1, sizeof q1, off)) {
+                got = false;
+                break;
+            }
             if (q1 == q0) break;
         }
-        if (!s->in_use) continue;
+        if (!got || !s->in_use) continue;
         gm__mon_pool_view_t *p = &v->pools[v->n_pools];
         memcpy(p->values, s->values, sizeof p->values);
         p->slot = i;
