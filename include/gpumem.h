@@ -295,7 +295,10 @@ GM_API int gm_pool_stats(gm_pool_t *pool, gm_stats_t *stats);
 /* Reset the *_peak fields to the current values. */
 GM_API int gm_pool_reset_peaks(gm_pool_t *pool);
 /* Write the stats as one JSON object into buf (always NUL-terminated when
- * cap > 0); *len (optional) receives the length it needed. */
+ * cap > 0); *len (optional) receives the length it needed.  Only the fields
+ * that lie within stats->size are read and printed (an older, smaller
+ * gm_stats_t gives its own fields; backend_calls only when the whole array
+ * fits); a size smaller than the header is GM_INVALID_ARGUMENT. */
 GM_API int gm_stats_json(const gm_stats_t *stats, char *buf, size_t cap, size_t *len);
 
 /* Walk every internal structure of the pool and check its invariants.
@@ -314,7 +317,10 @@ GM_API int gm_pool_check(gm_pool_t *pool);
  *   torch "num_alloc_retries"    == our `retries`;  "num_ooms" == `oom_count`. */
 
 /* Sum of the stats of every live pool of this process (peaks are the sums of
- * the pools' peaks, so an upper bound of the process peak).  Pools register
+ * the pools' peaks, so an upper bound of the process peak).  Two fields are
+ * not sums: largest_free_block is the largest of any pool, and
+ * fragmentation_ppm is 1 - largest_free_block / (mapped - active) over the
+ * process figures.  Pools register
  * themselves at creation and leave at destruction. */
 GM_API int gm_process_stats(gm_stats_t *stats);
 /* gm_pool_reset_peaks on every pool of the process. */
@@ -345,7 +351,10 @@ GM_API int gm_remove_oom_handler(gm_pool_t *pool, gm_oom_handler_t fn, void *use
  * GPUMEM_TRACE=PATH starts it when the first pool is created.  Records go to
  * per-pool binary buffers under the pool lock; a background thread formats
  * and writes them.  Stop flushes everything and closes the file; the file is
- * also complete after a pool is destroyed or at process exit. */
+ * also complete after a pool is destroyed or at process exit.  Both may be
+ * called from any number of threads at once: calls are serialized, start
+ * while a trace runs stops that trace first (the last start wins), and stop
+ * with no trace running is a no-op returning GM_OK. */
 GM_API int gm_trace_start(const char *path);
 GM_API int gm_trace_stop(void);
 

@@ -101,7 +101,7 @@ static inline uint64_t gm__ticks(void) { return gm__now_ns(); }
 #endif
 /* Parse "123", "4k", "2MiB", "1.5G", "80GiB" (binary multiples) into bytes. */
 int gm__parse_size(const char *s, size_t *out);
-/* Format bytes as "13.59 GB" style (decimal) into buf; returns buf. */
+/* Format bytes as "12.66 GiB" style (IEC binary units) into buf; returns buf. */
 const char *gm__fmt_bytes(uint64_t bytes, char *buf, size_t cap);
 
 #define GM_ALIGN_UP(x, a) (((x) + ((a) - 1)) & ~((uintptr_t)(a) - 1))

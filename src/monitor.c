@@ -14,6 +14,21 @@
  * files whose process is gone or whose pid now belongs to another process
  * (its start time in /proc/<pid>/stat differs).  GPUMEM_MONITOR=0 turns it
  * off.
+ *
+ * The directory is shared with other users (/dev/shm is world-writable), so
+ * a name there is never trusted.  The writer creates a fresh file under a
+ * temporary name (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0644), checks with fstat
+ * that it is a regular file of ours, gives it its blocks with
+ * posix_fallocate (a full /dev/shm is then an error here, never a SIGBUS at
+ * a later store), maps it, fills it, and renames it onto gpumem.<pid>: a
+ * symlink or another user's file planted at that name is replaced as a name
+ * (or, in a sticky directory, the rename fails) and never opened.  When the
+ * file cannot be made, the pool works without it and the process says so
+ * once on stderr.  Readers open with O_NONBLOCK|O_NOFOLLOW, accept only
+ * regular files of their own user or root of exactly the segment's size,
+ * read() a private copy (a file truncated meanwhile gives a short read, not
+ * a SIGBUS), validate every field, and turn the strings into printable
+ * ASCII: what a view holds is safe to print anywhere.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -25,6 +40,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "observe.h"
@@ -73,6 +89,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static mon_seg_t *seg;
 static double ns_per_tick;       /* read once at attach: no pthread_once per op */
 static char seg_path[512];
+static bool failure_said;         /* the "no monitor file" note, once */
 
 static const char *dir(void)
 {
@@ -101,43 +118,96 @@ static uint64_t start_time_of(int pid, char *comm, size_t cap)
     return s ? strtoull(s, NULL, 10) : 0;
 }
 
-/* mu held: create the segment. */
+/* mu held: say once on stderr why this process has no monitor file. */
+static void say_no_monitor_locked(const char *path, const char *what, int err)
+{
+    if (failure_said) return;
+    failure_said = true;
+    fprintf(stderr, "gpumem: no monitor file %s (%s: %s); gpumem top and gpumem metrics will "
+            "not show this process\n", path, what, strerror(err));
+}
+
+/* mu held: create the segment (see the file comment: a fresh file under a
+ * temporary name, checked, sized, filled, then renamed into place). */
 static void create_locked(void)
 {
     const char *v = getenv("GPUMEM_MONITOR");
     if (v && !strcmp(v, "0")) return;
-    snprintf(seg_path, sizeof seg_path, "%s/gpumem.%d", dir(), (int)getpid());
-    int fd = open(seg_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return; /* no /dev/shm: the process just is not visible to top */
-    if (ftruncate(fd, sizeof(mon_seg_t)) != 0) {
-        close(fd);
-        unlink(seg_path);
+    const char *d = dir();
+    int pid = (int)getpid();
+    int n = snprintf(seg_path, sizeof seg_path, "%s/gpumem.%d", d, pid);
+    char tmp[sizeof seg_path + 32];
+    if (n < 0 || (size_t)n >= sizeof seg_path) {
+        say_no_monitor_locked(d, "directory name too long", ENAMETOOLONG);
         return;
     }
-    void *m = mmap(NULL, sizeof(mon_seg_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int fd = -1, err = 0;
+    const char *what = "create";
+    for (int tries = 0; tries < 8 && fd < 0; tries++) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        snprintf(tmp, sizeof tmp, "%s/.gpumem.%d.%lx.tmp", d, pid,
+                 (unsigned long)(ts.tv_nsec ^ ((unsigned long)ts.tv_sec << 20)) + (unsigned long)tries);
+        fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        err = errno;
+        if (fd < 0 && err != EEXIST) break;
+    }
+    if (fd < 0) {
+        say_no_monitor_locked(seg_path, what, err);
+        return;
+    }
+    void *m = MAP_FAILED;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        what = "fstat";
+        err = errno;
+    } else if (!S_ISREG(sb.st_mode) || sb.st_uid != geteuid() || (sb.st_mode & 022) ||
+               sb.st_size != 0) {
+        what = "not a fresh regular file of this user";
+        err = EPERM;
+    } else if ((err = posix_fallocate(fd, 0, sizeof(mon_seg_t))) != 0) {
+        what = "allocate"; /* posix_fallocate returns the error */
+    } else if ((m = mmap(NULL, sizeof(mon_seg_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+               MAP_FAILED) {
+        what = "mmap";
+        err = errno;
+    }
     close(fd);
     if (m == MAP_FAILED) {
-        unlink(seg_path);
+        unlink(tmp);
+        say_no_monitor_locked(seg_path, what, err);
         return;
     }
-    seg = m;
-    seg->version = MON_VERSION;
-    seg->size = sizeof *seg;
-    seg->pid = (int32_t)getpid();
-    seg->n_fields = (uint32_t)N_FIELDS;
-    seg->start_time = start_time_of(seg->pid, NULL, 0);
+    mon_seg_t *sg = m;
+    sg->version = MON_VERSION;
+    sg->size = sizeof *sg;
+    sg->pid = (int32_t)pid;
+    sg->n_fields = (uint32_t)N_FIELDS;
+    sg->start_time = start_time_of(pid, NULL, 0);
     /* The full command line's first word beats the 15-byte comm. */
     FILE *f = fopen("/proc/self/cmdline", "r");
     if (f) {
-        size_t n = fread(seg->command, 1, sizeof seg->command - 1, f);
+        size_t k = fread(sg->command, 1, sizeof sg->command - 1, f);
         fclose(f);
-        seg->command[n] = '\0';
-        const char *base = strrchr(seg->command, '/');
-        if (base) memmove(seg->command, base + 1, strlen(base + 1) + 1);
+        sg->command[k] = '\0';
+        const char *base = strrchr(sg->command, '/');
+        if (base) memmove(sg->command, base + 1, strlen(base + 1) + 1);
     }
     for (size_t i = 0; i < N_FIELDS; i++)
-        snprintf(seg->names[i], GM_MON_NAME, "%s", field_names[i]);
-    __atomic_store_n(&seg->magic, MON_MAGIC, __ATOMIC_RELEASE);
+        snprintf(sg->names[i], GM_MON_NAME, "%s", field_names[i]);
+    __atomic_store_n(&sg->magic, MON_MAGIC, __ATOMIC_RELEASE);
+    /* Onto the public name: replaces a stale file of ours, a planted
+     * symlink or a file at that name as a directory entry, never writing
+     * into it; in a sticky directory (/dev/shm) another user's file stays
+     * and the rename fails. */
+    if (rename(tmp, seg_path) != 0) {
+        err = errno;
+        unlink(tmp);
+        munmap(m, sizeof(mon_seg_t));
+        say_no_monitor_locked(seg_path, "rename into place", err);
+        return;
+    }
+    seg = sg;
 }
 
 void gm__monitor_attach(gm_pool_t *pool)
@@ -242,56 +312,108 @@ uint64_t gm__monitor_value(const gm__mon_proc_view_t *v, const gm__mon_pool_view
     return 0;
 }
 
-static bool read_seg(const char *path, int name_pid, gm__mon_proc_view_t *v)
+/* A stats field name as we write them: [a-z0-9_]+, terminated in the buffer. */
+static bool valid_name(const char *s, size_t cap)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    size_t n = strnlen(s, cap);
+    if (n == 0 || n == cap) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+            return false;
+    return true;
+}
+
+/* Copy src (cap bytes, maybe unterminated) into dst as printable ASCII: any
+ * control character, DEL or non-ASCII byte becomes '?', so a command name
+ * cannot move the cursor, clear the screen or break a line or a JSON or
+ * Prometheus string. */
+static void printable_copy(char *dst, const char *src, size_t cap)
+{
+    size_t i = 0;
+    for (; i + 1 < cap && src[i]; i++)
+        dst[i] = (unsigned char)src[i] < 0x20 || (unsigned char)src[i] >= 0x7f ? '?' : src[i];
+    dst[i] = '\0';
+}
+
+/* n bytes at off, all of them (a file truncated meanwhile: false). */
+static bool pread_all(int fd, void *buf, size_t n, off_t off)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, off + (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        got += (size_t)r;
+    }
+    return true;
+}
+
+/* Read one segment into *v through the private copy m.  The file is another
+ * process's, maybe another user's: opened without following links or
+ * blocking (a FIFO), accepted only as a regular file of this user or root of
+ * exactly a segment's size, read with pread (never mapped, so truncation
+ * cannot raise SIGBUS), every header field checked. */
+static bool read_seg(const char *path, int name_pid, gm__mon_proc_view_t *v, mon_seg_t *m)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return false;
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || (size_t)sb.st_size < sizeof(mon_seg_t)) {
+    uid_t me = geteuid();
+    bool ok = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && (sb.st_uid == me || sb.st_uid == 0) &&
+              sb.st_size == (off_t)sizeof(mon_seg_t) && pread_all(fd, m, sizeof *m, 0);
+    if (!ok) {
         close(fd);
         return false;
     }
-    const mon_seg_t *m = mmap(NULL, sizeof(mon_seg_t), PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) return false;
-    bool ok = __atomic_load_n(&m->magic, __ATOMIC_ACQUIRE) == MON_MAGIC &&
-              m->version == MON_VERSION && m->n_fields <= GM_MON_MAX_FIELDS;
-    if (ok) {
-        memset(v, 0, sizeof *v);
-        v->pid = m->pid;
-        memcpy(v->command, m->command, sizeof v->command);
-        v->command[sizeof v->command - 1] = '\0';
-        v->n_fields = m->n_fields;
-        memcpy(v->names, m->names, sizeof v->names);
-        for (unsigned i = 0; i < v->n_fields; i++) v->names[i][GM_MON_NAME - 1] = '\0';
-        /* The process must be alive and the same one (pids are reused). */
-        if (m->pid != name_pid) ok = false; /* a copied or corrupt file */
-        else if (kill(m->pid, 0) != 0 && errno == ESRCH) ok = false;
-        else if (start_time_of(m->pid, NULL, 0) != m->start_time) ok = false;
-        for (int i = 0; ok && i < MON_SLOTS; i++) {
-            const struct gm__mon_slot *s = &m->slots[i];
-            if (!s->in_use) continue;
-            gm__mon_pool_view_t *p = &v->pools[v->n_pools];
-            for (int tries = 0; tries < 100; tries++) {
-                uint64_t q0 = atomic_load_explicit(&s->seq, memory_order_acquire);
-                if (q0 & 1) continue;
-                memcpy(p->values, (const void *)s->values, sizeof p->values);
-                SEQ_FENCE(memory_order_acquire);
-                if (atomic_load_explicit(&s->seq, memory_order_relaxed) == q0) break;
-            }
-            p->device = s->device;
-            memcpy(p->backend, s->backend, sizeof p->backend);
-            p->backend[sizeof p->backend - 1] = '\0';
-            v->n_pools++;
-        }
-        if (!ok) {
-            munmap((void *)m, sizeof(mon_seg_t));
-            unlink(path); /* stale: its process is gone */
-            return false;
-        }
+    ok = m->magic == MON_MAGIC && m->version == MON_VERSION && m->size == sizeof(mon_seg_t) &&
+         m->n_fields > 0 && m->n_fields <= GM_MON_MAX_FIELDS;
+    for (unsigned i = 0; ok && i < m->n_fields; i++) ok = valid_name(m->names[i], GM_MON_NAME);
+    if (!ok) { /* not a segment of ours (junk, a copy, a forgery): left alone */
+        close(fd);
+        return false;
     }
-    munmap((void *)m, sizeof(mon_seg_t));
-    return ok;
+    memset(v, 0, sizeof *v);
+    v->pid = m->pid;
+    printable_copy(v->command, m->command, sizeof v->command);
+    v->n_fields = m->n_fields;
+    for (unsigned i = 0; i < v->n_fields; i++) memcpy(v->names[i], m->names[i], GM_MON_NAME);
+    /* The process must be the one named, alive and the same one (pids are
+     * reused). */
+    bool live = m->pid == name_pid && !(kill(m->pid, 0) != 0 && errno == ESRCH) &&
+                start_time_of(m->pid, NULL, 0) == m->start_time;
+    if (!live) {
+        close(fd);
+        /* Stale (its process is gone) or a copied file: removed when ours. */
+        if (sb.st_uid == me) unlink(path);
+        return false;
+    }
+    for (int i = 0; i < MON_SLOTS && v->n_pools < sizeof v->pools / sizeof v->pools[0]; i++) {
+        struct gm__mon_slot *s = &m->slots[i];
+        if (!s->in_use) continue;
+        off_t off = (off_t)offsetof(mon_seg_t, slots) + (off_t)i * (off_t)sizeof *s;
+        /* The seqlock, through pread: the slot (seq first), then seq again. */
+        bool got = false;
+        for (int tries = 0; tries < 100; tries++) {
+            if (!pread_all(fd, s, sizeof *s, off)) break; /* truncated meanwhile */
+            uint64_t q0 = atomic_load_explicit(&s->seq, memory_order_relaxed), q1;
+            got = true; /* after 100 busy tries: the last copy, as before */
+            if (q0 & 1) continue;
+            if (!pread_all(fd, &q1, sizeof q1, off)) {
+                got = false;
+                break;
+            }
+            if (q1 == q0) break;
+        }
+        if (!got || !s->in_use) continue;
+        gm__mon_pool_view_t *p = &v->pools[v->n_pools];
+        memcpy(p->values, s->values, sizeof p->values);
+        p->slot = i;
+        p->device = s->device;
+        printable_copy(p->backend, s->backend, sizeof p->backend);
+        v->n_pools++;
+    }
+    close(fd);
+    return true;
 }
 
 int gm__monitor_scan(void (*fn)(const gm__mon_proc_view_t *v, void *arg), void *arg)
@@ -300,7 +422,10 @@ int gm__monitor_scan(void (*fn)(const gm__mon_proc_view_t *v, void *arg), void *
     if (!d) return -1;
     int n = 0;
     gm__mon_proc_view_t *v = malloc(sizeof *v);
-    if (!v) {
+    mon_seg_t *m = malloc(sizeof *m);
+    if (!v || !m) {
+        free(v);
+        free(m);
         closedir(d);
         errno = ENOMEM;
         return -1;
@@ -313,11 +438,12 @@ int gm__monitor_scan(void (*fn)(const gm__mon_proc_view_t *v, void *arg), void *
         if (*end || end == e->d_name + 7 || pid <= 0 || pid > INT32_MAX) continue;
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", dir(), e->d_name);
-        if (!read_seg(path, (int)pid, v)) continue;
+        if (!read_seg(path, (int)pid, v, m)) continue;
         fn(v, arg);
         n++;
     }
     closedir(d);
     free(v);
+    free(m);
     return n;
 }

@@ -191,9 +191,15 @@ int gm_pool_reset_peaks(gm_pool_t *pool)
 
 /* ---- the process ------------------------------------------------------------------ */
 
+typedef struct process_sum {
+    gm_stats_t sum;
+    uint64_t largest; /* the largest free block of any pool */
+} process_sum_t;
+
 static void add_pool(gm_pool_t *pool, void *arg)
 {
-    gm_stats_t *sum = arg, s;
+    process_sum_t *ps = arg;
+    gm_stats_t *sum = &ps->sum, s;
     gm__lock(&pool->lock);
     gm__stats_snapshot_locked(pool, &s);
     gm__unlock(&pool->lock);
@@ -202,20 +208,23 @@ static void add_pool(gm_pool_t *pool, void *arg)
     GM_STAT_FIELDS(GM__STAT_ADD)
 #undef GM__STAT_ADD
     for (int k = 0; k < GM_CALL_COUNT; k++) sum->backend_calls[k] += s.backend_calls[k];
-    /* Not additive: the largest block of any pool, fragmentation recomputed. */
-    if (s.largest_free_block > sum->fragmentation_ppm) sum->fragmentation_ppm = s.largest_free_block;
+    if (s.largest_free_block > ps->largest) ps->largest = s.largest_free_block;
 }
 
+/* Not additive: largest_free_block is the largest block of any pool (one
+ * allocation is served by one pool), and fragmentation_ppm is recomputed
+ * from the process figures with the per-pool formula: 1 - largest free block
+ * / (mapped - active), over all pools. */
 int gm_process_stats(gm_stats_t *stats)
 {
     if (!stats || stats->size < offsetof(gm_stats_t, allocated))
         return gm__set_error(GM_INVALID_ARGUMENT,
                              "gm_process_stats: initialise stats with GM_STATS_INIT");
-    gm_stats_t s;
-    memset(&s, 0, sizeof s);
-    gm__registry_foreach(add_pool, &s);
-    /* add_pool kept the largest single block in fragmentation_ppm. */
-    s.largest_free_block = s.fragmentation_ppm;
+    process_sum_t ps;
+    memset(&ps, 0, sizeof ps);
+    gm__registry_foreach(add_pool, &ps);
+    gm_stats_t s = ps.sum;
+    s.largest_free_block = ps.largest;
     uint64_t free_mapped = s.mapped > s.active ? s.mapped - s.active : 0;
     s.fragmentation_ppm =
         free_mapped && s.largest_free_block < free_mapped
@@ -243,9 +252,19 @@ int gm_process_reset_peaks(void)
 
 /* ---- JSON ------------------------------------------------------------------------- */
 
+/* Does field (at offset off, n bytes) lie inside the caller's struct? */
+#define FITS(st, off, n) ((off) + (n) <= (st)->size)
+
 int gm_stats_json(const gm_stats_t *st, char *buf, size_t cap, size_t *len)
 {
     if (!st || (!buf && cap)) return gm__set_error(GM_INVALID_ARGUMENT, "gm_stats_json: NULL argument");
+    /* A versioned struct: only the bytes the caller's `size` covers are
+     * read, so an older, smaller gm_stats_t prints its own fields and no
+     * more (a newer, larger one prints the fields this library knows). */
+    if (st->size < offsetof(gm_stats_t, allocated))
+        return gm__set_error(GM_INVALID_ARGUMENT,
+                             "gm_stats_json: stats->size %zu is too small (initialise with GM_STATS_INIT)",
+                             st->size);
     size_t at = 0;
 #define PUT(...)                                                               \
     do {                                                                       \
@@ -256,10 +275,16 @@ int gm_stats_json(const gm_stats_t *st, char *buf, size_t cap, size_t *len)
     const char *sep = "";
     PUT("{");
 #define GM__STAT_JSON(name, desc)                                              \
-    PUT("%s\"" #name "\":%llu", sep, (unsigned long long)st->name);            \
-    sep = ",";
+    if (FITS(st, offsetof(gm_stats_t, name), sizeof st->name)) {               \
+        PUT("%s\"" #name "\":%llu", sep, (unsigned long long)st->name);        \
+        sep = ",";                                                             \
+    }
     GM_STAT_FIELDS(GM__STAT_JSON)
 #undef GM__STAT_JSON
+    if (!FITS(st, offsetof(gm_stats_t, backend_calls), sizeof st->backend_calls)) {
+        PUT("}");
+        goto done;
+    }
     PUT(",\"backend_calls\":{");
     sep = "";
     for (int k = 0; k < GM_CALL_COUNT; k++) {
@@ -267,6 +292,7 @@ int gm_stats_json(const gm_stats_t *st, char *buf, size_t cap, size_t *len)
         sep = ",";
     }
     PUT("}}");
+done:
 #undef PUT
     if (len) *len = at;
     if (cap && at >= cap) {

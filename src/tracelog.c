@@ -15,6 +15,12 @@
  * with its record, and the writer adds a line "ROW,BYTES,SITE" to the side
  * file PATH.sites (ROW: the allocate row's number among the data rows, from
  * 1), symbolized there.  The CSV itself stays exactly RMM's format.
+ *
+ * Start and stop: one mutex (life_mu) is held for the whole of
+ * gm_trace_start and gm_trace_stop, so the writer thread's life (create,
+ * stop, join, file close) is changed by one caller at a time, from any
+ * number of threads; a stop with no trace running is a no-op.  Lock order:
+ * life_mu, then the registry, then a pool's lock, then mu.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -60,6 +66,7 @@ static void buf_free(struct gm__trace_buf *b)
     free(b);
 }
 
+static pthread_mutex_t life_mu = PTHREAD_MUTEX_INITIALIZER; /* start/stop, whole */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;  /* everything below */
 static pthread_cond_t cv_work = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t cv_done = PTHREAD_COND_INITIALIZER;
@@ -359,7 +366,8 @@ static int close_file_locked(void)
     return rc;
 }
 
-int gm_trace_stop(void)
+/* life_mu held: stop the writer, close the file. */
+static int stop_life_locked(void)
 {
     if (!atomic_exchange(&gm__trace_on, 0)) return GM_OK;
     if (!writer_running) return GM_OK;
@@ -387,12 +395,22 @@ int gm_trace_stop(void)
     return GM_OK;
 }
 
+/* Takes life_mu (and, inside, the registry, pool locks and mu). */
+int gm_trace_stop(void)
+{
+    pthread_mutex_lock(&life_mu);
+    int rc = stop_life_locked();
+    pthread_mutex_unlock(&life_mu);
+    return rc;
+}
+
 /* A child forked while tracing has no writer thread, and the file is the
  * parent's: it stops tracing without writing or closing anything (closing
  * would write the parent's buffered rows a second time). */
 static void atfork_child(void)
 {
     atomic_store(&gm__trace_on, 0);
+    pthread_mutex_init(&life_mu, NULL);
     pthread_mutex_init(&mu, NULL);
     queue_head = queue_tail = NULL;
     writer_running = writer_busy = writer_stop = false;
@@ -413,7 +431,6 @@ int gm_trace_start(const char *path)
     if (!path || !*path) return gm__set_error(GM_INVALID_ARGUMENT, "gm_trace_start: no path");
     if (strlen(path) >= sizeof path_now)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_trace_start: path too long");
-    GM_CHECK(gm_trace_stop());
     size_t n = strlen(path);
     bool gzip = n > 3 && !strcmp(path + n - 3, ".gz");
 #ifndef GM_HAVE_ZLIB
@@ -421,8 +438,13 @@ int gm_trace_start(const char *path)
         return gm__set_error(GM_NOT_SUPPORTED, "gm_trace_start: %s: this build has no zlib for "
                              "gzip output; use a path without .gz", path);
 #endif
+    pthread_mutex_lock(&life_mu);
+    int rc = stop_life_locked();
+    if (rc != GM_OK) {
+        pthread_mutex_unlock(&life_mu);
+        return rc;
+    }
     pthread_mutex_lock(&mu);
-    int rc = GM_OK;
     const char *header = "Thread,Time,Action,Pointer,Size,Stream\n";
 #ifdef GM_HAVE_ZLIB
     if (gzip) {
@@ -454,5 +476,6 @@ int gm_trace_start(const char *path)
     }
     pthread_mutex_unlock(&mu);
     if (rc == GM_OK) atomic_store(&gm__trace_on, 1);
+    pthread_mutex_unlock(&life_mu);
     return rc;
 }

@@ -1,12 +1,14 @@
 /*
  * util.c — small host-side helpers with no state: the monotonic clock, size
  * parsing for configuration ("80GiB") and human-readable byte counts for
- * reports ("13.59 GB").
+ * reports ("12.66 GiB").
  *
- * The one idea: sizes people type are binary ("2M" is 2 MiB, as in every
- * allocator setting they know), sizes we print are decimal with the unit
- * spelled out (kB, MB, GB), so a printed figure is never mistaken for a
- * config value.  Parsing is exact integer arithmetic (no floating point), so
+ * The one idea: sizes are binary both ways.  People type binary sizes ("2M"
+ * is 2 MiB, as in every allocator setting they know), and we print them with
+ * the IEC unit spelled out (KiB, MiB, GiB, ...), so a printed figure reads
+ * back as the same quantity when pasted into a setting ("8.00 GiB" is
+ * exactly what GPUMEM_LIMIT=8GiB means).  Machine-readable outputs (JSON,
+ * Prometheus) never go through here: they carry plain byte counts.  Parsing is exact integer arithmetic (no floating point), so
  * "1.5G" is exactly 1610612736 and overflow is always detected.  Nothing here
  * allocates or takes a lock.
  */
@@ -142,19 +144,19 @@ overflow:
 
 const char *gm__fmt_bytes(uint64_t bytes, char *buf, size_t cap)
 {
-    static const char *const units[] = {"kB", "MB", "GB", "TB", "PB", "EB"};
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
     if (buf == NULL || cap == 0) return buf;
-    if (bytes < 1000) {
+    if (bytes < 1024) {
         snprintf(buf, cap, "%u B", (unsigned)bytes);
         return buf;
     }
-    /* Pick the unit whose value, rounded to two decimals, stays below 1000,
-     * so 999999 prints "1.00 MB" and not "1000.00 kB". */
+    /* Pick the unit whose value, rounded to two decimals, stays below 1024,
+     * so 1048575 prints "1.00 MiB" and not "1024.00 KiB". */
     double v = (double)bytes;
     size_t u = 0;
-    v /= 1000.0;
-    while (u + 1 < sizeof units / sizeof units[0] && v >= 999.995) {
-        v /= 1000.0;
+    v /= 1024.0;
+    while (u + 1 < sizeof units / sizeof units[0] && v >= 1023.995) {
+        v /= 1024.0;
         u++;
     }
     snprintf(buf, cap, "%.2f %s", v, units[u]);

@@ -8,6 +8,12 @@
  * and unit: fields ending in _count or _total, and retries, pages_stolen,
  * oom_handler_calls and alloc_failures are counters (`_total`); *_ns become
  * seconds counters; *_ppm a ratio gauge; bytes fields end in `_bytes`.
+ *
+ * Every series is unique: labels device, backend, command, pid and pool (the
+ * pool's slot in its process).  Two processes of the same command, or two
+ * pools of one process on one device, would otherwise print the same label
+ * set twice, and a Prometheus textfile collector rejects the whole file.
+ * docs/observability.md says why pid rather than summing per command.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,11 +26,12 @@
 void gm_cli_metrics_usage(FILE *out)
 {
     fprintf(out,
-            "usage: gpumem metrics [--pid-labels]\n\n"
+            "usage: gpumem metrics\n\n"
             "Print the counters of every process using gpumem on this machine (see\n"
             "gpumem top) in Prometheus text exposition format: gpumem_<field>_bytes\n"
-            "gauges, gpumem_<field>_total counters, labels device, backend, command.\n\n"
-            "  --pid-labels    add a pid label (one series per process)\n");
+            "gauges, gpumem_<field>_total counters, labels device, backend, command,\n"
+            "pid, pool (one series per pool of each process: never a duplicate).\n\n"
+            "  --pid-labels    accepted for compatibility (pid labels are always on)\n");
 }
 
 static const char *const descs[][2] = {
@@ -99,13 +106,12 @@ static void label_value(FILE *out, const char *s)
 
 int gm_cli_metrics(int argc, char **argv)
 {
-    int pid_labels = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             gm_cli_metrics_usage(stdout);
             return 0;
         } else if (!strcmp(argv[i], "--pid-labels")) {
-            pid_labels = 1;
+            /* the default now */
         } else {
             fprintf(stderr, "gpumem metrics: unknown option '%s'\n", argv[i]);
             gm_cli_metrics_usage(stderr);
@@ -133,8 +139,7 @@ int gm_cli_metrics(int argc, char **argv)
                 label_value(stdout, p->backend);
                 printf("\",command=\"");
                 label_value(stdout, v->command);
-                printf("\"");
-                if (pid_labels) printf(",pid=\"%d\"", v->pid);
+                printf("\",pid=\"%d\",pool=\"%d\"", v->pid, p->slot);
                 uint64_t x = gm__monitor_value(v, p, descs[f][0]);
                 if (scale == 1) printf("} %llu\n", (unsigned long long)x);
                 else printf("} %.9g\n", (double)x * scale);

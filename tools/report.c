@@ -11,6 +11,11 @@
  * The page (tools/report/page.html, embedded at build time) draws the data
  * and runs its own consistency checks, writing "ok" into #checks and the
  * title, which the headless-browser test reads.
+ *
+ * Strings from files (the trace's name, the call sites of TRACE.sites) are
+ * data inside the page's <script>: script_string escapes them for a JSON
+ * string that is also inert HTML, so no file can end the script or add
+ * markup.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +102,49 @@ static size_t load_sites(const char *trace, site_t *tab, uint64_t *rows)
     fclose(f);
     qsort(tab, SITE_SLOTS, sizeof *tab, cmp_site);
     return n;
+}
+
+/* Length of the valid UTF-8 sequence at p (1..4), or 0 when it is not one. */
+static int utf8_len(const unsigned char *p)
+{
+    int n = p[0] < 0x80 ? 1 : (p[0] & 0xe0) == 0xc0 ? 2 : (p[0] & 0xf0) == 0xe0 ? 3
+            : (p[0] & 0xf8) == 0xf0 ? 4 : 0;
+    if (n == 2 && p[0] < 0xc2) return 0; /* overlong */
+    for (int k = 1; k < n; k++)
+        if ((p[k] & 0xc0) != 0x80) return 0;
+    if (n == 3 && ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] >= 0xa0))) return 0;
+    if (n == 4 && ((p[0] == 0xf0 && p[1] < 0x90) || p[0] > 0xf4 || (p[0] == 0xf4 && p[1] >= 0x90)))
+        return 0;
+    return n;
+}
+
+/* Write s as a JSON string literal safe inside an HTML <script>: besides
+ * the quote and backslash, <, >, & (no "</script>", "<!--" or entity can
+ * appear), U+2028/2029 (line ends to older JavaScript) and control
+ * characters become \u escapes; bytes that are not UTF-8 become U+FFFD. */
+static void script_string(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        int n = utf8_len(p);
+        if (n == 0) {
+            fputs("\\ufffd", out);
+            p++;
+        } else if (n == 1) {
+            if (*p == '"' || *p == '\\') fprintf(out, "\\%c", *p);
+            else if (*p < 0x20 || *p == 0x7f || *p == '<' || *p == '>' || *p == '&')
+                fprintf(out, "\\u%04x", *p);
+            else fputc(*p, out);
+            p++;
+        } else if (n == 3 && p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9)) {
+            fprintf(out, "\\u%04x", p[2] == 0xa8 ? 0x2028 : 0x2029);
+            p += 3;
+        } else {
+            fwrite(p, 1, (size_t)n, out);
+            p += n;
+        }
+    }
+    fputc('"', out);
 }
 
 static void progress(const char *what, size_t done, size_t n, int *shown)
@@ -244,7 +292,7 @@ int gm_cli_report(int argc, char **argv)
     fwrite(page, 1, (size_t)(at - page), out);
     fprintf(out, "{\"name\":");
     const char *base = strrchr(in, '/');
-    gm_cli_json_string(out, base ? base + 1 : in);
+    script_string(out, base ? base + 1 : in);
     fprintf(out, ",\"ops\":%zu,\"n_allocs\":%llu,\"n_frees\":%llu,\"alloc_failures\":%llu,"
             "\"live_peak\":%llu,\"live_final\":%llu,\"reserved_peak\":%llu,\"replayed\":%s,"
             "\"peak_op\":%zu,\"gap_cap\":%llu,\"live\":[",
@@ -271,7 +319,7 @@ int gm_cli_report(int argc, char **argv)
     fprintf(out, "],\"site_rows\":%llu,\"sites\":[", (unsigned long long)site_rows);
     for (size_t k = 0; k < n_sites && k < 20; k++) {
         fprintf(out, "%s[", k ? "," : "");
-        gm_cli_json_string(out, sites[k].name);
+        script_string(out, sites[k].name);
         fprintf(out, ",%llu,%llu]", (unsigned long long)sites[k].bytes,
                 (unsigned long long)sites[k].count);
     }

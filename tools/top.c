@@ -5,9 +5,12 @@
  *
  * The one idea: nothing to connect to.  Each process publishes its pools'
  * counters in a small shared segment (src/monitor.c); this command only
- * reads those files, like top reads /proc, and refreshes.
+ * reads those files, like top reads /proc, and refreshes.  The files may be
+ * hostile: the reader (gm__monitor_scan) hands over only printable ASCII
+ * strings and checked field names, and JSON strings are quoted here.
  */
 #include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -31,7 +34,7 @@ void gm_cli_top_usage(FILE *out)
             "(gpumem.<pid>); files of dead processes are ignored and removed.\n\n"
             "  --once          print one snapshot and exit (also without a terminal)\n"
             "  --json          one JSON array of processes (implies --once)\n"
-            "  --interval S    seconds between refreshes (default 1)\n");
+            "  --interval S    seconds between refreshes, 0.1 to 3600 (default 1)\n");
 }
 
 typedef struct row_arg {
@@ -49,8 +52,11 @@ static void print_json(const gm__mon_proc_view_t *v, row_arg_t *a)
         const gm__mon_pool_view_t *p = &v->pools[i];
         fprintf(a->out, "%s{\"device\":%d,\"backend\":", i ? "," : "", p->device);
         gm_cli_json_string(a->out, p->backend);
-        for (unsigned f = 0; f < v->n_fields; f++)
-            fprintf(a->out, ",\"%s\":%llu", v->names[f], (unsigned long long)p->values[f]);
+        for (unsigned f = 0; f < v->n_fields; f++) {
+            fputc(',', a->out);
+            gm_cli_json_string(a->out, v->names[f]);
+            fprintf(a->out, ":%llu", (unsigned long long)p->values[f]);
+        }
         fprintf(a->out, "}");
     }
     fprintf(a->out, "]}");
@@ -94,6 +100,22 @@ static int snapshot(FILE *out, int json)
     return 0;
 }
 
+/* Refresh period bounds: below 0.1 s top would spin; above an hour it is
+ * not a live view.  NaN fails every comparison, so it is tested first. */
+#define MIN_INTERVAL 0.1
+#define MAX_INTERVAL 3600.0
+
+static int parse_interval(const char *v, double *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end || errno == ERANGE || !isfinite(x) || x < MIN_INTERVAL || x > MAX_INTERVAL)
+        return -1;
+    *out = x;
+    return 0;
+}
+
 static volatile sig_atomic_t stop;
 static void on_signal(int sig) { (void)sig; stop = 1; }
 
@@ -111,10 +133,9 @@ int gm_cli_top(int argc, char **argv)
         } else if (!strcmp(argv[i], "--json")) {
             json = once = 1;
         } else if ((v = gm_cli_option(argc, argv, &i, "interval", &missing))) {
-            char *end;
-            interval = strtod(v, &end);
-            if (*end || interval <= 0 || interval > 3600) {
-                fprintf(stderr, "gpumem top: --interval %s: give seconds, e.g. 0.5\n", v);
+            if (parse_interval(v, &interval) != 0) {
+                fprintf(stderr, "gpumem top: --interval '%s': give seconds from %g to %g, e.g. 0.5\n",
+                        v, MIN_INTERVAL, MAX_INTERVAL);
                 return 2;
             }
         } else {

@@ -54,7 +54,7 @@ for f in sample small; do
   fi
   grep -q '<title>gpumem report: checks ok</title>' <<<"$dom" || { echo "FAIL: $f: title"; fail=1; }
   if [[ $f == small ]]; then
-    grep -q 'load_weights at model.c:12 &lt; main at model.c:40</td><td class="num">9.44 MB</td><td class="num">2</td>' <<<"$dom" ||
+    grep -q 'load_weights at model.c:12 &lt; main at model.c:40</td><td class="num">9.00 MiB</td><td class="num">2</td>' <<<"$dom" ||
       { echo "FAIL: small: the top call site is not in the page"; grep -o '<div id="sites">.*</div>' <<<"$dom"; fail=1; }
   fi
   timeout 120 "$browser" "${flags[@]}" --screenshot="$tmp/$f.png" --window-size=1000,1400 \

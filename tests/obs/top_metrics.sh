@@ -43,7 +43,7 @@ check "top --json command" '"command":"test_observe"' "$json"
 table=$("$gpumem" top --once)
 check "top table header" "ALLOCATED" "$table"
 check "top table row" "$hpid test_observe" "$table"
-check "top table bytes" "8.39 MB" "$table"
+check "top table bytes" "8.00 MiB" "$table"
 # Not a terminal: top prints one snapshot and exits.
 table2=$(timeout 10 "$gpumem" top </dev/null) || { echo "FAIL: top without a tty did not exit"; fail=1; }
 check "top without tty" "$hpid" "$table2"
@@ -51,11 +51,10 @@ check "top without tty" "$hpid" "$table2"
 m=$("$gpumem" metrics)
 check "metrics HELP" "# HELP gpumem_allocated_bytes" "$m"
 check "metrics TYPE" "# TYPE gpumem_alloc_total counter" "$m"
-check "metrics sample" "gpumem_allocated_bytes{device=\"0\",backend=\"$backend\",command=\"test_observe\"} 8388608" "$m"
-check "metrics counter" "gpumem_alloc_total{device=\"0\",backend=\"$backend\",command=\"test_observe\"} 2" "$m"
-grep -q 'pid="' <<<"$m" && { echo "FAIL: pid label without --pid-labels"; fail=1; }
-m2=$("$gpumem" metrics --pid-labels)
-check "metrics pid label" "pid=\"$hpid\"" "$m2"
+check "metrics sample" "gpumem_allocated_bytes{device=\"0\",backend=\"$backend\",command=\"test_observe\",pid=\"$hpid\",pool=\"0\"} 8388608" "$m"
+check "metrics counter" "gpumem_alloc_total{device=\"0\",backend=\"$backend\",command=\"test_observe\",pid=\"$hpid\",pool=\"0\"} 2" "$m"
+m2=$("$gpumem" metrics --pid-labels)   # still accepted: the default now
+[[ $m2 == "$m" ]] || { echo "FAIL: --pid-labels changed the output"; fail=1; }
 "$gpumem" metrics --bogus >/dev/null 2>&1; [[ $? == 2 ]] || { echo "FAIL: bad option status"; fail=1; }
 
 exec 3>&-

@@ -82,14 +82,14 @@ static void test_fmt_bytes(void)
 {
     CHECK(fmt_is(0, "0 B"));
     CHECK(fmt_is(512, "512 B"));
-    CHECK(fmt_is(999, "999 B"));
-    CHECK(fmt_is(1000, "1.00 kB"));
-    CHECK(fmt_is(3072, "3.07 kB"));
-    CHECK(fmt_is(999999, "1.00 MB"));
-    CHECK(fmt_is(2097152, "2.10 MB"));
-    CHECK(fmt_is(13590000000ull, "13.59 GB"));
-    CHECK(fmt_is((uint64_t)80 << 30, "85.90 GB"));
-    CHECK(fmt_is(UINT64_MAX, "18.45 EB"));
+    CHECK(fmt_is(1023, "1023 B"));
+    CHECK(fmt_is(1024, "1.00 KiB"));
+    CHECK(fmt_is(3072, "3.00 KiB"));
+    CHECK(fmt_is(1048575, "1.00 MiB"));
+    CHECK(fmt_is(2097152, "2.00 MiB"));
+    CHECK(fmt_is(13590000000ull, "12.66 GiB"));
+    CHECK(fmt_is((uint64_t)80 << 30, "80.00 GiB"));
+    CHECK(fmt_is(UINT64_MAX, "16.00 EiB"));
     char small[4];
     gm__fmt_bytes(123456, small, sizeof small); /* truncated, still terminated */
     CHECK(strlen(small) == 3);
