@@ -71,7 +71,7 @@ demo:
 
 # What `cmake --install` installs, built without the tests.
 install:
-	$(CONFIGURE)
+	$(CONFIGURE) -DCMAKE_INSTALL_PREFIX=$(PREFIX)
 	$(CMAKE) --build $(BUILD) -j $(JOBS) --target gpumem_installed
 	$(CMAKE) --install $(BUILD) --prefix $(PREFIX)
 
