@@ -1,18 +1,27 @@
 # gpumem — top-level driver over CMake and CTest.
 #
 #   make / make all   configure + build into $(BUILD) (-O2 -g, GM_DEBUG=1)
-#   make test         every phase below, then one closing line "N passed, N failed"
-#                     (ctest tests of all phases, +1 per fuzz run); non-zero exit
-#                     if anything failed.  Phases (PHASES="..." picks some):
+#   make test         every phase below, then one closing line
+#                     "N passed, N failed, N skipped" (ctest tests of all phases,
+#                     +1 per fuzz run; a test that exits 77 is skipped, not
+#                     passed); non-zero exit if anything failed.  Phases
+#                     (PHASES="..." picks some):
 #                       normal    $(BUILD): all ctest tests but the valgrind ones
 #                       valgrind  $(BUILD): unit and api tests under valgrind memcheck
 #                       asan      $(BUILD)-asan: the whole suite, ASan+UBSan, GM_DEBUG=3
 #                       tsan      $(BUILD)-tsan: the stress and attack tests under TSan
 #                       fuzz      $(BUILD)-fuzz: each tests/fuzz/*.c target for
 #                                 FUZZ_TIME seconds (clang + libFuzzer only)
-#   make demo         build, then replay data/sample.csv.gz with the CLI
+#   make demo         build the CLI only (and the library it links), then replay
+#                     data/sample.csv.gz with it (an uncompressed copy in $(BUILD)
+#                     when the build has no zlib)
+#   make install      build the library, CLI and preload library, then
+#                     `cmake --install` them into PREFIX (/usr/local; DESTDIR
+#                     is honoured)
 #   make clean        remove every build directory
 #
+# Every build here is configured with GM_WERROR=ON (warnings are errors);
+# CMake alone leaves it OFF, for packagers.
 # Knobs: BUILD=dir (prefix of all build dirs), JOBS=n, FUZZ_TIME=s, CMAKE_ARGS=...
 # (added to every configure), PHASES="normal asan", TEST_BACKEND=sim|cuda|auto
 # (the backend every test runs on; sim by default, also on a GPU machine).
@@ -21,7 +30,7 @@ SHELL := /bin/bash
 .NOTPARALLEL:
 # cmake --build runs make again; the directory chatter of nested makes is noise.
 MAKEFLAGS += --no-print-directory
-.PHONY: all test demo clean
+.PHONY: all test demo install clean
 
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
@@ -32,20 +41,39 @@ FUZZ_CC ?= clang
 CMAKE_ARGS ?=
 PHASES ?= normal valgrind asan tsan fuzz
 TEST_BACKEND ?= sim
+PREFIX ?= /usr/local
 
 HAVE_VALGRIND := $(shell command -v valgrind >/dev/null 2>&1 && echo ON || echo OFF)
 # The same configuration for `make` and `make test`, so they share $(BUILD).
 NORMAL_CONFIG := -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGM_DEBUG_LEVEL=1 -DGM_SANITIZE= \
-                 -DGM_FUZZ=OFF -DGM_VALGRIND=$(HAVE_VALGRIND) -DGM_TEST_BACKEND=$(TEST_BACKEND)
+                 -DGM_FUZZ=OFF -DGM_VALGRIND=$(HAVE_VALGRIND) -DGM_TEST_BACKEND=$(TEST_BACKEND) \
+                 -DGM_WERROR=ON -DBUILD_TESTING=ON
+CONFIGURE = $(CMAKE) -S . -B $(BUILD) --log-level=WARNING $(NORMAL_CONFIG) $(CMAKE_ARGS)
 
 all:
-	$(CMAKE) -S . -B $(BUILD) --log-level=WARNING $(NORMAL_CONFIG) $(CMAKE_ARGS)
+	$(CONFIGURE)
 	$(CMAKE) --build $(BUILD) -j $(JOBS)
 
-demo: all
+# The demo needs the CLI alone: no tests, no benchmarks, no plug-ins.
+demo:
 	@test -f data/sample.csv.gz || { echo "make demo: data/sample.csv.gz does not exist yet" >&2; exit 1; }
-	@test -x $(BUILD)/gpumem || { echo "make demo: $(BUILD)/gpumem was not built (no tools/*.c yet?)" >&2; exit 1; }
-	$(BUILD)/gpumem replay data/sample.csv.gz
+	$(CONFIGURE)
+	$(CMAKE) --build $(BUILD) -j $(JOBS) --target gpumem_cli
+	@if grep -q '^GM_HAVE_ZLIB:INTERNAL=1$$' $(BUILD)/CMakeCache.txt; then \
+	  trace=data/sample.csv.gz; \
+	else \
+	  trace=$(BUILD)/sample.csv; \
+	  echo "make demo: this build has no zlib; replaying an uncompressed copy, $$trace"; \
+	  gzip -dc data/sample.csv.gz >$$trace || { echo "make demo: gzip -dc failed" >&2; exit 1; }; \
+	fi; \
+	echo "$(BUILD)/gpumem replay $$trace"; \
+	$(BUILD)/gpumem replay $$trace
+
+# What `cmake --install` installs, built without the tests.
+install:
+	$(CONFIGURE) -DCMAKE_INSTALL_PREFIX=$(PREFIX)
+	$(CMAKE) --build $(BUILD) -j $(JOBS) --target gpumem_installed
+	$(CMAKE) --install $(BUILD) --prefix $(PREFIX)
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-fuzz
@@ -71,18 +99,19 @@ set -uo pipefail
 B=$GM_T_BUILD; J=$GM_T_JOBS
 read -r -a EXTRA <<<"$GM_T_CMAKE_ARGS"
 read -r -a NORMAL <<<"$GM_T_NORMAL_CONFIG"
-total_pass=0; total_fail=0; table=()
+total_pass=0; total_fail=0; total_skip=0; table=()
 t_all=$SECONDS
 
 say() { printf '\n==== %s\n' "$*"; }
-record() { # phase passed failed seconds
-  total_pass=$((total_pass + $2)); total_fail=$((total_fail + $3))
-  table+=("$(printf '  %-16s %4d passed %4d failed %6ds' "$1" "$2" "$3" "$4")")
+record() { # phase passed failed seconds [skipped]
+  local s=${5:-0}
+  total_pass=$((total_pass + $2)); total_fail=$((total_fail + $3)); total_skip=$((total_skip + s))
+  table+=("$(printf '  %-16s %4d passed %4d failed %4d skipped %6ds' "$1" "$2" "$3" "$s" "$4")")
 }
 configure() { # dir args...
   local dir=$1; shift
-  "$GM_T_CMAKE" -S . -B "$dir" --log-level=WARNING -DGM_TEST_BACKEND="$GM_T_TEST_BACKEND" "$@" \
-    "${EXTRA[@]}"
+  "$GM_T_CMAKE" -S . -B "$dir" --log-level=WARNING -DGM_TEST_BACKEND="$GM_T_TEST_BACKEND" \
+    -DGM_WERROR=ON -DBUILD_TESTING=ON "$@" "${EXTRA[@]}"
 }
 build() { # dir [targets...]; keeps going past errors so the rest still runs
   local dir=$1; shift
@@ -95,16 +124,20 @@ run_ctest() {
   local envs=(); while [[ $# -gt 0 && $1 != -- ]]; do envs+=("$1"); shift; done; shift
   local log="$dir/ctest-$phase.log" t0=$SECONDS
   (cd "$dir" && env "${envs[@]}" "$GM_T_CTEST" --output-on-failure -j "$J" "$@") 2>&1 | tee "$log"
-  local line p f
+  local line p f s
+  # ctest counts a skipped test (SKIP_RETURN_CODE, exit 77) among the passed
+  # ones and lists it under "The following tests did not run:" as
+  # "<n> - <name> (Skipped)": count those apart.
+  s=$(grep -cE '^[[:space:]]+[0-9]+ - .* \(Skipped\)$' "$log")
   line=$(grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1)
   if [[ $line =~ ([0-9]+)\ tests?\ failed\ out\ of\ ([0-9]+) ]]; then
-    f=${BASH_REMATCH[1]}; p=$((BASH_REMATCH[2] - f))
+    f=${BASH_REMATCH[1]}; p=$((BASH_REMATCH[2] - f - s))
   elif grep -q 'No tests were found' "$log"; then
-    p=0; f=0
+    p=0; f=0; s=0
   else
-    echo "make test: ctest did not complete in $dir"; p=0; f=1
+    echo "make test: ctest did not complete in $dir"; p=0; f=1; s=0
   fi
-  record "$phase" "$p" "$f" $((SECONDS - t0))
+  record "$phase" "$p" "$f" $((SECONDS - t0)) "$s"
 }
 # A failed configure or build counts as one failed test of the phase.
 build_phase() { # phase dir configure-args... -- targets...
@@ -189,7 +222,7 @@ done
 
 say "summary ($((SECONDS - t_all))s)"
 printf '%s\n' "${table[@]}"
-echo "$total_pass passed, $total_fail failed"
+echo "$total_pass passed, $total_fail failed, $total_skip skipped"
 [[ $total_fail -eq 0 ]]
 endef
 export GM_TEST_SCRIPT = $(value TEST_SCRIPT)

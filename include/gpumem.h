@@ -29,11 +29,19 @@ extern "C" {
 /* Version                                                                  */
 /* ------------------------------------------------------------------------ */
 
+/* The one definition of gpumem's version: CMakeLists.txt reads these lines
+ * (project version, libgpumem.so.X.Y.Z with SONAME libgpumem.so.X), the
+ * Python package reads GM_VERSION_STRING, and tests/install/version_test.sh
+ * checks that all of them, `gpumem --version` and CHANGELOG.md agree.  Keep
+ * each on one line: GM_VERSION_STRING is "MAJOR.MINOR.PATCH".  Before 1.0 a
+ * minor version may change the API and the ABI. */
 #define GM_VERSION_MAJOR 0
 #define GM_VERSION_MINOR 1
 #define GM_VERSION_PATCH 0
 #define GM_VERSION_STRING "0.1.0"
 
+/* The version of the library loaded at run time (GM_VERSION_STRING of the
+ * header it was built with), which may differ from the header compiled in. */
 GM_API const char *gm_version(void);
 
 /* ------------------------------------------------------------------------ */

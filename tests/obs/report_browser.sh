@@ -2,8 +2,9 @@
 # report_browser.sh GPUMEM — `gpumem report` of the sample trace and of a
 # small synthetic one, opened in a real headless browser (chromium): the
 # page's own consistency checks must say "ok" in the DOM and the title, and
-# the screenshot must not be blank.  Without chromium: skipped (exit 0, a
-# clear message), unless GM_REQUIRE_BROWSER=1, then a failure.
+# the screenshot must not be blank.  Without chromium: skipped (exit 77, a
+# clear message; ctest reports it as skipped), unless GM_REQUIRE_BROWSER=1,
+# then a failure.
 set -u
 gpumem=$1
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/gm_report.XXXXXX")
@@ -41,8 +42,9 @@ if [[ -z $browser ]]; then
   if [[ ${GM_REQUIRE_BROWSER:-0} == 1 ]]; then
     echo "FAIL: no chromium installed and GM_REQUIRE_BROWSER=1"; exit 1
   fi
+  [[ $fail == 0 ]] || exit 1
   echo "SKIP: no chromium installed; the reports were written but not opened in a browser"
-  exit $fail
+  exit 77
 fi
 flags=(--headless --no-sandbox --disable-gpu --disable-background-networking
        --disable-component-update --disable-sync --no-first-run --disable-extensions
