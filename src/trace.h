@@ -1,6 +1,8 @@
 /*
  * trace.h — allocation traces in RMM's logging CSV, parsed into a compact
- * array of operations that replay tools walk without touching text again.
+ * array of operations that replay tools walk without touching text again,
+ * either all at once (gm__trace_load/parse) or a bounded chunk at a time
+ * (the streaming reader, for traces of any length).
  *
  * Format: a header `Thread,Time,Action,Pointer,Size,Stream` (spaces around
  * names allowed), then one row per event:
@@ -18,7 +20,8 @@
  * n_slots is the largest number of allocations live at once and a replayer
  * needs only an array of n_slots pointers.
  *
- * Trace bugs are kept, counted and never fatal:
+ * Trace bugs are kept, counted (with the line of the first of each kind) and
+ * never fatal here (`gpumem replay --strict` refuses them):
  *   - a free of a pointer that is not live (never allocated, or freed twice)
  *     stays an op with slot GM__TRACE_NO_SLOT (unknown_frees);
  *   - an allocate of a pointer that is already live implicitly frees the
