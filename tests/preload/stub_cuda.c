@@ -145,12 +145,20 @@ static const char *const unsupported_names[] = {
     "cuStreamDestroy", "cuMemcpyAsync", "cuMemsetD8Async",
 };
 
+/* A function pointer as the void * cuGetProcAddress hands out. */
+static void *as_object(void (*f)(void))
+{
+    void *p;
+    memcpy(&p, &f, sizeof p);
+    return p;
+}
+
 /* Handed out by cuGetProcAddress*, like the real driver's table. */
 static void *lookup(const char *name, unsigned long long flags)
 {
     void *fn = NULL;
     (void)flags;
-#define STUB_DRV(sym, f) if (!strcmp(name, sym)) { memcpy(&fn, &(void (*)(void)){(void (*)(void))f}, sizeof fn); return fn; }
+#define STUB_DRV(sym, f) if (!strcmp(name, sym)) return as_object((void (*)(void))f);
     STUB_DRV("cuInit", drv_init)
     STUB_DRV("cuGetErrorName", drv_error_name)
     STUB_DRV("cuGetErrorString", drv_error_string)
@@ -160,11 +168,7 @@ static void *lookup(const char *name, unsigned long long flags)
     STUB_DRV("cuDeviceGetAttribute", drv_device_attribute)
 #undef STUB_DRV
     for (size_t i = 0; i < sizeof unsupported_names / sizeof *unsupported_names; i++)
-        if (!strcmp(name, unsupported_names[i])) {
-            CUresult (*f)(void) = drv_unsupported;
-            memcpy(&fn, &f, sizeof fn);
-            return fn;
-        }
+        if (!strcmp(name, unsupported_names[i])) return as_object((void (*)(void))drv_unsupported);
     if (!strcmp(name, "cuMemAlloc")) { CUresult (*f)(CUdeviceptr *, size_t) = cuMemAlloc_v2; memcpy(&fn, &f, sizeof fn); }
     else if (!strcmp(name, "cuMemFree")) { CUresult (*f)(CUdeviceptr) = cuMemFree_v2; memcpy(&fn, &f, sizeof fn); }
     else if (!strcmp(name, "cuMemAllocAsync")) { CUresult (*f)(CUdeviceptr *, size_t, CUstream) = cuMemAllocAsync; memcpy(&fn, &f, sizeof fn); }
