@@ -88,7 +88,8 @@ GM_API const char *gm_last_error(void);
 typedef void *gm_stream_t;
 
 typedef enum gm_backend_kind {
-    GM_BACKEND_AUTO = 0, /* cuda when a GPU is usable, else sim */
+    GM_BACKEND_AUTO = 0, /* cuda when an NVIDIA driver is installed, sim only when
+                            none is: see gm_pool_create */
     GM_BACKEND_SIM  = 1, /* host memory with the same VMM semantics */
     GM_BACKEND_CUDA = 2  /* the CUDA driver API, loaded at run time */
 } gm_backend_kind_t;
@@ -147,8 +148,17 @@ typedef struct gm_pool_config {
  * GPUMEM_LIMIT, GPUMEM_SIM_CAPACITY, GPUMEM_RELEASE_THRESHOLD, GPUMEM_DEVICE). */
 GM_API int gm_config_from_env(gm_pool_config_t *cfg);
 
-/* Create a pool.  cfg NULL: gm_config_from_env().  Backend AUTO picks cuda
- * when the driver loads and a device is usable, else sim. */
+/* Create a pool.  cfg NULL: gm_config_from_env().
+ * Backend AUTO takes the sim only when no NVIDIA driver is installed
+ * (dlopen("libcuda.so.1") fails, or it is the CUDA toolkit's stub library),
+ * and then writes one line saying so on stderr, once per process (ask for
+ * GM_BACKEND_SIM, e.g. GPUMEM_BACKEND=sim, to use the sim without it).  When
+ * a driver is installed, AUTO means cuda: a device it cannot use (an ordinal
+ * that does not exist, no device visible, cuInit failing, an old driver)
+ * fails with GM_NO_DEVICE and a message naming the device and the reason, a
+ * device without virtual memory management with GM_NOT_SUPPORTED; host
+ * memory is never handed out in a GPU's place.  `gpumem info` shows what
+ * each backend's probe found. */
 GM_API int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **pool);
 /* Destroy a pool and give all of its memory back.  Live allocations are
  * released with it (and counted in gm_last_error's leak note). NULL is a no-op. */

@@ -7,8 +7,10 @@
  * calls through that table.  AUTO means "the real device when its probe says
  * it is usable, else the simulator", and the reason for the choice is kept so
  * that `gpumem info` and gm_pool_device_info can say why.  The environment is
- * not read here (the pool reads it and passes the kind in).  No state, no lock.
+ * not read here (the pool reads it and passes the kind in).  No lock; the
+ * only state is the flag that keeps AUTO's sim notice to one line a process.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -69,6 +71,17 @@ static int probe_backend(const gm__backend_ops_t *ops, int device, char *why, si
     return rc;
 }
 
+/* The one line AUTO writes when it ends on the sim for want of a driver:
+ * once per process, since every pool of the process takes the same path. */
+static void announce_sim_once(const char *reasons)
+{
+    static atomic_flag said = ATOMIC_FLAG_INIT;
+    if (atomic_flag_test_and_set(&said)) return;
+    fprintf(stderr, "gpumem: backend auto: %s; using the sim (host memory, not a GPU); "
+                    "GPUMEM_BACKEND=sim asks for it and silences this line\n", reasons);
+    fflush(stderr);
+}
+
 int gm__backend_select(gm_backend_kind_t kind, int device, const gm__backend_ops_t **ops,
                        gm_backend_kind_t *chosen, char *why, size_t why_cap)
 {
@@ -85,24 +98,40 @@ int gm__backend_select(gm_backend_kind_t kind, int device, const gm__backend_ops
                              device);
 
     if (kind == GM_BACKEND_AUTO) {
-        /* Collect every failed probe's reason: "cuda: <reason>; using sim". */
+        /* Backends not installed are passed over, their reasons collected:
+         * "cuda: <reason>; using sim".  An installed one that fails its
+         * probe ends the choice: its device exists in the user's mind, and
+         * host memory in its place would be a lie. */
         char reasons[256] = "";
         for (size_t i = 0; i < BACKEND_COUNT; i++) {
             char r[256];
-            const char *name = backend_table[i].ops->name;
-            if (probe_backend(backend_table[i].ops, device, r, sizeof r) == GM_OK) {
-                *ops = backend_table[i].ops;
-                *chosen = backend_table[i].kind;
-                if (reasons[0] != '\0')
-                    snprintf(why, why_cap, "%s; using %s", reasons, name);
-                else
-                    snprintf(why, why_cap, "auto: %s device %d is usable", name, device);
-                return GM_OK;
+            const gm__backend_ops_t *b = backend_table[i].ops;
+            if (b->installed != NULL) {
+                r[0] = '\0';
+                if (b->installed(r, sizeof r) != GM_OK) {
+                    if (reasons[0] != '\0') append(reasons, sizeof reasons, "; ");
+                    append(reasons, sizeof reasons, b->name);
+                    append(reasons, sizeof reasons, ": ");
+                    append(reasons, sizeof reasons, r[0] ? r : "not installed");
+                    continue;
+                }
             }
-            if (reasons[0] != '\0') append(reasons, sizeof reasons, "; ");
-            append(reasons, sizeof reasons, name);
-            append(reasons, sizeof reasons, ": ");
-            append(reasons, sizeof reasons, r);
+            if (probe_backend(b, device, r, sizeof r) != GM_OK) {
+                snprintf(why, why_cap, "%s: %s", b->name, r);
+                return gm__set_error(GM_NO_DEVICE,
+                                     "backend auto: %s is installed but device %d cannot be "
+                                     "used: %s; not falling back to the sim (GPUMEM_BACKEND=sim "
+                                     "asks for it)", b->name, device, r);
+            }
+            *ops = b;
+            *chosen = backend_table[i].kind;
+            if (reasons[0] != '\0') {
+                snprintf(why, why_cap, "%s; using %s", reasons, b->name);
+                if (backend_table[i].kind == GM_BACKEND_SIM) announce_sim_once(reasons);
+            } else {
+                snprintf(why, why_cap, "auto: %s device %d is usable", b->name, device);
+            }
+            return GM_OK;
         }
         snprintf(why, why_cap, "%s", reasons);
         return gm__set_error(GM_NO_DEVICE, "no usable backend: %s", reasons);
@@ -123,4 +152,24 @@ int gm__backend_select(gm_backend_kind_t kind, int device, const gm__backend_ops
     }
     return gm__set_error(GM_INVALID_ARGUMENT, "backend select: unknown backend kind %d",
                          (int)kind);
+}
+
+void gm__backend_describe(int device, const char *sep, char *out, size_t cap)
+{
+    if (out == NULL || cap == 0) return;
+    out[0] = '\0';
+    for (size_t i = 0; i < BACKEND_COUNT; i++) {
+        const gm__backend_ops_t *b = backend_table[i].ops;
+        char r[256] = "", line[320];
+        if (b->installed != NULL && b->installed(r, sizeof r) != GM_OK) {
+            snprintf(line, sizeof line, "%s: not installed (%s)", b->name, r);
+        } else if (probe_backend(b, device, r, sizeof r) != GM_OK) {
+            snprintf(line, sizeof line, "%s: installed, device %d not usable (%s)", b->name,
+                     device, r);
+        } else {
+            snprintf(line, sizeof line, "%s: usable (%s)", b->name, r);
+        }
+        if (out[0] != '\0') append(out, cap, sep);
+        append(out, cap, line);
+    }
 }

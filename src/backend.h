@@ -48,6 +48,12 @@ typedef struct gm__backend_ops {
     /* Can this backend run here?  GM_OK, or GM_NO_DEVICE with a message that
      * says why (used by AUTO and by `gpumem info`).  No state is kept. */
     int (*probe)(int device, char *why, size_t why_cap);
+    /* Is this backend's runtime installed here at all (cuda: an NVIDIA
+     * driver, whatever state it is in)?  GM_OK, or GM_NO_DEVICE with why
+     * saying what was looked for.  Only a backend that is not installed may
+     * be passed over by AUTO; one installed whose probe fails is an error.
+     * NULL: always installed.  No state is kept beyond the probe's. */
+    int (*installed)(char *why, size_t why_cap);
 
     /* Open a device context.  *ctx is the backend's own object. */
     int (*open)(const gm__backend_config_t *cfg, void **ctx);
@@ -132,8 +138,17 @@ extern const gm__backend_ops_t gm__backend_sim;
 extern const gm__backend_ops_t gm__backend_cuda;
 
 /* ---- defined in src/backend.c ---- */
-/* Resolve AUTO, probe, and return the ops for `kind`; `why` says why. */
+/* Resolve AUTO, probe, and return the ops for `kind`; `why` says why.  AUTO
+ * takes the first backend in the table that is installed and whose probe
+ * passes; a backend that is installed but fails its probe stops the choice
+ * with GM_NO_DEVICE (never a quiet fallback to the sim).  When AUTO ends on
+ * the sim because nothing else is installed, one line says so on stderr, once
+ * per process. */
 int gm__backend_select(gm_backend_kind_t kind, int device, const gm__backend_ops_t **ops,
                        gm_backend_kind_t *chosen, char *why, size_t why_cap);
+/* Describe, one "name: finding" per backend separated by sep, what probing
+ * each backend for `device` finds (installed or not, usable or not), into
+ * out[cap].  For `gpumem info`.  May overwrite the thread's last error. */
+void gm__backend_describe(int device, const char *sep, char *out, size_t cap);
 
 #endif /* GM_BACKEND_H */

@@ -36,7 +36,7 @@ static const struct env_option {
     const char *doc;
     size_t offset;
 } env_table[] = {
-    {"GPUMEM_BACKEND", ENV_BACKEND, "auto", "auto | sim | cuda (auto: cuda when a GPU is usable, else sim)",
+    {"GPUMEM_BACKEND", ENV_BACKEND, "auto", "auto | sim | cuda (auto: cuda when a driver is installed, else sim)",
      offsetof(gm_pool_config_t, backend)},
     {"GPUMEM_DEVICE", ENV_INT, "0", "device ordinal", offsetof(gm_pool_config_t, device)},
     {"GPUMEM_LIMIT", ENV_SIZE, "0", "hard cap on reserved bytes, e.g. 8GiB (0: device memory)",

@@ -1,8 +1,12 @@
 /*
  * trace.c — reads RMM logging CSV traces (plain or gzip) into gm__trace_t.
  *
- * The whole input is decompressed into memory, then scanned once, line by
- * line, with hand-written field parsers (no sscanf, no strtoull: inputs are
+ * The input is read in bounded pieces (64 KiB of file, 64 KiB of inflated
+ * text at a time; a line cut by a piece's end waits in a MAX_LINE buffer), so
+ * neither a long trace nor a gzip bomb makes it hold more than the ops it
+ * hands out: all of them for gm__trace_load/parse, one chunk at a time for
+ * the streaming reader (gm__trace_open/next).  Lines are parsed with
+ * hand-written field parsers (no sscanf, no strtoull: inputs are
  * not NUL-terminated and every malformed byte must give "FILE:LINE: why").
  * Pointers are turned into dense slot ids through an open-addressing hash map
  * (linear probing, backward-shift deletion, so no tombstones build up over a
@@ -288,11 +292,27 @@ static void map_remove_at(u64map_t *m, size_t i)
 
 /* ---- the parser ------------------------------------------------------- */
 
+/* Longest line accepted: RMM rows are under 100 bytes; a longer "line" is
+ * not a trace (a binary file, a gzip bomb of one endless line) and must not
+ * make us buffer it. */
+#define MAX_LINE 4096
+/* Freed pointers remembered to tell a double free from an unknown one: a
+ * bounded set (a few MB at most); past it, a double free of a pointer freed
+ * long ago counts as unknown only. */
+#define MAX_DEAD_PTRS ((size_t)1 << 18)
+
 typedef struct parser {
     gm__trace_t *t;
     const char *name;
     size_t line;
-    size_t ops_cap, streams_cap;
+    size_t streams_cap;
+    gm__trace_op_t *buf;   /* ops parsed and not yet handed out */
+    size_t buf_n, buf_cap;
+    int have_header;
+    int started;           /* some input seen (the BOM check is done) */
+    size_t carry_n;        /* bytes of a line cut by a block end, in carry */
+    char carry[MAX_LINE];
+    u64map_t dead;         /* freed pointers not allocated since (bounded) */
     u64map_t ptr_slot;     /* live pointer -> slot */
     u64map_t stream_id;    /* Stream value -> dense id */
     uint32_t *free_slots;  /* stack of slot ids ready for reuse */
@@ -317,16 +337,22 @@ static int parse_error(parser_t *p, const char *fmt, ...)
 
 static int push_op(parser_t *p, const gm__trace_op_t *op)
 {
-    gm__trace_t *t = p->t;
-    if (t->n_ops == p->ops_cap) {
-        void *ops = grow(t->ops, &p->ops_cap, t->n_ops + 1, sizeof *t->ops);
+    if (p->buf_n == p->buf_cap) {
+        void *ops = grow(p->buf, &p->buf_cap, p->buf_n + 1, sizeof *p->buf);
         if (!ops)
             return gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory for %zu ops",
-                                 p->name, t->n_ops + 1);
-        t->ops = ops;
+                                 p->name, p->buf_n + 1);
+        p->buf = ops;
     }
-    t->ops[t->n_ops++] = *op;
+    p->buf[p->buf_n++] = *op;
+    p->t->n_ops++;
     return GM_OK;
+}
+
+/* The first line of each kind of trace bug, for the warnings. */
+static void note_first(size_t *first, size_t line)
+{
+    if (*first == 0) *first = line;
 }
 
 static int stream_dense_id(parser_t *p, uint64_t value, uint16_t *id)
@@ -391,7 +417,10 @@ static int on_allocate(parser_t *p, gm__trace_op_t *op, uint64_t ptr)
         t->live_final_count--;
         t->n_frees++;
         t->dup_allocs++;
+        note_first(&t->first_dup_alloc_line, p->line);
     } else {
+        size_t dead = map_find(&p->dead, ptr);
+        if (dead != SIZE_MAX) map_remove_at(&p->dead, dead);
         GM_CHECK(take_slot(p, &slot));
         if (map_insert(&p->ptr_slot, ptr, slot))
             return gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory", p->name);
@@ -415,13 +444,24 @@ static int on_free(parser_t *p, gm__trace_op_t *op, uint64_t ptr)
     t->n_frees++;
     if (cell == SIZE_MAX) {
         t->unknown_frees++;
+        if (map_find(&p->dead, ptr) != SIZE_MAX) {
+            t->double_frees++;
+            note_first(&t->first_double_free_line, p->line);
+        } else {
+            note_first(&t->first_unknown_free_line, p->line);
+        }
         op->slot = GM__TRACE_NO_SLOT;
         return push_op(p, op);
     }
     uint32_t slot = p->ptr_slot.vals[cell];
     map_remove_at(&p->ptr_slot, cell);
     p->free_slots[p->n_free_slots++] = slot; /* capacity >= n_slots */
-    if (op->size != p->slot_size[slot]) t->free_size_mismatches++;
+    if (p->dead.count < MAX_DEAD_PTRS && map_insert(&p->dead, ptr, 0) != GM_OK)
+        return gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory", p->name);
+    if (op->size != p->slot_size[slot]) {
+        t->free_size_mismatches++;
+        note_first(&t->first_size_mismatch_line, p->line);
+    }
     op->size = p->slot_size[slot];
     op->slot = slot;
     p->live -= op->size;
@@ -529,111 +569,275 @@ static int is_blank(const char *s, size_t n)
     return 1;
 }
 
-static int parse_text(parser_t *p, const char *data, size_t len)
+/* One line, its end of line cut off: the header first, then rows. */
+static int parse_line(parser_t *p, const char *s, size_t n)
+{
+    p->line++;
+    if (is_blank(s, n)) return GM_OK;
+    if (p->have_header) return parse_row(p, s, n);
+    GM_CHECK(parse_header(p, s, n));
+    p->have_header = 1;
+    return GM_OK;
+}
+
+static int line_too_long(parser_t *p)
+{
+    p->line++;
+    return parse_error(p, "line longer than %d bytes: not an RMM trace", MAX_LINE);
+}
+
+/* Parse the text in [data, data+len), the next piece of the input: every
+ * complete line, and the cut one at the end kept in p->carry for the next
+ * piece (or parse_finish).  Memory stays bounded by MAX_LINE whatever the
+ * input. */
+static int parse_piece(parser_t *p, const char *data, size_t len)
 {
     const char *s = data, *end = data + len;
-    int have_header = 0;
-    if (len >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) s += 3; /* UTF-8 BOM */
+    if (!p->started && len > 0) {
+        p->started = 1;
+        if (len >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0) s += 3; /* UTF-8 BOM */
+    }
     while (s < end) {
         const char *nl = memchr(s, '\n', (size_t)(end - s));
         const char *e = nl ? nl : end;
-        p->line++;
-        if (!is_blank(s, (size_t)(e - s))) {
-            if (have_header) {
-                GM_CHECK(parse_row(p, s, (size_t)(e - s)));
-            } else {
-                GM_CHECK(parse_header(p, s, (size_t)(e - s)));
-                have_header = 1;
-            }
+        size_t n = (size_t)(e - s);
+        if (p->carry_n + n > MAX_LINE) return line_too_long(p);
+        if (!nl) { /* the line goes on in the next piece */
+            memcpy(p->carry + p->carry_n, s, n);
+            p->carry_n += n;
+            break;
         }
-        s = nl ? nl + 1 : end;
+        if (p->carry_n) {
+            memcpy(p->carry + p->carry_n, s, n);
+            size_t whole = p->carry_n + n;
+            p->carry_n = 0;
+            GM_CHECK(parse_line(p, p->carry, whole));
+        } else {
+            GM_CHECK(parse_line(p, s, n));
+        }
+        s = nl + 1;
+    }
+    return GM_OK;
+}
+
+/* End of input: the last line if it had no newline, then the totals. */
+static int parse_finish(parser_t *p)
+{
+    if (p->carry_n) {
+        size_t n = p->carry_n;
+        p->carry_n = 0;
+        GM_CHECK(parse_line(p, p->carry, n));
     }
     p->t->lines = p->line;
-    if (!have_header)
+    p->t->live_final = p->live;
+    if (!p->have_header)
         return gm__set_error(GM_PARSE, "%s: empty trace: no header line "
                                        "'Thread,Time,Action,Pointer,Size,Stream'", p->name);
     return GM_OK;
 }
 
-/* ---- gzip ------------------------------------------------------------- */
-
-static int is_gzip(const char *data, size_t len)
+static int parser_init(parser_t *p, gm__trace_t *t, const char *name)
 {
-    return len >= 2 && (unsigned char)data[0] == 0x1f && (unsigned char)data[1] == 0x8b;
+    memset(t, 0, sizeof *t);
+    memset(p, 0, sizeof *p);
+    p->t = t;
+    t->name = copy_string(name);
+    p->name = t->name;
+    if (!t->name || map_init(&p->ptr_slot, 10) || map_init(&p->stream_id, 4) ||
+        map_init(&p->dead, 10)) {
+        p->name = name;
+        return gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory", name);
+    }
+    return GM_OK;
+}
+
+/* Free the parser's own state (not t, not p->buf). */
+static void parser_fini(parser_t *p)
+{
+    map_destroy(&p->dead);
+    map_destroy(&p->stream_id);
+    map_destroy(&p->ptr_slot);
+    free(p->free_slots);
+    free(p->slot_size);
+    free(p->slot_stream);
+    p->free_slots = NULL;
+    p->slot_size = NULL;
+    p->slot_stream = NULL;
+}
+
+/* ---- input: a file or memory, plain or gzip, in bounded pieces ---------- */
+
+#define RAW_BLOCK ((size_t)1 << 16)  /* bytes read from a file at a time */
+#define TEXT_BLOCK ((size_t)1 << 16) /* bytes inflated at a time */
+
+typedef struct source {
+    const char *name;
+    FILE *f;                  /* NULL: all input is in [in, in+in_left) */
+    unsigned char *raw;       /* file: RAW_BLOCK bytes */
+    const unsigned char *in;  /* input not consumed yet */
+    size_t in_left;
+    int eof;                  /* nothing beyond in_left */
+    int kind;                 /* 0 undecided, 1 plain, 2 gzip */
+    int member_done;          /* gzip: the current member ended */
+    int z_pending;            /* gzip: inflate filled text: it may hold more */
+    int z_open;
+#ifdef GM_HAVE_ZLIB
+    z_stream z;
+#endif
+    char *text;               /* gzip: TEXT_BLOCK bytes of inflated text */
+} source_t;
+
+static int is_gzip(const unsigned char *data, size_t len)
+{
+    return len >= 2 && data[0] == 0x1f && data[1] == 0x8b;
+}
+
+/* Read the next file block behind what is left (at most 1 byte: a gzip
+ * magic cut in two). */
+static int source_refill(source_t *src)
+{
+    if (!src->f) {
+        src->eof = 1;
+        return GM_OK;
+    }
+    if (src->in_left) memmove(src->raw, src->in, src->in_left);
+    size_t got = fread(src->raw + src->in_left, 1, RAW_BLOCK - src->in_left, src->f);
+    if (got == 0) {
+        if (ferror(src->f))
+            return gm__set_error(GM_IO, "cannot read %s: %s", src->name, strerror(errno));
+        src->eof = 1;
+    }
+    src->in = src->raw;
+    src->in_left += got;
+    return GM_OK;
+}
+
+static void source_close(source_t *src)
+{
+#ifdef GM_HAVE_ZLIB
+    if (src->z_open) inflateEnd(&src->z);
+#endif
+    src->z_open = 0;
+    if (src->f) fclose(src->f);
+    src->f = NULL;
+    free(src->raw);
+    free(src->text);
+    src->raw = NULL;
+    src->text = NULL;
+}
+
+static int source_open_file(source_t *src, const char *path)
+{
+    memset(src, 0, sizeof *src);
+    src->name = path;
+    src->f = fopen(path, "rb");
+    if (!src->f) return gm__set_error(GM_IO, "cannot open %s: %s", path, strerror(errno));
+    src->raw = malloc(RAW_BLOCK);
+    if (!src->raw) {
+        source_close(src);
+        return gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory", path);
+    }
+    src->in = src->raw;
+    return GM_OK;
+}
+
+static void source_open_memory(source_t *src, const char *data, size_t len, const char *name)
+{
+    memset(src, 0, sizeof *src);
+    src->name = name;
+    src->in = (const unsigned char *)data;
+    src->in_left = len;
+    src->eof = 1;
 }
 
 #ifdef GM_HAVE_ZLIB
-/* Inflate every gzip member of data into a fresh buffer (*out, *out_len).
- * Bytes after the last member that are not another member are ignored, as
- * gzip(1) does. */
-static int gunzip(const char *data, size_t len, const char *name, char **out, size_t *out_len)
+/* Inflate some of the input into src->text and parse it. */
+static int pump_gzip(source_t *src, parser_t *p)
 {
-    z_stream z;
-    memset(&z, 0, sizeof z);
-    if (inflateInit2(&z, 15 + 16) != Z_OK)
-        return gm__set_error(GM_NO_HOST_MEMORY, "%s: cannot start zlib", name);
-    size_t cap = 0, n = 0;
-    char *buf = NULL;
-    const unsigned char *in = (const unsigned char *)data;
-    size_t in_left = len;
-    int rc = GM_OK;
-    for (;;) {
-        if (n == cap) {
-            size_t want = cap ? cap + 1 : (len < SIZE_MAX / 8 ? len * 4 : len) + 4096;
-            char *bigger = grow(buf, &cap, want, 1);
-            if (!bigger) {
-                rc = gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory while inflating",
-                                   name);
-                break;
-            }
-            buf = bigger;
-        }
-        size_t in_chunk = in_left > UINT32_MAX ? UINT32_MAX : in_left;
-        size_t out_chunk = cap - n > UINT32_MAX ? UINT32_MAX : cap - n;
-        z.next_in = (unsigned char *)(uintptr_t)in;
-        z.avail_in = (uInt)in_chunk;
-        z.next_out = (unsigned char *)buf + n;
-        z.avail_out = (uInt)out_chunk;
-        int zr = inflate(&z, Z_NO_FLUSH);
-        in += in_chunk - z.avail_in;
-        in_left -= in_chunk - z.avail_in;
-        n += out_chunk - z.avail_out;
-        if (zr == Z_STREAM_END) {
-            if (in_left >= 2 && in[0] == 0x1f && in[1] == 0x8b && inflateReset(&z) == Z_OK)
-                continue; /* another member follows */
-            break;
-        }
-        if (zr == Z_OK) continue;
-        if (zr == Z_BUF_ERROR && in_left == 0 && z.avail_out != 0) {
-            rc = gm__set_error(GM_PARSE, "%s: truncated gzip data", name);
-            break;
-        }
-        if (zr == Z_BUF_ERROR) continue; /* needs more output space */
-        if (zr == Z_MEM_ERROR)
-            rc = gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory while inflating", name);
-        else
-            rc = gm__set_error(GM_PARSE, "%s: corrupt gzip data (%s)", name,
-                               z.msg ? z.msg : "zlib error");
-        break;
+    if (!src->z_open) {
+        memset(&src->z, 0, sizeof src->z);
+        src->text = malloc(TEXT_BLOCK);
+        if (!src->text || inflateInit2(&src->z, 15 + 16) != Z_OK)
+            return gm__set_error(GM_NO_HOST_MEMORY, "%s: cannot start zlib", src->name);
+        src->z_open = 1;
     }
-    inflateEnd(&z);
-    if (rc != GM_OK) {
-        free(buf);
-        return rc;
+    if (src->member_done) {
+        if (src->in_left < 2 && !src->eof) return source_refill(src);
+        if (is_gzip(src->in, src->in_left) && inflateReset(&src->z) == Z_OK) {
+            src->member_done = 0; /* another member follows, as `cat a.gz b.gz` makes */
+        } else {
+            src->in_left = 0; /* bytes after the last member are ignored, as gzip(1) does */
+            src->eof = 1;
+            return GM_OK;
+        }
     }
-    *out = buf;
-    *out_len = n;
-    return GM_OK;
+    size_t in_chunk = src->in_left > UINT32_MAX ? UINT32_MAX : src->in_left;
+    src->z.next_in = (unsigned char *)(uintptr_t)src->in;
+    src->z.avail_in = (uInt)in_chunk;
+    src->z.next_out = (unsigned char *)src->text;
+    src->z.avail_out = (uInt)TEXT_BLOCK;
+    int zr = inflate(&src->z, Z_NO_FLUSH);
+    size_t used = in_chunk - src->z.avail_in;
+    src->in += used;
+    src->in_left -= used;
+    size_t made = TEXT_BLOCK - src->z.avail_out;
+    src->z_pending = src->z.avail_out == 0;
+    if (zr == Z_STREAM_END) src->member_done = 1;
+    else if (zr == Z_MEM_ERROR)
+        return gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory while inflating",
+                             src->name);
+    else if (zr != Z_OK && zr != Z_BUF_ERROR)
+        return gm__set_error(GM_PARSE, "%s: corrupt gzip data (%s)", src->name,
+                             src->z.msg ? src->z.msg : "zlib error");
+    return made ? parse_piece(p, src->text, made) : GM_OK;
 }
 #else
-static int gunzip(const char *data, size_t len, const char *name, char **out, size_t *out_len)
+static int pump_gzip(source_t *src, parser_t *p)
 {
-    (void)data, (void)len, (void)out, (void)out_len;
+    (void)p;
     return gm__set_error(GM_NOT_SUPPORTED,
                          "%s: gzip-compressed input, but gpumem was built without zlib "
-                         "(decompress it with gunzip first)", name);
+                         "(decompress it with gunzip first)", src->name);
 }
 #endif
+
+/* Parse input until at least `want` ops are buffered or the input ends;
+ * *done set at its end (after parse_finish). */
+static int pump(source_t *src, parser_t *p, size_t want, int *done)
+{
+    *done = 0;
+    while (p->buf_n < want) {
+        if (src->kind == 2 && src->z_pending && !src->member_done) {
+            GM_CHECK(pump_gzip(src, p));
+            continue;
+        }
+        if (src->in_left == 0 || (src->kind == 0 && src->in_left < 2 && !src->eof)) {
+            if (!src->eof) {
+                GM_CHECK(source_refill(src));
+                continue;
+            }
+            if (src->in_left == 0) {
+                if (src->kind == 2 && !src->member_done)
+                    return gm__set_error(GM_PARSE, "%s: truncated gzip data", src->name);
+                GM_CHECK(parse_finish(p));
+                *done = 1;
+                return GM_OK;
+            }
+        }
+        if (src->kind == 0) src->kind = is_gzip(src->in, src->in_left) ? 2 : 1;
+        if (src->kind == 2) {
+            GM_CHECK(pump_gzip(src, p));
+        } else {
+            /* Plain text: a file block, or all of a memory input at once
+             * (its lines are parsed in place). */
+            const char *piece = (const char *)src->in;
+            size_t n = src->in_left;
+            src->in_left = 0;
+            GM_CHECK(parse_piece(p, piece, n));
+        }
+    }
+    return GM_OK;
+}
 
 /* ---- public (internal) API ------------------------------------------- */
 
@@ -646,77 +850,102 @@ void gm__trace_free(gm__trace_t *t)
     memset(t, 0, sizeof *t);
 }
 
+/* Everything at once: ops kept in t->ops. */
+static int parse_all(source_t *src, const char *name, gm__trace_t *t)
+{
+    parser_t *p = malloc(sizeof *p);
+    if (!p) {
+        memset(t, 0, sizeof *t);
+        source_close(src);
+        return gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory", name);
+    }
+    int done = 0, rc = parser_init(p, t, name);
+    if (rc == GM_OK) rc = pump(src, p, SIZE_MAX, &done);
+    parser_fini(p);
+    source_close(src);
+    if (rc == GM_OK) {
+        t->ops = p->buf;
+    } else {
+        free(p->buf);
+        gm__trace_free(t);
+    }
+    free(p);
+    return rc;
+}
+
 int gm__trace_parse(const char *data, size_t len, const char *name, gm__trace_t *t)
 {
-    int rc = GM_OK;
-    char *inflated = NULL;
-    parser_t p;
-    memset(t, 0, sizeof *t);
-    memset(&p, 0, sizeof p);
+    source_t src;
     if (!name) name = "trace";
-    p.t = t;
-    p.name = name;
-    if (!data && len) return gm__set_error(GM_INVALID_ARGUMENT, "%s: no data", name);
-
-    if (is_gzip(data, len)) {
-        size_t n = 0;
-        GM_CHECK(gunzip(data, len, name, &inflated, &n));
-        data = inflated;
-        len = n;
+    if (!data && len) {
+        memset(t, 0, sizeof *t);
+        return gm__set_error(GM_INVALID_ARGUMENT, "%s: no data", name);
     }
-    t->name = copy_string(name);
-    if (!t->name || map_init(&p.ptr_slot, 10) || map_init(&p.stream_id, 4)) {
-        rc = gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory", name);
-        goto out;
-    }
-    /* Rows are ~40-60 bytes; one early estimate avoids most regrowth. */
-    t->ops = grow(NULL, &p.ops_cap, len / 48 + 16, sizeof *t->ops);
-    if (!t->ops) {
-        rc = gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory", name);
-        goto out;
-    }
-    GM_CHECK_GOTO(parse_text(&p, data, len), rc, out);
-    t->live_final = p.live;
-
-out:
-    map_destroy(&p.stream_id);
-    map_destroy(&p.ptr_slot);
-    free(p.free_slots);
-    free(p.slot_size);
-    free(p.slot_stream);
-    free(inflated);
-    if (rc != GM_OK) gm__trace_free(t);
-    return rc;
+    source_open_memory(&src, data, len, name);
+    return parse_all(&src, name, t);
 }
 
 int gm__trace_load(const char *path, gm__trace_t *t)
 {
+    source_t src;
     memset(t, 0, sizeof *t);
-    FILE *f = fopen(path, "rb");
-    if (!f) return gm__set_error(GM_IO, "cannot open %s: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t cap = 0, n = 0;
-    int rc = GM_OK;
-    for (;;) {
-        if (n == cap) {
-            char *bigger = grow(buf, &cap, cap ? cap + 1 : 1 << 16, 1);
-            if (!bigger) {
-                rc = gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory", path);
-                break;
-            }
-            buf = bigger;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) {
-            if (ferror(f)) rc = gm__set_error(GM_IO, "cannot read %s: %s", path, strerror(errno));
-            break;
-        }
+    GM_CHECK(source_open_file(&src, path));
+    return parse_all(&src, path, t);
+}
+
+struct gm__trace_reader {
+    source_t src;
+    parser_t p;
+    gm__trace_t t;
+    int done;
+};
+
+int gm__trace_open(const char *path, gm__trace_reader_t **out)
+{
+    *out = NULL;
+    gm__trace_reader_t *r = calloc(1, sizeof *r);
+    if (!r) return gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory", path);
+    int rc = source_open_file(&r->src, path);
+    if (rc == GM_OK) {
+        rc = parser_init(&r->p, &r->t, path);
+        if (rc != GM_OK) source_close(&r->src);
     }
-    fclose(f);
-    if (rc == GM_OK) rc = gm__trace_parse(buf, n, path, t);
-    free(buf);
-    return rc;
+    if (rc != GM_OK) {
+        parser_fini(&r->p);
+        gm__trace_free(&r->t);
+        free(r);
+        return rc;
+    }
+    *out = r;
+    return GM_OK;
+}
+
+int gm__trace_next(gm__trace_reader_t *r, const gm__trace_op_t **ops, size_t *n)
+{
+    *ops = NULL;
+    *n = 0;
+    r->p.buf_n = 0;
+    if (r->done) return GM_OK;
+    GM_CHECK(pump(&r->src, &r->p, GM__TRACE_CHUNK_OPS, &r->done));
+    *ops = r->p.buf;
+    *n = r->p.buf_n;
+    return GM_OK;
+}
+
+const gm__trace_t *gm__trace_header(const gm__trace_reader_t *r)
+{
+    return &r->t;
+}
+
+void gm__trace_close(gm__trace_reader_t *r, gm__trace_t *header)
+{
+    if (!r) return;
+    parser_fini(&r->p);
+    source_close(&r->src);
+    free(r->p.buf);
+    if (header) *header = r->t;
+    else gm__trace_free(&r->t);
+    free(r);
 }
 
 int gm__trace_check(const gm__trace_t *t)

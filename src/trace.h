@@ -1,6 +1,8 @@
 /*
  * trace.h — allocation traces in RMM's logging CSV, parsed into a compact
- * array of operations that replay tools walk without touching text again.
+ * array of operations that replay tools walk without touching text again,
+ * either all at once (gm__trace_load/parse) or a bounded chunk at a time
+ * (the streaming reader, for traces of any length).
  *
  * Format: a header `Thread,Time,Action,Pointer,Size,Stream` (spaces around
  * names allowed), then one row per event:
@@ -18,7 +20,8 @@
  * n_slots is the largest number of allocations live at once and a replayer
  * needs only an array of n_slots pointers.
  *
- * Trace bugs are kept, counted and never fatal:
+ * Trace bugs are kept, counted (with the line of the first of each kind) and
+ * never fatal here (`gpumem replay --strict` refuses them):
  *   - a free of a pointer that is not live (never allocated, or freed twice)
  *     stays an op with slot GM__TRACE_NO_SLOT (unknown_frees);
  *   - an allocate of a pointer that is already live implicitly frees the
@@ -75,19 +78,43 @@ typedef struct gm__trace {
     uint64_t unknown_frees;  /* frees of a pointer not live */
     uint64_t dup_allocs;     /* allocates of a pointer already live */
     uint64_t free_size_mismatches; /* frees whose size differs from the allocate's */
+    uint64_t double_frees;   /* of unknown_frees: frees of a pointer freed before and not
+                                allocated since (a bounded memory of 2^18 freed pointers:
+                                past it, one freed long ago counts as unknown only) */
     size_t lines;            /* lines read, header and blank ones included */
+    /* Line (1-based) of the first row of each trace bug; 0 when none. */
+    size_t first_unknown_free_line;  /* a free of a pointer never allocated */
+    size_t first_double_free_line;
+    size_t first_dup_alloc_line;
+    size_t first_size_mismatch_line;
 } gm__trace_t;
 
 /* ---- defined in src/trace.c ---- */
 
-/* Read and parse a trace file.  GM_IO when it cannot be read, GM_PARSE with
- * "FILE:LINE: what is wrong", GM_NO_HOST_MEMORY.  On any error *t is left
+/* Read and parse a trace file, keeping every op.  GM_IO when it cannot be
+ * read, GM_PARSE with "FILE:LINE: what is wrong" (a line longer than 4096
+ * bytes is one: no trace has them, a binary file or a gzip bomb does),
+ * GM_NO_HOST_MEMORY.  On any error *t is left
  * empty (safe to gm__trace_free) and nothing leaks. */
 int gm__trace_load(const char *path, gm__trace_t *t);
 /* Parse len bytes (plain or gzip) named `name` in messages.  data need not be
  * NUL-terminated.  Same errors and guarantees as gm__trace_load; gzip input
  * in a build without zlib is GM_NOT_SUPPORTED ("... built without zlib"). */
 int gm__trace_parse(const char *data, size_t len, const char *name, gm__trace_t *t);
+/* The streaming reader: the same parse, handed out a chunk of ops at a time,
+ * so memory stays bounded (a few MB) however long the trace is.  Open fails
+ * like gm__trace_load (GM_IO ...).  Each gm__trace_next gives the next
+ * GM__TRACE_CHUNK_OPS or so ops in *ops (valid until the next call), *n == 0
+ * at the end; a malformed line is GM_PARSE when the reader gets to it.
+ * gm__trace_header is the trace so far (counts, n_slots, n_streams, streams;
+ * ops NULL), final once next gave 0.  gm__trace_close frees the reader and
+ * moves that header into *header (NULL: dropped; gm__trace_free it). */
+#define GM__TRACE_CHUNK_OPS 65536u
+typedef struct gm__trace_reader gm__trace_reader_t;
+int gm__trace_open(const char *path, gm__trace_reader_t **r);
+int gm__trace_next(gm__trace_reader_t *r, const gm__trace_op_t **ops, size_t *n);
+const gm__trace_t *gm__trace_header(const gm__trace_reader_t *r);
+void gm__trace_close(gm__trace_reader_t *r, gm__trace_t *header);
 /* Release everything; leaves *t empty.  NULL or an empty trace is a no-op. */
 void gm__trace_free(gm__trace_t *t);
 /* Walk the ops and verify the accounting above and every slot's life cycle.

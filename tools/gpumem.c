@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "cli.h"
 #include "gpumem.h"
 #include "internal.h"
@@ -138,8 +139,11 @@ void gm_cli_json_string(FILE *out, const char *s)
 void gm_cli_info_usage(FILE *out)
 {
     fprintf(out, "usage: gpumem info [--backend auto|sim|cuda] [--device N]\n\n"
-                 "Create a pool on the backend (default auto: cuda when a GPU is usable,\n"
-                 "else sim) and print the backend, why it was chosen, and the device.\n"
+                 "Create a pool on the backend (default: GPUMEM_BACKEND, GPUMEM_DEVICE,\n"
+                 "else auto and device 0) and print the backend, why it was chosen,\n"
+                 "what probing each backend found, and the device.  auto (the default)\n"
+                 "takes cuda when an NVIDIA driver is installed and the sim only when none\n"
+                 "is; a driver that cannot serve the device is an error, not the sim.\n"
                  "Exit status 1 when that backend cannot be used here.\n");
 }
 
@@ -152,7 +156,13 @@ static const char *fmt_memory(size_t bytes, char *buf, size_t cap)
 
 int gm_cli_info(int argc, char **argv)
 {
+    /* The pool a program would get: the environment (GPUMEM_BACKEND,
+     * GPUMEM_DEVICE ...), then the options. */
     gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
+    if (gm_config_from_env(&cfg) != GM_OK) {
+        fprintf(stderr, "gpumem info: %s\n", gm_last_error());
+        return 2;
+    }
     for (int i = 1; i < argc; i++) {
         int missing = 0;
         const char *v;
@@ -176,11 +186,15 @@ int gm_cli_info(int argc, char **argv)
         }
     }
 
+    /* What each backend's probe finds, shown whichever way the choice goes. */
+    char probed[1024];
+    gm__backend_describe(cfg.device, "\n                ", probed, sizeof probed);
     gm_pool_t *pool = NULL;
     if (gm_pool_create(&cfg, &pool) != GM_OK) {
         static const char *const names[] = {"auto", "sim", "cuda"};
         fprintf(stderr, "gpumem info: cannot use backend %s on device %d: %s\n",
                 names[cfg.backend], cfg.device, gm_last_error());
+        fprintf(stderr, "probed:         %s\n", probed);
         return 1;
     }
     gm_device_info_t di = GM_DEVICE_INFO_INIT;
@@ -196,6 +210,7 @@ int gm_cli_info(int argc, char **argv)
         snprintf(drv, sizeof drv, "%d.%d (%d)", di.driver_version / 1000,
                  di.driver_version % 1000 / 10, di.driver_version);
     printf("backend:        %s (%s)\n", di.backend_name, di.backend_reason);
+    printf("probed:         %s\n", probed);
     printf("device:         %d: %s\n", di.device, di.device_name);
     printf("driver version: %s\n", drv);
     printf("total memory:   %s\n", fmt_memory(di.total_memory, buf, sizeof buf));

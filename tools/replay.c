@@ -4,10 +4,14 @@
  * needed (reserved peak / live peak), how fast it answered, and which
  * backend (driver) calls it made.
  *
- * The one idea: measure the allocator, not the tool.  Every file is parsed
- * before anything runs (a bad file fails fast with exit 2), the ops are
- * already dense slot ids (src/trace.h), so the timed loop is array indexing
- * plus gm_alloc/gm_free, timed as a whole with one clock read on each side.
+ * The one idea: measure the allocator, not the tool.  Every file is read
+ * once before anything runs (a bad file fails fast with exit 2, and its trace
+ * bugs are reported, or with --strict refused, before any replay); then each
+ * pass reads it again through the streaming reader (src/trace.h), a chunk of
+ * ops at a time, so memory stays bounded however long the trace.  The ops
+ * are already dense slot ids, so the timed loop over a chunk is array
+ * indexing plus gm_alloc/gm_free, with one clock read on each side of the
+ * chunk: reading and parsing are not timed.
  * Stats are read just outside that loop, so backend_ns, backend calls and
  * modeled device time are those of the trace's own ops: pool creation and
  * the frees of what a pass leaves live are not counted.
@@ -22,13 +26,13 @@
 #include "internal.h"
 #include "trace.h"
 
-#define CHUNK_OPS 8192                /* ops between progress checks */
 #define PROGRESS_MIN_OPS 100000u      /* show progress for longer replays ... */
 #define PROGRESS_MIN_NS 1000000000u   /* ... or ones running longer than 1 s */
 #define PROGRESS_EVERY_NS 100000000u  /* redraw at most 10 times a second */
 
 typedef struct options {
     int json;
+    int strict;
     gm_backend_kind_t backend;
     size_t capacity;
     unsigned long repeat;
@@ -50,21 +54,57 @@ typedef struct result {
 void gm_cli_replay_usage(FILE *out)
 {
     fprintf(out,
-            "usage: gpumem replay [--json] [--backend sim|cuda|auto] [--capacity BYTES]\n"
-            "                     [--repeat N] TRACE...\n\n"
+            "usage: gpumem replay [--json] [--strict] [--backend sim|cuda|auto]\n"
+            "                     [--capacity BYTES] [--repeat N] TRACE...\n\n"
             "Replay RMM logging CSV traces (Thread,Time,Action,Pointer,Size,Stream; plain\n"
             "or gzip) through a fresh pool each, single-threaded, and report ops, live\n"
             "peak, reserved peak, their ratio, ns per op (total, and allocator = total\n"
             "minus time inside backend calls), backend calls, modeled device time and\n"
             "failed allocations.\n\n"
             "  --json          one JSON object per trace per line\n"
+            "  --strict        trace bugs (double or unknown frees, allocates of a live\n"
+            "                  pointer, frees whose size differs from the allocate's)\n"
+            "                  are errors: exit 2 before any replay; without it they are\n"
+            "                  one warning line per trace on stderr, and replayed as\n"
+            "                  the trace reader resolves them (docs/workloads.md)\n"
             "  --backend B     sim (default), cuda or auto\n"
             "  --capacity B    sim device size, e.g. 16GiB (default: the sim's own)\n"
             "  --repeat N      replay each trace N times in the same pool, freeing what a\n"
-            "                  pass leaves live; steady_backend_calls = calls in passes 2..N\n");
+            "                  pass leaves live; steady_backend_calls = calls in passes 2..N\n"
+            "                  (each pass reads the file again: memory stays bounded)\n\n"
+            "Progress goes to stderr when it is a terminal.  Exit status: 0 ok, 1 a\n"
+            "pool could not be made, 2 bad usage, an unreadable or malformed trace, or\n"
+            "trace bugs under --strict.\n");
 }
 
 static uint64_t udiff(uint64_t after, uint64_t before) { return after > before ? after - before : 0; }
+
+/* The progress line, redrawn in place; erased with "\r\033[K" at the end. */
+typedef struct progress {
+    int on;          /* stderr is a terminal */
+    int shown;       /* something to erase */
+    uint64_t start, last;
+} progress_t;
+
+static int progress_due(progress_t *pg, uint64_t work)
+{
+    if (!pg->on) return 0;
+    uint64_t now = gm__now_ns();
+    if ((work > PROGRESS_MIN_OPS || now - pg->start > PROGRESS_MIN_NS) &&
+        now - pg->last >= PROGRESS_EVERY_NS) {
+        pg->last = now;
+        pg->shown = 1;
+        return 1;
+    }
+    return 0;
+}
+
+static void progress_erase(progress_t *pg)
+{
+    if (pg->shown) fprintf(stderr, "\r\033[K");
+    fflush(stderr);
+    pg->shown = 0;
+}
 
 static void show_progress(const char *name, unsigned long pass, unsigned long passes,
                           size_t done, size_t n)
@@ -84,13 +124,44 @@ static void note_failure(result_t *r, const char *what, int rc)
                  gm_last_error());
 }
 
-/* Replay t through a new pool.  0, or 1 when no pool could be made. */
+/* The ops of one chunk through the pool: the timed loop. */
+static void replay_chunk(gm_pool_t *pool, const gm__trace_op_t *ops, size_t n, void **ptrs,
+                         uint16_t *slot_stream, gm_stream_t *streams, result_t *r)
+{
+    for (size_t i = 0; i < n; i++) {
+        const gm__trace_op_t *op = &ops[i];
+        int rc;
+        if (op->slot == GM__TRACE_NO_SLOT) continue; /* unknown free, failure row */
+        if (op->action == GM__TRACE_ALLOC) {
+            void *p = NULL;
+            rc = gm_alloc(pool, (size_t)op->size, streams[op->stream], &p);
+            if (rc != GM_OK) {
+                r->failed_allocs++;
+                note_failure(r, "allocate", rc);
+            }
+            ptrs[op->slot] = p;
+            slot_stream[op->slot] = op->stream;
+        } else if (ptrs[op->slot]) { /* a free; its allocate may have failed */
+            rc = gm_free(pool, ptrs[op->slot], streams[op->stream]);
+            if (rc != GM_OK) {
+                r->failed_frees++;
+                note_failure(r, "free", rc);
+            }
+            ptrs[op->slot] = NULL;
+        }
+    }
+}
+
+/* Replay the trace t describes (read before: n_slots, n_streams, streams)
+ * through a new pool, reading the file again for each pass.  0; 1 when no
+ * pool could be made; 2 when the file no longer reads as it did. */
 static int replay_trace(const gm__trace_t *t, const options_t *o, result_t *r)
 {
     gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
     cfg.backend = o->backend;
     cfg.sim_capacity = o->capacity;
     gm_pool_t *pool = NULL;
+    progress_t pg = {isatty(STDERR_FILENO), 0, gm__now_ns(), 0};
     memset(r, 0, sizeof *r);
     if (gm_pool_create(&cfg, &pool) != GM_OK) {
         fprintf(stderr, "error: %s: cannot create a pool: %s\n", t->name, gm_last_error());
@@ -104,6 +175,7 @@ static int replay_trace(const gm__trace_t *t, const options_t *o, result_t *r)
     void **ptrs = calloc(n_slots, sizeof *ptrs);            /* live block per slot */
     uint16_t *slot_stream = calloc(n_slots, sizeof *slot_stream);
     gm_stream_t *streams = calloc(t->n_streams ? t->n_streams : 1, sizeof *streams);
+    gm__trace_reader_t *reader = NULL;
     int rc = 1;
     if (!ptrs || !slot_stream || !streams) {
         fprintf(stderr, "error: %s: out of host memory\n", t->name);
@@ -118,55 +190,53 @@ static int replay_trace(const gm__trace_t *t, const options_t *o, result_t *r)
         }
     }
 
-    int progress = isatty(STDERR_FILENO);
-    int progress_shown = 0;
-    uint64_t last_shown = 0;
     uint64_t total_ops = (uint64_t)t->n_ops * o->repeat;
     for (unsigned long pass = 0; pass < o->repeat; pass++) {
         gm_stats_t before = GM_STATS_INIT, after = GM_STATS_INIT;
-        gm_pool_stats(pool, &before);
-        uint64_t t0 = gm__now_ns();
-        for (size_t base = 0; base < t->n_ops; base += CHUNK_OPS) {
-            size_t end = t->n_ops - base > CHUNK_OPS ? base + CHUNK_OPS : t->n_ops;
-            for (size_t i = base; i < end; i++) {
-                const gm__trace_op_t *op = &t->ops[i];
-                int rc;
-                if (op->slot == GM__TRACE_NO_SLOT) continue; /* unknown free, failure row */
-                if (op->action == GM__TRACE_ALLOC) {
-                    void *p = NULL;
-                    rc = gm_alloc(pool, (size_t)op->size, streams[op->stream], &p);
-                    if (rc != GM_OK) {
-                        r->failed_allocs++;
-                        note_failure(r, "allocate", rc);
-                    }
-                    ptrs[op->slot] = p;
-                    slot_stream[op->slot] = op->stream;
-                } else if (ptrs[op->slot]) { /* a free; its allocate may have failed */
-                    rc = gm_free(pool, ptrs[op->slot], streams[op->stream]);
-                    if (rc != GM_OK) {
-                        r->failed_frees++;
-                        note_failure(r, "free", rc);
-                    }
-                    ptrs[op->slot] = NULL;
-                }
-            }
-            if (progress && end < t->n_ops) {
-                uint64_t now = gm__now_ns();
-                if ((total_ops > PROGRESS_MIN_OPS || now - t0 > PROGRESS_MIN_NS) &&
-                    now - last_shown >= PROGRESS_EVERY_NS) {
-                    show_progress(t->name, pass, o->repeat, end, t->n_ops);
-                    progress_shown = 1;
-                    last_shown = now;
-                }
-            }
+        uint64_t wall = 0;
+        size_t done_ops = 0;
+        if (gm__trace_open(t->name, &reader) != GM_OK) {
+            fprintf(stderr, "error: %s\n", gm_last_error());
+            rc = 2;
+            goto done;
         }
-        uint64_t t1 = gm__now_ns();
+        gm_pool_stats(pool, &before);
+        for (;;) {
+            const gm__trace_op_t *ops;
+            size_t n;
+            if (gm__trace_next(reader, &ops, &n) != GM_OK) {
+                fprintf(stderr, "error: %s\n", gm_last_error());
+                rc = 2;
+                goto done;
+            }
+            if (n == 0) break;
+            const gm__trace_t *h = gm__trace_header(reader);
+            if (h->n_slots > t->n_slots || h->n_streams > t->n_streams) {
+                fprintf(stderr, "error: %s: the file changed since it was read\n", t->name);
+                rc = 2;
+                goto done;
+            }
+            uint64_t t0 = gm__now_ns();
+            replay_chunk(pool, ops, n, ptrs, slot_stream, streams, r);
+            wall += gm__now_ns() - t0;
+            done_ops += n;
+            if (done_ops < t->n_ops && progress_due(&pg, total_ops))
+                show_progress(t->name, pass, o->repeat, done_ops, t->n_ops);
+        }
         gm_pool_stats(pool, &after);
+        int changed = gm__trace_header(reader)->n_ops != t->n_ops;
+        gm__trace_close(reader, NULL);
+        reader = NULL;
+        if (changed) {
+            fprintf(stderr, "error: %s: the file changed since it was read\n", t->name);
+            rc = 2;
+            goto done;
+        }
 
-        r->wall_ns += t1 - t0;
+        r->wall_ns += wall;
         r->backend_ns += udiff(after.backend_ns, before.backend_ns);
         if (pass > 0) {
-            r->steady_wall_ns += t1 - t0;
+            r->steady_wall_ns += wall;
             r->steady_backend_ns += udiff(after.backend_ns, before.backend_ns);
         }
         r->modeled_ns += udiff(after.modeled_device_ns, before.modeled_device_ns);
@@ -186,7 +256,6 @@ static int replay_trace(const gm__trace_t *t, const options_t *o, result_t *r)
             ptrs[s] = NULL;
         }
     }
-    if (progress_shown) fprintf(stderr, "\r\033[K");
 
     gm_stats_t end = GM_STATS_INIT;
     gm_pool_stats(pool, &end);
@@ -194,6 +263,8 @@ static int replay_trace(const gm__trace_t *t, const options_t *o, result_t *r)
     r->ops = total_ops;
     rc = 0;
 done:
+    progress_erase(&pg);
+    gm__trace_close(reader, NULL);
     for (uint32_t s = 0; streams && s < t->n_streams; s++)
         if (streams[s]) gm_stream_destroy(pool, streams[s]);
     free(ptrs);
@@ -201,6 +272,69 @@ done:
     free(streams);
     gm_pool_destroy(pool);
     return rc;
+}
+
+/* Read a trace through once, keeping only its header (counts, slots,
+ * streams): what the replay needs to know before it starts. */
+static int read_trace(const char *path, gm__trace_t *t)
+{
+    gm__trace_reader_t *reader;
+    memset(t, 0, sizeof *t);
+    GM_CHECK(gm__trace_open(path, &reader));
+    progress_t pg = {isatty(STDERR_FILENO), 0, gm__now_ns(), 0};
+    for (;;) {
+        const gm__trace_op_t *ops;
+        size_t n;
+        int rc = gm__trace_next(reader, &ops, &n);
+        if (rc != GM_OK) {
+            progress_erase(&pg);
+            gm__trace_close(reader, NULL);
+            return rc;
+        }
+        if (n == 0) break;
+        if (progress_due(&pg, 0)) {
+            fprintf(stderr, "\rreading %s: %zu ops", path, gm__trace_header(reader)->n_ops);
+            fflush(stderr);
+        }
+    }
+    progress_erase(&pg);
+    gm__trace_close(reader, t);
+    return GM_OK;
+}
+
+/* One line on stderr about t's trace bugs, if it has any: 1 if so. */
+static int report_trace_bugs(const gm__trace_t *t, int strict)
+{
+    uint64_t unknown = t->unknown_frees - t->double_frees;
+    if (!unknown && !t->double_frees && !t->dup_allocs && !t->free_size_mismatches) return 0;
+    fprintf(stderr, "%s: %s: trace bugs:", strict ? "error" : "warning", t->name);
+    const char *sep = " ";
+    if (t->double_frees) {
+        fprintf(stderr, "%s%llu double free%s (first on line %zu)", sep,
+                (unsigned long long)t->double_frees, t->double_frees == 1 ? "" : "s",
+                t->first_double_free_line);
+        sep = ", ";
+    }
+    if (unknown) {
+        fprintf(stderr, "%s%llu free%s of a pointer never allocated (first on line %zu)", sep,
+                (unsigned long long)unknown, unknown == 1 ? "" : "s", t->first_unknown_free_line);
+        sep = ", ";
+    }
+    if (t->dup_allocs) {
+        fprintf(stderr, "%s%llu allocate%s of a live pointer (first on line %zu)", sep,
+                (unsigned long long)t->dup_allocs, t->dup_allocs == 1 ? "" : "s",
+                t->first_dup_alloc_line);
+        sep = ", ";
+    }
+    if (t->free_size_mismatches) {
+        fprintf(stderr, "%s%llu free%s whose size differs from the allocate's (first on line %zu)",
+                sep, (unsigned long long)t->free_size_mismatches,
+                t->free_size_mismatches == 1 ? "" : "s", t->first_size_mismatch_line);
+    }
+    fprintf(stderr, strict ? "\n" : "; replayed as: frees of dead pointers skipped, a live "
+                                     "pointer freed before its new allocate, frees with the "
+                                     "allocate's size\n");
+    return 1;
 }
 
 static double per_op(uint64_t ns, uint64_t ops) { return ops ? (double)ns / (double)ops : 0.0; }
@@ -248,6 +382,18 @@ static void print_json(const gm__trace_t *t, const result_t *r, const options_t 
            ",\"dup_allocs\":%llu",
            (unsigned long long)r->failed_allocs, (unsigned long long)t->unknown_frees,
            (unsigned long long)t->alloc_failures, (unsigned long long)t->dup_allocs);
+    printf(",\"double_frees\":%llu,\"free_size_mismatches\":%llu,\"first_bug_lines\":{",
+           (unsigned long long)t->double_frees, (unsigned long long)t->free_size_mismatches);
+    sep = "";
+    const struct { const char *name; size_t line; } bug_lines[] = {
+        {"unknown_free", t->first_unknown_free_line}, {"double_free", t->first_double_free_line},
+        {"dup_alloc", t->first_dup_alloc_line}, {"size_mismatch", t->first_size_mismatch_line}};
+    for (size_t k = 0; k < sizeof bug_lines / sizeof bug_lines[0]; k++) {
+        if (!bug_lines[k].line) continue;
+        printf("%s\"%s\":%zu", sep, bug_lines[k].name, bug_lines[k].line);
+        sep = ",";
+    }
+    printf("}");
     if (r->first_failure[0]) {
         printf(",\"first_failure\":");
         gm_cli_json_string(stdout, r->first_failure);
@@ -338,7 +484,7 @@ static void print_table(const gm__trace_t *traces, const result_t *res, int n, c
 
 int gm_cli_replay(int argc, char **argv)
 {
-    options_t o = {0, GM_BACKEND_SIM, 0, 1};
+    options_t o = {0, 0, GM_BACKEND_SIM, 0, 1};
     gm__trace_t *traces = NULL;
     result_t *res = NULL;
     int n_files = 0, only_files = 0, status = 0, loaded = 0;
@@ -356,6 +502,8 @@ int gm_cli_replay(int argc, char **argv)
             only_files = 1;
         } else if (strcmp(a, "--json") == 0) {
             o.json = 1;
+        } else if (strcmp(a, "--strict") == 0) {
+            o.strict = 1;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             gm_cli_replay_usage(stdout);
             free(files);
@@ -385,7 +533,8 @@ int gm_cli_replay(int argc, char **argv)
         goto usage;
     }
 
-    /* Parse everything first: a malformed file stops us before any replay. */
+    /* Read everything first: a malformed file, or a trace bug under
+     * --strict, stops us before any replay. */
     traces = calloc((size_t)n_files, sizeof *traces);
     res = calloc((size_t)n_files, sizeof *res);
     if (!traces || !res) {
@@ -394,15 +543,22 @@ int gm_cli_replay(int argc, char **argv)
         goto out;
     }
     for (; loaded < n_files; loaded++) {
-        if (gm__trace_load(files[loaded], &traces[loaded]) != GM_OK) {
+        if (read_trace(files[loaded], &traces[loaded]) != GM_OK) {
             fprintf(stderr, "error: %s\n", gm_last_error());
             status = 2;
             goto out;
         }
     }
+    int bugs = 0;
+    for (int i = 0; i < n_files; i++) bugs += report_trace_bugs(&traces[i], o.strict);
+    if (bugs && o.strict) {
+        status = 2;
+        goto out;
+    }
     for (int i = 0; i < n_files; i++) {
-        if (replay_trace(&traces[i], &o, &res[i]) != 0) {
-            status = 1;
+        int rc = replay_trace(&traces[i], &o, &res[i]);
+        if (rc != 0) {
+            status = rc;
             goto out;
         }
         if (o.json) print_json(&traces[i], &res[i], &o);

@@ -54,6 +54,7 @@ static struct {
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static int load_status = GM_NO_DEVICE; /* GM_OK once the driver is usable */
 static char load_error[160];           /* why it is not, when it is not */
+static int driver_absent = 1;          /* no NVIDIA driver here at all (see cuda_installed) */
 static int have_vmm_calls;             /* every VMM entry point resolved */
 static int have_fd_calls;              /* export/import resolved */
 
@@ -92,7 +93,7 @@ static void *lookup(const char *name)
 static void load_driver(void)
 {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
+    if (!lib) { /* driver_absent stays set: no driver is installed */
         const char *why = dlerror();
         if (!why || strstr(why, "No such file"))
             snprintf(load_error, sizeof load_error, "libcuda.so.1 not found (no NVIDIA driver)");
@@ -101,6 +102,7 @@ static void load_driver(void)
         return;
     }
     /* Never dlclose'd: driver threads and atexit handlers outlive us. */
+    driver_absent = 0; /* from here on, a failure is a broken driver, not a missing one */
     store_fn(&get_proc_v2, dlsym(lib, "cuGetProcAddress_v2"), sizeof get_proc_v2);
     if (!get_proc_v2) store_fn(&get_proc_v1, dlsym(lib, "cuGetProcAddress"), sizeof get_proc_v1);
     if (!get_proc_v2 && !get_proc_v1) {
@@ -116,10 +118,11 @@ static void load_driver(void)
     GM__CUDA_DRIVER_FUNCS(RESOLVE)
 #undef RESOLVE
     if (missing) {
-        if (lookup_result == CUDA_ERROR_STUB_LIBRARY)
+        if (lookup_result == CUDA_ERROR_STUB_LIBRARY) {
+            driver_absent = 1;
             snprintf(load_error, sizeof load_error,
                      "libcuda.so.1 is the CUDA toolkit's stub library, not an NVIDIA driver");
-        else if (lookup_result != CUDA_SUCCESS)
+        } else if (lookup_result != CUDA_SUCCESS)
             snprintf(load_error, sizeof load_error, "cuGetProcAddress(%s) failed: CUresult %d",
                      missing, (int)lookup_result);
         else
@@ -132,6 +135,13 @@ static void load_driver(void)
     have_fd_calls = drv.cuMemExportToShareableHandle && drv.cuMemImportFromShareableHandle;
 
     CUresult r = drv.cuInit(0);
+    if (r == CUDA_ERROR_STUB_LIBRARY) {
+        driver_absent = 1;
+        snprintf(load_error, sizeof load_error,
+                 "libcuda.so.1 is the CUDA toolkit's stub library, not an NVIDIA driver "
+                 "(cuInit: CUDA_ERROR_STUB_LIBRARY)");
+        return;
+    }
     if (r != CUDA_SUCCESS) {
         const char *name = NULL;
         if (drv.cuGetErrorName(r, &name) != CUDA_SUCCESS || !name) name = "unknown CUresult";
@@ -300,6 +310,22 @@ static int check_ordinal(int ordinal)
         return gm__set_error(GM_NO_DEVICE, "cuda: device %d does not exist (%d device%s visible)",
                              ordinal, count, count == 1 ? " is" : "s are");
     return GM_OK;
+}
+
+/* Preconditions: none; any thread, any number of times.  GM_OK when an NVIDIA
+ * driver is installed: libcuda.so.1 loads and is not the toolkit's stub (the
+ * driver may still be broken or see no device: probe says that).
+ * GM_NO_DEVICE, with why saying what was probed, when there is none at all:
+ * the only case in which AUTO may use the sim instead. */
+static int cuda_installed(char *why, size_t why_cap)
+{
+    pthread_once(&load_once, load_driver);
+    if (!driver_absent) {
+        if (why && why_cap) snprintf(why, why_cap, "libcuda.so.1 loaded");
+        return GM_OK;
+    }
+    if (why && why_cap) snprintf(why, why_cap, "%s", load_error);
+    return GM_NO_DEVICE;
 }
 
 /* Preconditions: none; may be called any number of times from any thread.
@@ -805,6 +831,7 @@ static int cuda_stream_wait_event(void *ctx, gm_stream_t stream, gm__event_t ev)
 const gm__backend_ops_t gm__backend_cuda = {
     .name = "cuda",
     .probe = cuda_probe,
+    .installed = cuda_installed,
     .open = cuda_open,
     .close = cuda_close,
     .info = cuda_info,

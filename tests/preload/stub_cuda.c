@@ -3,6 +3,14 @@
  * entry points the preload library routes, answering with sentinel pointers
  * (0xd0000000 + n * 4096) so a test can tell the stub's memory from
  * gpumem's, and counting what reaches it.  Never touches a GPU.
+ *
+ * It is also just enough of a driver for gpumem's cuda backend to load and
+ * probe (tests/attack/backend_*.sh): cuInit answers STUB_CUDA_INIT (a
+ * CUresult, default 0), the driver sees STUB_CUDA_DEVICES devices (default
+ * 1) without virtual memory management, and every other entry point the
+ * backend requires exists and fails with CUDA_ERROR_NOT_SUPPORTED.  Those
+ * are file-local, reachable only through cuGetProcAddress, so that nothing
+ * the preload library interposes changes.
  */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -73,11 +81,94 @@ API CUresult cuDriverGetVersion(int *v)
     return 0;
 }
 
+/* ---- the driver as the cuda backend's probe sees it ---- */
+
+static int env_int(const char *name, int def)
+{
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : def;
+}
+static CUresult drv_init(unsigned flags)
+{
+    (void)flags;
+    return env_int("STUB_CUDA_INIT", 0);
+}
+static CUresult drv_error_name(CUresult r, const char **name)
+{
+    switch (r) {
+    case 0: *name = "CUDA_SUCCESS"; break;
+    case 34: *name = "CUDA_ERROR_STUB_LIBRARY"; break;
+    case 100: *name = "CUDA_ERROR_NO_DEVICE"; break;
+    case 101: *name = "CUDA_ERROR_INVALID_DEVICE"; break;
+    case 801: *name = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    default: *name = "CUDA_ERROR_UNKNOWN"; break;
+    }
+    return 0;
+}
+static CUresult drv_error_string(CUresult r, const char **text)
+{
+    (void)r;
+    *text = "stub libcuda";
+    return 0;
+}
+static CUresult drv_device_count(int *n)
+{
+    *n = env_int("STUB_CUDA_DEVICES", 1);
+    return 0;
+}
+static CUresult drv_device_get(int *dev, int ordinal)
+{
+    if (ordinal < 0 || ordinal >= env_int("STUB_CUDA_DEVICES", 1)) return 101;
+    *dev = ordinal;
+    return 0;
+}
+static CUresult drv_device_name(char *name, int len, int dev)
+{
+    snprintf(name, (size_t)len, "stub device %d", dev);
+    return 0;
+}
+static CUresult drv_device_attribute(int *value, int attribute, int dev)
+{
+    (void)attribute, (void)dev;
+    *value = 0; /* no VMM, no fd sharing, nothing */
+    return 0;
+}
+static CUresult drv_unsupported(void)
+{
+    return 801; /* CUDA_ERROR_NOT_SUPPORTED */
+}
+/* Required by the backend, never reached by a probe: one answer for all. */
+static const char *const unsupported_names[] = {
+    "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuCtxGetCurrent",
+    "cuCtxSetCurrent", "cuMemGetInfo", "cuEventCreate", "cuEventDestroy", "cuEventRecord",
+    "cuEventQuery", "cuEventSynchronize", "cuStreamSynchronize", "cuStreamCreate",
+    "cuStreamDestroy", "cuMemcpyAsync", "cuMemsetD8Async",
+};
+
+/* A function pointer as the void * cuGetProcAddress hands out. */
+static void *as_object(void (*f)(void))
+{
+    void *p;
+    memcpy(&p, &f, sizeof p);
+    return p;
+}
+
 /* Handed out by cuGetProcAddress*, like the real driver's table. */
 static void *lookup(const char *name, unsigned long long flags)
 {
     void *fn = NULL;
     (void)flags;
+#define STUB_DRV(sym, f) if (!strcmp(name, sym)) return as_object((void (*)(void))f);
+    STUB_DRV("cuInit", drv_init)
+    STUB_DRV("cuGetErrorName", drv_error_name)
+    STUB_DRV("cuGetErrorString", drv_error_string)
+    STUB_DRV("cuDeviceGetCount", drv_device_count)
+    STUB_DRV("cuDeviceGet", drv_device_get)
+    STUB_DRV("cuDeviceGetName", drv_device_name)
+    STUB_DRV("cuDeviceGetAttribute", drv_device_attribute)
+#undef STUB_DRV
+    for (size_t i = 0; i < sizeof unsupported_names / sizeof *unsupported_names; i++)
+        if (!strcmp(name, unsupported_names[i])) return as_object((void (*)(void))drv_unsupported);
     if (!strcmp(name, "cuMemAlloc")) { CUresult (*f)(CUdeviceptr *, size_t) = cuMemAlloc_v2; memcpy(&fn, &f, sizeof fn); }
     else if (!strcmp(name, "cuMemFree")) { CUresult (*f)(CUdeviceptr) = cuMemFree_v2; memcpy(&fn, &f, sizeof fn); }
     else if (!strcmp(name, "cuMemAllocAsync")) { CUresult (*f)(CUdeviceptr *, size_t, CUstream) = cuMemAllocAsync; memcpy(&fn, &f, sizeof fn); }
