@@ -146,7 +146,8 @@ GM_API int gm_config_from_env(gm_pool_config_t *cfg);
  * Handles are checked: every function taking a pool answers
  * GM_INVALID_ARGUMENT for a destroyed pool or a pointer that is not a pool
  * (its memory is readable; an unmapped address still faults), never touching
- * freed memory.  A pool's handle is never reused by a later pool.
+ * freed memory.  A pool's handle is never reused by a later pool (a
+ * destroyed pool keeps its struct's few pages of address space, not memory).
  *
  * fork(): the pools of the parent are unusable in the child.  Every call on
  * one there returns GM_INVALID_STATE at once (never waits on a lock another
@@ -220,6 +221,10 @@ GM_API int gm_stream_create(gm_pool_t *pool, gm_stream_t *stream);
  * a CuPy stream going away); gm_stream_destroy calls it.  A stream with work
  * held in flight (sim) gives GM_NOT_READY and stays known. */
 GM_API int gm_stream_forget(gm_pool_t *pool, gm_stream_t stream);
+/* Bookkeeping per stream is bounded: a pool keeps state for the streams that
+ * hold its memory (free blocks not yet reusable by all, live blocks, pending
+ * frees); the state of an idle stream is dropped (at gm_stream_forget, or by
+ * a sweep when many new streams appear), so handles may come and go. */
 GM_API int gm_stream_destroy(gm_pool_t *pool, gm_stream_t stream);
 
 /* ------------------------------------------------------------------------ */

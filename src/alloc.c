@@ -16,6 +16,9 @@
  *
  * Live blocks are found by address in an open-addressing hash table.  Block
  * descriptors are recycled through a free list and allocated in slabs.
+ * Stream states are found by handle in another, and freed when idle (see
+ * "stream states" below), so a workload touching many streams holds about
+ * as many states as streams in use.
  *
  * Every function here expects the pool lock to be held.
  */
@@ -854,6 +857,29 @@ int gm__alloc_check_locked(gm_pool_t *pool)
                              (unsigned long)pool->st.live_blocks);
     if (active != pool->st.active || allocated != pool->st.allocated)
         return gm__set_error(GM_INTERNAL, "active/allocated counters drifted");
+    /* Stream states: table and list agree; users == live blocks allocated
+     * on it + pending blocks freed on it + record_stream entries naming it,
+     * summed over all states. */
+    size_t users = 0, refs = 0, in_tab = 0;
+    for (size_t i = 0; i < pool->n_streams; i++) {
+        gm__stream_t *t = pool->streams[i];
+        if (t->slot != i || stream_find_locked(pool, t->handle) != t)
+            return gm__set_error(GM_INTERNAL, "stream state %zu not found by its handle", i);
+        users += t->users;
+    }
+    for (size_t j = 0; j < pool->stream_tab_cap; j++) in_tab += pool->stream_tab[j] != NULL;
+    if (in_tab != pool->n_streams)
+        return gm__set_error(GM_INTERNAL, "stream table holds %zu states, list %zu", in_tab,
+                             pool->n_streams);
+    for (int c = 0; c < GM_CLASS_COUNT; c++)
+        for (gm__block_t *b = pool->arena[c].first; b; b = b->next) {
+            if (b->free) continue;
+            refs++;
+            for (gm__recorded_t *r = b->recorded; r; r = r->next) refs++;
+        }
+    if (users != refs)
+        return gm__set_error(GM_INTERNAL, "stream users sum to %zu, blocks and records say %zu",
+                             users, refs);
     return GM_OK;
 }
 

@@ -20,6 +20,10 @@
  * gives back wholly free chunks until unused pinned memory is at most 1/40 of
  * what is in use, so memory held stays close to memory requested.
  *
+ * Owners: every block carries the kind it was allocated for (gm_host_alloc,
+ * a staging buffer, a sysmem-fallback block; host.h), and a free names the
+ * kind it expects, so no entry point can release another's block.
+ *
  * Accounting (checked by host_check_locked in debug builds):
  *   reserved  == sum of chunk sizes
  *   in_use    == sum of live blocks' sizes

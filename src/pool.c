@@ -14,6 +14,13 @@
  * paths record into the trace, the leak table and the monitor slot, and a
  * failed allocation goes through one slow path (alloc_slow_locked) that ends
  * in the out-of-memory report of src/oom.c.
+ *
+ * Handles are checked before anything is touched (gm__pool_resolve: one
+ * compare of pool->magic); a pool's struct is a mapping of its own, never
+ * unmapped, so a destroyed handle stays readable and never names a later
+ * pool.  After fork() the child marks the parent's pools dead (atfork_child).
+ * Which entry point owns a pointer is decided in one place,
+ * gm__owner_locked.
  */
 #include <errno.h>
 #include <pthread.h>

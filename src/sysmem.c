@@ -9,7 +9,8 @@
  * stats (sysmem_allocated, sysmem_allocated_peak, sysmem_count; they are not
  * in `allocated`), and the first one of a pool says so on stderr.  gm_free,
  * gm_block_size and gm_record_stream find them here when the live table does
- * not know the pointer.
+ * not know the pointer (pool.c's owner lookup); their host blocks are tagged
+ * GM__HOST_SYSMEM, so gm_host_free refuses them.  Leak reports list them.
  *
  * Locking: every function here runs with the pool lock held (it is called
  * from gm_alloc / gm_free / ...); it takes the host lock inside host.c.
