@@ -67,8 +67,13 @@ static int child_checks(gm_pool_t *parent, void *parents_block)
     gm_pool_t *mine = new_pool();
     if (!mine) return bad | 4;
     void *q = NULL;
-    if (gm_alloc(mine, 5 * MiB, NULL, &q) != GM_OK) bad |= 8;
-    else if (gm_free(mine, q, NULL) != GM_OK) bad |= 8;
+    if (gm_alloc(mine, 5 * MiB, NULL, &q) != GM_OK) {
+        bad |= 8;
+    } else { /* fresh pages: writing them cannot reach the parent */
+        if (gm_memset(mine, q, 0x33, 5 * MiB, NULL) != GM_OK) bad |= 8;
+        if (gm_stream_synchronize(mine, NULL) != GM_OK) bad |= 8;
+        if (gm_free(mine, q, NULL) != GM_OK) bad |= 8;
+    }
     gm_pool_t *def = NULL;
     if (gm_default_pool(&def) != GM_OK || def == parent) {
         fprintf(stderr, "child: default pool: %s\n", gm_last_error());
@@ -144,14 +149,14 @@ static void test_pages_and_monitor(void)
     CHECK_OK(gm_memcpy(pool, buf, a, MiB, NULL));
     CHECK_OK(gm_stream_synchronize(pool, NULL));
     size_t wrong = 0;
-    for (size_t i = 0; i < MiB; i++) wrong += buf[i] != 0x11;
+    for (size_t i = 0; i < MiB; i++) wrong += buf[i] != 0x11; /* not 0x22, not 0x33 */
     CHECK(wrong == 0);
     void *y2;
     CHECK_OK(gm_alloc(pool, MiB, NULL, &y2));
     CHECK_OK(gm_memcpy(pool, buf, y2, MiB, NULL));
     CHECK_OK(gm_stream_synchronize(pool, NULL));
     size_t child_bytes = 0;
-    for (size_t i = 0; i < MiB; i++) child_bytes += buf[i] == 0x22;
+    for (size_t i = 0; i < MiB; i++) child_bytes += buf[i] == 0x22 || buf[i] == 0x33;
     CHECK(child_bytes == 0);
     free(buf);
     CHECK_OK(gm_free(pool, y2, NULL));
