@@ -211,6 +211,13 @@ int gm__pool_resolve_slow(gm_pool_t **pool, const char *fn)
                          "pool)", fn, (void *)*pool);
 }
 
+/* LeakSanitizer scans globals, stacks and heap blocks, not anonymous
+ * mappings: a pool's mapping is declared a root so that what it points to
+ * (and what the process keeps at exit: the library's own pools) is not
+ * reported as leaked.  Weak: NULL outside sanitizer builds. */
+extern void __lsan_register_root_region(const void *p, size_t size) __attribute__((weak));
+extern void __lsan_unregister_root_region(const void *p, size_t size) __attribute__((weak));
+
 static size_t pool_map_size(void)
 {
     long pg = sysconf(_SC_PAGESIZE);
@@ -236,6 +243,7 @@ static void pool_teardown(gm_pool_t *pool)
     if (pool->bk) pool->ops->close(pool->bk);
     gm__unlock(&pool->lock);
     pool->magic = 0;
+    if (__lsan_unregister_root_region) __lsan_unregister_root_region(pool, pool_map_size());
     madvise(pool, pool_map_size(), MADV_DONTNEED);
 }
 
@@ -266,6 +274,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
                      -1, 0);
     if (mem == MAP_FAILED) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
     gm_pool_t *pool = mem;
+    if (__lsan_register_root_region) __lsan_register_root_region(pool, pool_map_size());
     pool->st.size = sizeof pool->st;
     pool->st.version = GM_STATS_VERSION;
     pool->global.is_global = true;
