@@ -63,7 +63,8 @@ GM_API const char *gm_version(void);
     X(PARSE,            10, "malformed input")                                 \
     X(IO,               11, "input/output error")                              \
     X(NO_HOST_MEMORY,   12, "out of host memory")                              \
-    X(INTERNAL,         13, "internal error (a bug in gpumem)")
+    X(INTERNAL,         13, "internal error (a bug in gpumem)")                \
+    X(INVALID_STATE,    14, "object not usable in this process or state")
 
 enum {
 #define GM__ERR_ENUM(name, value, desc) GM_##name = value,
@@ -158,10 +159,27 @@ GM_API int gm_config_from_env(gm_pool_config_t *cfg);
  * fails with GM_NO_DEVICE and a message naming the device and the reason, a
  * device without virtual memory management with GM_NOT_SUPPORTED; host
  * memory is never handed out in a GPU's place.  `gpumem info` shows what
- * each backend's probe found. */
+ * each backend's probe found.
+ *
+ * Handles are checked: every function taking a pool answers
+ * GM_INVALID_ARGUMENT for a destroyed pool or a pointer that is not a pool
+ * (its memory is readable; an unmapped address still faults), never touching
+ * freed memory.  A pool's handle is never reused by a later pool (a
+ * destroyed pool keeps its struct's few pages of address space, not memory).
+ *
+ * fork(): the pools of the parent are unusable in the child.  Every call on
+ * one there returns GM_INVALID_STATE at once (never waits on a lock another
+ * parent thread held at the fork, never hands out memory the parent maps);
+ * gm_pool_destroy of one is a no-op.  The child may create new pools, which
+ * get pages of their own; gm_default_pool and gm_device_pool create the
+ * child's own pools on first use.  The child's pools are not counted in the
+ * parent's `gpumem top` row (the child gets a monitor file of its own). */
 GM_API int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **pool);
-/* Destroy a pool and give all of its memory back.  Live allocations are
- * released with it (and counted in gm_last_error's leak note). NULL is a no-op. */
+/* Destroy a pool and give all of its memory back.  Live allocations
+ * (device blocks and sysmem-fallback blocks) are released with it, and
+ * gm_last_error() then reads "gm_pool_destroy: N live allocations (B bytes)
+ * released with the pool"; with none it is left alone.  NULL, a destroyed
+ * pool or a parent's pool in a child of fork() is a no-op. */
 GM_API void gm_pool_destroy(gm_pool_t *pool);
 /* The process-default pool, created on first use from the environment. */
 GM_API int gm_default_pool(gm_pool_t **pool);
@@ -191,7 +209,9 @@ GM_API int gm_trim(gm_pool_t *pool, size_t keep, size_t *released);
 GM_API int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr);
 /* Free: the block is reusable at once on `stream` (pass the stream the last
  * work on it was queued on); other streams reuse it only after that work is
- * done.  NULL ptr is a no-op. */
+ * done.  NULL ptr is a no-op.  A pointer from gm_host_alloc (or any pinned
+ * memory of the host pool) is GM_INVALID_ARGUMENT and nothing is freed; the
+ * same holds for gm_block_size and gm_record_stream. */
 GM_API int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream);
 /* Declare that ptr is used on `stream` too (like PyTorch's record_stream):
  * after it is freed, it is not reused anywhere before that stream's work
@@ -219,6 +239,10 @@ GM_API int gm_stream_create(gm_pool_t *pool, gm_stream_t *stream);
  * a CuPy stream going away); gm_stream_destroy calls it.  A stream with work
  * held in flight (sim) gives GM_NOT_READY and stays known. */
 GM_API int gm_stream_forget(gm_pool_t *pool, gm_stream_t stream);
+/* Bookkeeping per stream is bounded: a pool keeps state for the streams that
+ * hold its memory (free blocks not yet reusable by all, live blocks, pending
+ * frees); the state of an idle stream is dropped (at gm_stream_forget, or by
+ * a sweep when many new streams appear), so handles may come and go. */
 GM_API int gm_stream_destroy(gm_pool_t *pool, gm_stream_t stream);
 
 /* ------------------------------------------------------------------------ */
@@ -351,7 +375,9 @@ GM_API int gm_process_reset_peaks(void);
  * ask for a retry of the allocation (after freeing something), 0 to decline.
  * The first handler that asks for a retry stops the round; the allocation is
  * retried; if it fails again the round restarts, at most GM_OOM_MAX_ROUNDS
- * times.  When every handler declines, the allocation fails with
+ * times.  Inside a handler, allocations on the pool whose handlers are
+ * running (from the same thread) do not call the handlers again: they
+ * succeed or fail as if the pool had none.  When every handler declines, the allocation fails with
  * GM_OUT_OF_MEMORY (or GM_LIMIT) and the full OOM report in gm_last_error(). */
 typedef int (*gm_oom_handler_t)(gm_pool_t *pool, size_t size, gm_stream_t stream, void *user);
 #define GM_OOM_MAX_HANDLERS 8
@@ -416,7 +442,10 @@ GM_API int gm_leak_report(gm_pool_t *pool, char *buf, size_t cap, size_t *len);
  * streams only after the work queued on `stream` before the free is done.
  * Blocks are aligned to GM_ALIGNMENT.  size 0 gives NULL and GM_OK. */
 GM_API int gm_host_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr);
-/* NULL is a no-op; anything else not from gm_host_alloc: GM_INVALID_POINTER. */
+/* NULL is a no-op.  A block of gm_alloc (device memory, or a block the
+ * sysmem fallback served from this host pool) or pinned memory the library
+ * uses itself: GM_INVALID_ARGUMENT, nothing freed.  Anything else not from
+ * gm_host_alloc: GM_INVALID_POINTER. */
 GM_API int gm_host_free(gm_pool_t *pool, void *ptr, gm_stream_t stream);
 /* Give whole free chunks of pinned memory back to the system until at most
  * `keep` bytes of unused pinned memory remain; *released (optional). */

@@ -16,6 +16,9 @@
  *
  * Live blocks are found by address in an open-addressing hash table.  Block
  * descriptors are recycled through a free list and allocated in slabs.
+ * Stream states are found by handle in another, and freed when idle (see
+ * "stream states" below), so a workload touching many streams holds about
+ * as many states as streams in use.
  *
  * Every function here expects the pool lock to be held.
  */
@@ -241,12 +244,97 @@ static gm__block_t *freeidx_find(const gm__freeidx_t *idx, size_t size)
 
 /* ---- streams ------------------------------------------------------------------ */
 
+/* Stream states are found by handle in an open-addressing table and kept
+ * only while they matter: a state with no free blocks, no pending event and
+ * no users (live or pending blocks, record_stream entries) is idle, and the
+ * sweep run when the count of states reaches streams_sweep_at (twice what the
+ * last sweep kept, at least STREAM_SWEEP_MIN) frees the idle ones after
+ * letting finished streams hand their free blocks to everyone.  So a trace
+ * touching 65 535 streams holds about as many states as streams in use, and
+ * each creation costs O(1) amortized.  The default stream's state is kept. */
+#define STREAM_SWEEP_MIN 64
+
+static inline size_t stream_hash(gm_stream_t handle, size_t cap)
+{
+    uint64_t x = (uint64_t)(uintptr_t)handle;
+    x ^= x >> 31;
+    return (size_t)((x * UINT64_C(0x9E3779B97F4A7C15)) >> 32) & (cap - 1);
+}
+
+static gm__stream_t *stream_find_locked(gm_pool_t *pool, gm_stream_t handle)
+{
+    if (!pool->stream_tab_cap) return NULL;
+    size_t mask = pool->stream_tab_cap - 1;
+    for (size_t j = stream_hash(handle, pool->stream_tab_cap); pool->stream_tab[j]; j = (j + 1) & mask)
+        if (pool->stream_tab[j]->handle == handle) return pool->stream_tab[j];
+    return NULL;
+}
+
+static void stream_tab_put(gm__stream_t **tab, size_t cap, gm__stream_t *s)
+{
+    size_t j = stream_hash(s->handle, cap);
+    while (tab[j]) j = (j + 1) & (cap - 1);
+    tab[j] = s;
+}
+
+/* Backward-shift deletion, as in the live table. */
+static void stream_tab_remove(gm_pool_t *pool, gm__stream_t *s)
+{
+    size_t cap = pool->stream_tab_cap, mask = cap - 1, j = stream_hash(s->handle, cap);
+    while (pool->stream_tab[j] != s) j = (j + 1) & mask;
+    size_t hole = j;
+    for (size_t k = (j + 1) & mask; pool->stream_tab[k]; k = (k + 1) & mask) {
+        size_t home = stream_hash(pool->stream_tab[k]->handle, cap);
+        bool stays = hole <= k ? (home > hole && home <= k) : (home > hole || home <= k);
+        if (!stays) {
+            pool->stream_tab[hole] = pool->stream_tab[k];
+            hole = k;
+        }
+    }
+    pool->stream_tab[hole] = NULL;
+}
+
+static bool stream_idle(const gm__stream_t *s)
+{
+    return !s->pinned && !s->is_global && s->users == 0 && !s->ev_pending &&
+           s->idx[GM_CLASS_SMALL].count == 0 && s->idx[GM_CLASS_LARGE].count == 0;
+}
+
+static void stream_forget_locked(gm_pool_t *pool, gm__stream_t *s)
+{
+    if (s->event) {
+        int rc;
+        GM_BK(rc, pool, event_destroy, (pool->bk, s->event));
+        if (rc != GM_OK) gm__clear_error();
+    }
+    stream_tab_remove(pool, s);
+    gm__stream_t *last = pool->streams[--pool->n_streams];
+    pool->streams[s->slot] = last;
+    last->slot = s->slot;
+    if (pool->last_stream == s) pool->last_stream = NULL;
+    free(s);
+}
+
+static size_t reclaim_streams(gm_pool_t *pool, const gm__stream_t *except);
+
+static void streams_sweep_locked(gm_pool_t *pool)
+{
+    reclaim_streams(pool, NULL); /* finished streams hand their free blocks over */
+    for (size_t i = pool->n_streams; i-- > 0;)
+        if (stream_idle(pool->streams[i])) stream_forget_locked(pool, pool->streams[i]);
+    pool->streams_sweep_at = 2 * pool->n_streams > STREAM_SWEEP_MIN ? 2 * pool->n_streams
+                                                                  : STREAM_SWEEP_MIN;
+}
+
+size_t gm__stream_count_locked(gm_pool_t *pool) { return pool->n_streams; }
+
 gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle)
 {
     gm__stream_t *s = pool->last_stream;
     if (GM_LIKELY(s && s->handle == handle)) return s;
-    for (size_t i = 0; i < pool->n_streams; i++)
-        if (pool->streams[i]->handle == handle) return pool->last_stream = pool->streams[i];
+    s = stream_find_locked(pool, handle);
+    if (s) return pool->last_stream = s;
+    if (pool->n_streams >= pool->streams_sweep_at) streams_sweep_locked(pool);
     if (pool->n_streams == pool->cap_streams) {
         size_t cap = pool->cap_streams ? pool->cap_streams * 2 : 8;
         gm__stream_t **a = realloc(pool->streams, cap * sizeof *a);
@@ -254,10 +342,22 @@ gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle)
         pool->streams = a;
         pool->cap_streams = cap;
     }
+    if ((pool->n_streams + 1) * 2 > pool->stream_tab_cap) {
+        size_t cap = pool->stream_tab_cap ? pool->stream_tab_cap * 2 : 16;
+        gm__stream_t **tab = calloc(cap, sizeof *tab);
+        if (!tab) return NULL;
+        for (size_t i = 0; i < pool->n_streams; i++) stream_tab_put(tab, cap, pool->streams[i]);
+        free(pool->stream_tab);
+        pool->stream_tab = tab;
+        pool->stream_tab_cap = cap;
+    }
     s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->handle = handle;
+    s->pinned = handle == NULL;
+    s->slot = pool->n_streams;
     pool->streams[pool->n_streams++] = s;
+    stream_tab_put(pool->stream_tab, pool->stream_tab_cap, s);
     return pool->last_stream = s;
 }
 
@@ -336,6 +436,7 @@ static void destroy_recorded(gm_pool_t *pool, gm__block_t *b)
             GM_BK(rc, pool, event_destroy, (pool->bk, r->event));
             (void)rc;
         }
+        r->stream->users--;
         free(r);
         r = next;
     }
@@ -363,6 +464,7 @@ static size_t process_pending(gm_pool_t *pool)
         }
         *pp = b->fnext;
         destroy_recorded(pool, b);
+        b->owner->users--; /* pending no more */
         release_block(pool, b, b->owner);
         released++;
     }
@@ -465,18 +567,24 @@ size_t gm__drain_streams_locked(gm_pool_t *pool)
  * its (now empty) state stays, harmless if the handle is reused. */
 int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
 {
-    for (size_t i = 0; i < pool->n_streams; i++) {
-        gm__stream_t *s = pool->streams[i];
-        if (s->handle != handle) continue;
-        size_t held = 0;
-        for (int c = 0; c < GM_CLASS_COUNT; c++) held += s->idx[c].count;
-        if (!held) return GM_OK;
+    gm__stream_t *s = stream_find_locked(pool, handle);
+    if (!s) return GM_OK;
+    size_t held = 0;
+    for (int c = 0; c < GM_CLASS_COUNT; c++) held += s->idx[c].count;
+    if (held) {
         int rc;
         GM_BK(rc, pool, stream_sync, (pool->bk, handle));
         GM_CHECK(rc);
         migrate_stream(pool, s, UINT64_MAX);
-        return GM_OK;
     }
+    /* Its event (recorded on a finished stream) is not needed any more. */
+    if (s->ev_pending) {
+        int rc;
+        GM_BK(rc, pool, event_query, (pool->bk, s->event));
+        if (rc == GM_OK) s->ev_pending = false;
+        gm__clear_error();
+    }
+    if (stream_idle(s)) stream_forget_locked(pool, s);
     return GM_OK;
 }
 
@@ -556,7 +664,7 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
         b->size = asize;
     }
     b->free = 0;
-    b->owner = s;
+    b->owner = s; /* counted in s->users once the allocation succeeds */
     b->requested = size;
     gm__pages_mark_used_locked(b->arena, b->addr, b->size, pool->page_shift);
     int rc = gm__pages_ensure_mapped_locked(pool, b->arena, b->addr, b->size, size);
@@ -567,6 +675,7 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
         if (rc == GM_LIMIT || rc == GM_OUT_OF_MEMORY) return oom_error(pool, rc, size);
         return rc; /* a backend failure: its message stands */
     }
+    s->users++;
     pool->st.allocated += size;
     pool->st.active += asize;
     pool->st.alloc_count++;
@@ -606,6 +715,7 @@ int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s)
 {
     gm__block_t *b = gm__hash_take(&pool->live, (uintptr_t)ptr);
     if (GM_UNLIKELY(!b)) return bad_free(pool, ptr);
+    b->owner->users--; /* the stream it was allocated on */
     pool->st.allocated -= b->requested;
     pool->st.active -= b->size;
     pool->st.free_count++;
@@ -626,6 +736,7 @@ int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s)
         }
         b->pending = 1;
         b->owner = s;
+        s->users++;
         b->fnext = pool->pending;
         pool->pending = b;
         return GM_OK;
@@ -647,6 +758,7 @@ int gm__record_stream_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s)
     gm__recorded_t *r = calloc(1, sizeof *r);
     if (!r) return gm__set_error(GM_NO_HOST_MEMORY, "gm_record_stream: out of host memory");
     r->stream = s;
+    s->users++;
     r->next = b->recorded;
     b->recorded = r;
     return GM_OK;
@@ -745,6 +857,29 @@ int gm__alloc_check_locked(gm_pool_t *pool)
                              (unsigned long)pool->st.live_blocks);
     if (active != pool->st.active || allocated != pool->st.allocated)
         return gm__set_error(GM_INTERNAL, "active/allocated counters drifted");
+    /* Stream states: table and list agree; users == live blocks allocated
+     * on it + pending blocks freed on it + record_stream entries naming it,
+     * summed over all states. */
+    size_t users = 0, refs = 0, in_tab = 0;
+    for (size_t i = 0; i < pool->n_streams; i++) {
+        gm__stream_t *t = pool->streams[i];
+        if (t->slot != i || stream_find_locked(pool, t->handle) != t)
+            return gm__set_error(GM_INTERNAL, "stream state %zu not found by its handle", i);
+        users += t->users;
+    }
+    for (size_t j = 0; j < pool->stream_tab_cap; j++) in_tab += pool->stream_tab[j] != NULL;
+    if (in_tab != pool->n_streams)
+        return gm__set_error(GM_INTERNAL, "stream table holds %zu states, list %zu", in_tab,
+                             pool->n_streams);
+    for (int c = 0; c < GM_CLASS_COUNT; c++)
+        for (gm__block_t *b = pool->arena[c].first; b; b = b->next) {
+            if (b->free) continue;
+            refs++;
+            for (gm__recorded_t *r = b->recorded; r; r = r->next) refs++;
+        }
+    if (users != refs)
+        return gm__set_error(GM_INTERNAL, "stream users sum to %zu, blocks and records say %zu",
+                             users, refs);
     return GM_OK;
 }
 
@@ -767,6 +902,7 @@ void gm__alloc_fini(gm_pool_t *pool)
         free(pool->streams[i]);
     }
     free(pool->streams);
+    free(pool->stream_tab);
     for (size_t i = 0; i < pool->n_slabs; i++) free(pool->slabs[i]);
     free(pool->slabs);
     gm__hash_fini(&pool->live);

@@ -343,7 +343,7 @@ static int copy(gm_pool_t *pool, int dir, void *dst, const void *src, size_t n, 
 {
     const char *name = dir == DIR_H2D ? "gm_memcpy_h2d" : "gm_memcpy_d2h";
     if ((!dst || !src) && n) return gm__set_error(GM_INVALID_ARGUMENT, "%s: NULL pointer", name);
-    if (!pool) GM_CHECK(gm_default_pool(&pool));
+    GM_CHECK(gm__pool_resolve(&pool, name));
     if (!n) return GM_OK;
     uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
     if (d + n < d || s + n < s)

@@ -20,6 +20,10 @@
  * gives back wholly free chunks until unused pinned memory is at most 1/40 of
  * what is in use, so memory held stays close to memory requested.
  *
+ * Owners: every block carries the kind it was allocated for (gm_host_alloc,
+ * a staging buffer, a sysmem-fallback block; host.h), and a free names the
+ * kind it expects, so no entry point can release another's block.
+ *
  * Accounting (checked by host_check_locked in debug builds):
  *   reserved  == sum of chunk sizes
  *   in_use    == sum of live blocks' sizes
@@ -80,6 +84,7 @@ typedef struct hblk {
     uint32_t owner;              /* free: index of the owning stream (0: global) */
     uint32_t bucket;
     uint8_t free;
+    uint8_t kind;                /* live: GM__HOST_USER / _STAGING / _SYSMEM (host.h) */
 } hblk_t;
 
 /* Invariant: bit fl of fl_bits <=> sl_bits[fl] != 0; bit sl of sl_bits[fl]
@@ -653,10 +658,7 @@ static void host_check_locked(struct gm__host *h)
 
 /* ---- allocation ------------------------------------------------------------------------- */
 
-static int resolve(gm_pool_t **pool)
-{
-    return *pool ? GM_OK : gm_default_pool(pool);
-}
+#define resolve(pool) gm__pool_resolve((pool), __func__)
 
 /* Take `u` units from free block b (in index of b->owner) as a live block. */
 static hblk_t *carve_locked(struct gm__host *h, hblk_t *b, size_t u, size_t size)
@@ -698,7 +700,8 @@ static hblk_t *find_locked(struct gm__host *h, uint32_t si, int cls, size_t u)
     return b;
 }
 
-int gm__host_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr, uintptr_t *dptr)
+int gm__host_alloc_kind(gm_pool_t *pool, int kind, size_t size, gm_stream_t stream, void **ptr,
+                        uintptr_t *dptr)
 {
     struct gm__host *h = pool->host;
     if (GM_UNLIKELY(size > GM_MAX_REQUEST))
@@ -729,6 +732,7 @@ int gm__host_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr,
         goto out;
     }
     table_put(h, b->addr, b);
+    b->kind = (uint8_t)kind;
     h->in_use += b->size;
     h->allocated += size;
     if (h->allocated > h->allocated_peak) h->allocated_peak = h->allocated;
@@ -741,17 +745,44 @@ out:
     return rc;
 }
 
-int gm__host_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
+static hblk_t *table_get(struct gm__host *h, uintptr_t key)
+{
+    if (!h->cap) return NULL;
+    size_t j = hslot(key, h->cap);
+    while (h->keys[j]) {
+        if (h->keys[j] == key) return h->vals[j];
+        j = (j + 1) & (h->cap - 1);
+    }
+    return NULL;
+}
+
+static const char *kind_name(int kind)
+{
+    switch (kind) {
+    case GM__HOST_USER: return "pinned host memory of gm_host_alloc";
+    case GM__HOST_SYSMEM: return "a gm_alloc block served by the sysmem fallback (free it with gm_free)";
+    default: return "pinned memory the library uses itself";
+    }
+}
+
+int gm__host_free_kind(gm_pool_t *pool, int kind, void *ptr, gm_stream_t stream)
 {
     struct gm__host *h = pool->host;
+    const char *fn = kind == GM__HOST_USER ? "gm_host_free" : "gm_free";
     int rc = GM_OK;
     gm__lock(&h->lock);
-    uint32_t si = stream_slot(h, stream);
-    if (GM_UNLIKELY(!si)) {
-        rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_host_free: out of host memory for a stream");
+    hblk_t *b = table_get(h, (uintptr_t)ptr);
+    if (GM_UNLIKELY(b && b->kind != kind)) {
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "%s: %p is %s: nothing was freed", fn, ptr,
+                           kind_name(b->kind));
         goto out;
     }
-    hblk_t *b = table_take(h, (uintptr_t)ptr);
+    uint32_t si = stream_slot(h, stream);
+    if (GM_UNLIKELY(!si)) {
+        rc = gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory for a stream", fn);
+        goto out;
+    }
+    b = table_take(h, (uintptr_t)ptr);
     if (GM_UNLIKELY(!b)) {
         rc = gm__set_error(GM_INVALID_POINTER, "gm_host_free: %p is not a live block of this pool's "
                            "host memory (freed already, or never allocated by gm_host_alloc)", ptr);
@@ -766,6 +797,27 @@ out:
     HOST_CHECK(h);
     gm__unlock(&h->lock);
     return rc;
+}
+
+int gm__host_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr, uintptr_t *dptr)
+{
+    return gm__host_alloc_kind(pool, GM__HOST_STAGING, size, stream, ptr, dptr);
+}
+
+int gm__host_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
+{
+    return gm__host_free_kind(pool, GM__HOST_STAGING, ptr, stream);
+}
+
+int gm__host_kind(gm_pool_t *pool, const void *ptr)
+{
+    struct gm__host *h = pool->host;
+    if (!h) return GM__HOST_NONE;
+    gm__lock(&h->lock);
+    hblk_t *b = table_get(h, (uintptr_t)ptr);
+    int kind = b ? b->kind : GM__HOST_NONE;
+    gm__unlock(&h->lock);
+    return kind;
 }
 
 bool gm__host_is_pinned(gm_pool_t *pool, const void *p, size_t n)
@@ -786,14 +838,24 @@ int gm_host_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
     *ptr = NULL;
     GM_CHECK(resolve(&pool));
     if (GM_UNLIKELY(size == 0)) return GM_OK;
-    return gm__host_alloc(pool, size, stream, ptr, NULL);
+    return gm__host_alloc_kind(pool, GM__HOST_USER, size, stream, ptr, NULL);
 }
 
 int gm_host_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
 {
     if (!ptr) return GM_OK;
     GM_CHECK(resolve(&pool));
-    return gm__host_free(pool, ptr, stream);
+    int rc = gm__host_free_kind(pool, GM__HOST_USER, ptr, stream);
+    if (rc == GM_INVALID_POINTER) {
+        /* Not the host pool's: device memory given to the wrong free? */
+        gm__lock(&pool->lock);
+        gm__owner_t owner = gm__owner_locked(pool, ptr);
+        gm__unlock(&pool->lock);
+        if (owner == GM__OWNER_DEVICE || owner == GM__OWNER_SYSMEM)
+            rc = gm__set_error(GM_INVALID_ARGUMENT, "gm_host_free: %p is %s: nothing was freed "
+                               "(free it with gm_free)", ptr, gm__owner_name(owner));
+    }
+    return rc;
 }
 
 int gm_host_trim(gm_pool_t *pool, size_t keep, size_t *released)

@@ -32,8 +32,20 @@ int gm__host_init(gm_pool_t *pool);
 /* Unregister and unmap every chunk (live blocks included).  No lock held. */
 void gm__host_fini(gm_pool_t *pool);
 void gm__host_account(gm_pool_t *pool, int kind, uint64_t t0);
-/* Allocate pinned, device-mapped host memory; *dptr (optional) receives the
- * device address of the block.  Takes the host lock. */
+/* Every block of the host pool is tagged with its owner at allocation, and
+ * a free names the owner it expects: a block of another owner is left alone
+ * (GM_INVALID_ARGUMENT), so gm_host_free cannot release a sysmem block nor a
+ * staging buffer. */
+enum { GM__HOST_NONE = -1, GM__HOST_USER = 0, GM__HOST_STAGING = 1, GM__HOST_SYSMEM = 2 };
+/* Allocate pinned, device-mapped host memory for `kind`; *dptr (optional)
+ * receives the device address of the block.  Takes the host lock. */
+int gm__host_alloc_kind(gm_pool_t *pool, int kind, size_t size, gm_stream_t stream, void **ptr,
+                        uintptr_t *dptr);
+int gm__host_free_kind(gm_pool_t *pool, int kind, void *ptr, gm_stream_t stream);
+/* The kind of the live block starting at ptr, or GM__HOST_NONE.  Takes the
+ * host lock. */
+int gm__host_kind(gm_pool_t *pool, const void *ptr);
+/* Staging buffers (copy.c): GM__HOST_STAGING. */
 int gm__host_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr, uintptr_t *dptr);
 int gm__host_free(gm_pool_t *pool, void *ptr, gm_stream_t stream);
 /* Is [p, p+n) inside one live pinned block?  Takes the host lock. */
@@ -69,6 +81,10 @@ int gm__sysmem_alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void 
 int gm__sysmem_free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, int rc);
 int gm__sysmem_record_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, int rc);
 int gm__sysmem_size_locked(gm_pool_t *pool, const void *ptr, size_t *size);
+/* Live sysmem blocks: how many, their bytes; and each one (leak reports). */
+void gm__sysmem_count_locked(gm_pool_t *pool, size_t *count, size_t *bytes);
+void gm__sysmem_foreach_locked(gm_pool_t *pool, void (*fn)(uintptr_t dptr, size_t size, void *arg),
+                               void *arg);
 void gm__sysmem_fini(gm_pool_t *pool);
 
 #endif /* GM_HOST_H */

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "host.h"
 #include "observe.h"
 
 atomic_int gm__leak_on;
@@ -257,20 +258,29 @@ GM_PRINTF(2, 3) static void put(out_t *o, const char *fmt, ...)
     va_end(ap);
 }
 
-/* One pool's leaks, lock held. */
-static void report_pool_locked(gm_pool_t *pool, out_t *o, uint64_t *bytes, uint64_t *count)
+typedef struct one_arg {
+    gm_pool_t *pool;
+    out_t *o;
+    uint64_t *bytes, *count;
+} one_arg_t;
+
+/* One leaked allocation (a device block, or a sysmem-fallback block: both
+ * come from gm_alloc and are the caller's to free). */
+static void report_block_locked(uintptr_t addr, size_t size, void *arg)
 {
-    for (size_t i = 0; i < pool->live.cap; i++) {
-        if (!pool->live.keys[i]) continue;
-        gm__block_t *b = pool->live.vals[i];
-        put(o, "Leaked %zu bytes at %#lx\n", b->requested, (unsigned long)b->addr);
-        *bytes += b->requested;
-        *count += 1;
+    one_arg_t *a = arg;
+    gm_pool_t *pool = a->pool;
+    out_t *o = a->o;
+    uint64_t *count = a->count;
+    put(o, "Leaked %zu bytes at %#lx\n", size, (unsigned long)addr);
+    *a->bytes += size;
+    *count += 1;
+    {
         int n;
-        void *const *fr = gm__leak_stack_locked(pool, b->addr, &n);
+        void *const *fr = gm__leak_stack_locked(pool, addr, &n);
         if (!fr) {
             put(o, "    (stack not recorded: run with GPUMEM_LEAK_CHECK=1)\n");
-            continue;
+            return;
         }
         for (int k = first_user_frame(fr, n), d = 0; k < n; k++, d++) {
             char sym[256], line[512];
@@ -281,6 +291,18 @@ static void report_pool_locked(gm_pool_t *pool, out_t *o, uint64_t *bytes, uint6
                 put(o, "    #%d %p %s\n", d, fr[k], sym);
         }
     }
+}
+
+/* One pool's leaks, lock held. */
+static void report_pool_locked(gm_pool_t *pool, out_t *o, uint64_t *bytes, uint64_t *count)
+{
+    one_arg_t a = {pool, o, bytes, count};
+    for (size_t i = 0; i < pool->live.cap; i++) {
+        if (!pool->live.keys[i]) continue;
+        gm__block_t *b = pool->live.vals[i];
+        report_block_locked(b->addr, b->requested, &a);
+    }
+    gm__sysmem_foreach_locked(pool, report_block_locked, &a);
 }
 
 typedef struct all_arg {
@@ -299,6 +321,7 @@ static void report_one(gm_pool_t *pool, void *arg)
 int gm_leak_report(gm_pool_t *pool, char *buf, size_t cap, size_t *len)
 {
     if (!buf && cap) return gm__set_error(GM_INVALID_ARGUMENT, "gm_leak_report: buf is NULL");
+    if (pool) GM_CHECK(gm__pool_resolve(&pool, "gm_leak_report"));
     out_t o = {buf, cap, 0, NULL, false};
     all_arg_t a = {&o, 0, 0};
     if (pool) report_one(pool, &a);
@@ -319,7 +342,9 @@ void gm__leak_report_stderr(gm_pool_t *pool, uint64_t *bytes, uint64_t *count)
     out_t o = {NULL, 0, 0, stderr, true};
     *bytes = *count = 0;
     gm__lock(&pool->lock);
-    bool any = pool->live.count > 0;
+    size_t sn = 0, sbytes = 0;
+    gm__sysmem_count_locked(pool, &sn, &sbytes);
+    bool any = pool->live.count > 0 || sn > 0;
     if (any) report_pool_locked(pool, &o, bytes, count);
     gm__unlock(&pool->lock);
     if (!any) return;

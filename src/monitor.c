@@ -262,6 +262,13 @@ void gm__monitor_unlink(void)
     pthread_mutex_unlock(&mu);
 }
 
+void gm__monitor_atfork_child(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    mu = fresh;
+    seg = NULL; /* the parent's mapping stays, unused: its pools are dead here */
+}
+
 #define IDX(field) (offsetof(gm_stats_t, field) / 8 - offsetof(gm_stats_t, allocated) / 8)
 
 void gm__monitor_publish_slow_locked(gm_pool_t *pool)

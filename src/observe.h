@@ -37,6 +37,9 @@ void gm__observe_pool_destroying(gm_pool_t *pool);
 /* Call fn on every registered pool, holding the registry lock (not the pools'
  * locks).  Lock order: registry, then a pool's lock, then the trace lock. */
 void gm__registry_foreach(void (*fn)(gm_pool_t *pool, void *arg), void *arg);
+/* In a child of fork() (pool.c's handler): an empty registry with a fresh
+ * lock; the parent's pools are not the child's to report. */
+void gm__registry_atfork_child(void);
 /* Fill *s from pool (lock held): the counters plus the derived fields. */
 void gm__stats_snapshot_locked(gm_pool_t *pool, gm_stats_t *s);
 
@@ -106,6 +109,9 @@ int gm__oom_report_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, int 
 void gm__monitor_attach(gm_pool_t *pool);   /* no lock held */
 void gm__monitor_detach(gm_pool_t *pool);   /* no lock held */
 void gm__monitor_unlink(void);              /* exit, last pool */
+/* In a child of fork(): forget the parent's segment (its pools are dead
+ * here); the child's first pool creates the child's own file. */
+void gm__monitor_atfork_child(void);
 /* Copy the pool's counters into its slot (a seqlock write).  Only the
  * counters allocate and free change, unless reserved or mapped moved or
  * gm__monitor_invalidate_locked asked for a full copy.  backend_ns is kept

@@ -19,7 +19,7 @@
 int gm_set_oom_handler(gm_pool_t *pool, gm_oom_handler_t fn, void *user)
 {
     if (!fn) return gm__set_error(GM_INVALID_ARGUMENT, "gm_set_oom_handler: fn is NULL");
-    if (!pool) GM_CHECK(gm_default_pool(&pool));
+    GM_CHECK(gm__pool_resolve(&pool, "gm_set_oom_handler"));
     int rc = GM_OK;
     gm__lock(&pool->lock);
     for (unsigned i = 0; i < pool->n_oom_handlers; i++)
@@ -40,7 +40,7 @@ int gm_set_oom_handler(gm_pool_t *pool, gm_oom_handler_t fn, void *user)
 
 int gm_remove_oom_handler(gm_pool_t *pool, gm_oom_handler_t fn, void *user)
 {
-    if (!pool) GM_CHECK(gm_default_pool(&pool));
+    GM_CHECK(gm__pool_resolve(&pool, "gm_remove_oom_handler"));
     int rc = gm__set_error(GM_INVALID_ARGUMENT, "gm_remove_oom_handler: no such handler");
     gm__lock(&pool->lock);
     for (unsigned i = 0; i < pool->n_oom_handlers; i++) {

@@ -14,12 +14,22 @@
  * paths record into the trace, the leak table and the monitor slot, and a
  * failed allocation goes through one slow path (alloc_slow_locked) that ends
  * in the out-of-memory report of src/oom.c.
+ *
+ * Handles are checked before anything is touched (gm__pool_resolve: one
+ * compare of pool->magic); a pool's struct is a mapping of its own, never
+ * unmapped, so a destroyed handle stays readable and never names a later
+ * pool.  After fork() the child marks the parent's pools dead (atfork_child).
+ * Which entry point owns a pointer is decided in one place,
+ * gm__owner_locked.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "host.h"
 #include "observe.h"
@@ -137,9 +147,89 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
     return GM_OK;
 }
 
-void gm_pool_destroy(gm_pool_t *pool)
+/* ---- the pools of the process, handles, fork ------------------------------- */
+
+/* Every pool created and not destroyed, in a list under pools_mu (taken
+ * alone, briefly; never with a pool lock held).  The list lets the fork
+ * handler mark the parent's pools dead in the child. */
+static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
+static gm_pool_t *pools_head;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void pools_link(gm_pool_t *pool)
 {
-    if (!pool) return;
+    pthread_mutex_lock(&pools_mu);
+    pool->all_prev = NULL;
+    pool->all_next = pools_head;
+    if (pools_head) pools_head->all_prev = pool;
+    pools_head = pool;
+    pthread_mutex_unlock(&pools_mu);
+}
+
+static void pools_unlink(gm_pool_t *pool)
+{
+    pthread_mutex_lock(&pools_mu);
+    if (pool->all_prev) pool->all_prev->all_next = pool->all_next;
+    else if (pools_head == pool) pools_head = pool->all_next;
+    if (pool->all_next) pool->all_next->all_prev = pool->all_prev;
+    pool->all_prev = pool->all_next = NULL;
+    pthread_mutex_unlock(&pools_mu);
+}
+
+static void reset_library_pools_in_child(void);
+
+/* fork(): the prepare handler holds pools_mu so that the child gets a whole
+ * list; the child marks every pool on it dead (GM_POOL_FORKED) without
+ * touching their locks, which other threads of the parent may have held, and
+ * forgets the library's own pools, the registry and the monitor segment, so
+ * that pools it creates are its own.  The dead pools stay on the list (the
+ * child never frees them: their memory is the parent's picture). */
+static void atfork_prepare(void) { pthread_mutex_lock(&pools_mu); }
+static void atfork_parent(void) { pthread_mutex_unlock(&pools_mu); }
+static void atfork_child(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    pools_mu = fresh;
+    for (gm_pool_t *p = pools_head; p; p = p->all_next) p->magic = GM_POOL_FORKED;
+    reset_library_pools_in_child();
+    gm__registry_atfork_child();
+    gm__monitor_atfork_child();
+}
+
+static void atfork_install(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+
+int gm__pool_resolve_slow(gm_pool_t **pool, const char *fn)
+{
+    if (!*pool) return gm_default_pool(pool);
+    uint64_t m = (*pool)->magic;
+    if (m == GM_POOL_MAGIC) return GM_OK;
+    if (m == GM_POOL_FORKED)
+        return gm__set_error(GM_INVALID_STATE, "%s: pool %p belongs to the parent process (this "
+                             "process is a child of fork()); create a new pool here", fn,
+                             (void *)*pool);
+    return gm__set_error(GM_INVALID_ARGUMENT, "%s: %p is not a live pool (destroyed, or not a "
+                         "pool)", fn, (void *)*pool);
+}
+
+/* LeakSanitizer scans globals, stacks and heap blocks, not anonymous
+ * mappings: a pool's mapping is declared a root so that what it points to
+ * (and what the process keeps at exit: the library's own pools) is not
+ * reported as leaked.  Weak: NULL outside sanitizer builds. */
+extern void __lsan_register_root_region(const void *p, size_t size) __attribute__((weak));
+extern void __lsan_unregister_root_region(const void *p, size_t size) __attribute__((weak));
+
+static size_t pool_map_size(void)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t page = pg > 0 ? (size_t)pg : 4096;
+    return GM_ALIGN_UP(sizeof(struct gm_pool), page);
+}
+
+/* Everything but the handle's own memory, which is never unmapped (so a
+ * stale handle stays readable and can never name a later pool): its pages
+ * are given back and read as zeros, magic 0. */
+static void pool_teardown(gm_pool_t *pool)
+{
     gm__observe_pool_destroying(pool);
     gm__copy_fini(pool);
     gm__sysmem_fini(pool);
@@ -152,7 +242,25 @@ void gm_pool_destroy(gm_pool_t *pool)
     gm__alloc_fini(pool);
     if (pool->bk) pool->ops->close(pool->bk);
     gm__unlock(&pool->lock);
-    free(pool);
+    pool->magic = 0;
+    if (__lsan_unregister_root_region) __lsan_unregister_root_region(pool, pool_map_size());
+    madvise(pool, pool_map_size(), MADV_DONTNEED);
+}
+
+void gm_pool_destroy(gm_pool_t *pool)
+{
+    if (!pool || pool->magic != GM_POOL_MAGIC) return; /* see gm_pool_create's notes */
+    gm__lock(&pool->lock);
+    uint64_t n = pool->live.count, bytes = pool->st.allocated;
+    size_t sn = 0, sbytes = 0;
+    if (pool->sysmem) gm__sysmem_count_locked(pool, &sn, &sbytes);
+    gm__unlock(&pool->lock);
+    pools_unlink(pool);
+    pool_teardown(pool);
+    if (n + sn)
+        gm__set_error(GM_OK, "gm_pool_destroy: %llu live allocations (%llu bytes) released with "
+                      "the pool (%zu of them from the sysmem fallback)",
+                      (unsigned long long)(n + sn), (unsigned long long)(bytes + sbytes), sn);
 }
 
 int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
@@ -160,8 +268,13 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     int rc;
     if (!out) return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: pool is NULL");
     *out = NULL;
-    gm_pool_t *pool = calloc(1, sizeof *pool);
-    if (!pool) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
+    pthread_once(&atfork_once, atfork_install);
+    /* A mapping of its own, never unmapped: see pool_teardown. */
+    void *mem = mmap(NULL, pool_map_size(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                     -1, 0);
+    if (mem == MAP_FAILED) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
+    gm_pool_t *pool = mem;
+    if (__lsan_register_root_region) __lsan_register_root_region(pool, pool_map_size());
     pool->st.size = sizeof pool->st;
     pool->st.version = GM_STATS_VERSION;
     pool->global.is_global = true;
@@ -215,12 +328,15 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
             goto fail;
         }
     }
+    pool->magic = GM_POOL_MAGIC;
+    pools_link(pool);
     gm__observe_pool_created(pool);
     gm__clear_error();
     *out = pool;
     return GM_OK;
 fail:
-    gm_pool_destroy(pool);
+    pool_teardown(pool);
+    munmap(pool, pool_map_size()); /* never handed out: no stale handle can exist */
     return rc;
 }
 
@@ -302,11 +418,21 @@ int gm_default_pool(gm_pool_t **pool)
     return GM_OK;
 }
 
-static inline int resolve(gm_pool_t **pool)
+/* In a child of fork(): the library's pools are the parent's; the child
+ * gets its own on first use. */
+static void reset_library_pools_in_child(void)
 {
-    if (GM_LIKELY(*pool != NULL)) return GM_OK;
-    return gm_default_pool(pool);
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    device_mutex = fresh;
+    for (int i = 0; i < GM_MAX_DEVICE_POOLS; i++)
+        atomic_store_explicit(&device_pools[i], NULL, memory_order_relaxed);
+    pthread_once_t once = PTHREAD_ONCE_INIT;
+    default_once = once;
+    default_pool = NULL;
+    default_rc = GM_OK;
 }
+
+#define resolve(pool) gm__pool_resolve((pool), __func__)
 
 /* ---- allocation ------------------------------------------------------------ */
 
@@ -321,6 +447,20 @@ static inline int resolve(gm_pool_t **pool)
 #else
 #define VALIDATE_LOCKED(pool) ((void)0)
 #endif
+
+/* The pools whose out-of-memory handlers this thread is running (nested
+ * when a handler allocates on another pool whose handlers run too).  An
+ * allocation on one of them does not call its handlers again. */
+#define OOM_NEST_MAX 8
+static _Thread_local gm_pool_t *oom_running[OOM_NEST_MAX];
+static _Thread_local unsigned oom_depth;
+
+static bool oom_handlers_running(const gm_pool_t *pool)
+{
+    for (unsigned i = 0; i < oom_depth; i++)
+        if (oom_running[i] == pool) return true;
+    return oom_depth == OOM_NEST_MAX; /* deeper: no more handlers at all */
+}
 
 /* Everything after a failed first attempt, lock held (released around the
  * handlers).  The steps, each followed by a retry:
@@ -346,15 +486,18 @@ static int alloc_slow_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, v
     if (rc != GM_OUT_OF_MEMORY && rc != GM_LIMIT) return rc;
     snprintf(reason, sizeof reason, "%s", gm_last_error());
 
-    for (int round = 0; round < GM_OOM_MAX_ROUNDS && pool->n_oom_handlers; round++) {
+    bool nested = oom_handlers_running(pool);
+    for (int round = 0; round < GM_OOM_MAX_ROUNDS && pool->n_oom_handlers && !nested; round++) {
         struct gm__oom_handler h[GM_OOM_MAX_HANDLERS];
         unsigned n = pool->n_oom_handlers;
         memcpy(h, pool->oom_handlers, n * sizeof h[0]);
         int again = 0;
         unsigned calls = 0;
         gm__unlock(&pool->lock);
+        oom_running[oom_depth++] = pool;
         for (unsigned i = 0; i < n && !again; i++, calls++)
             again = h[i].fn(pool, size, stream, h[i].user);
+        oom_depth--;
         gm__lock(&pool->lock);
         pool->st.oom_handler_calls += calls;
         if (!again) break;
@@ -424,6 +567,45 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
     return rc;
 }
 
+/* ---- who owns a pointer ----------------------------------------------------- */
+
+gm__owner_t gm__owner_locked(gm_pool_t *pool, const void *ptr)
+{
+    if (gm__hash_get(&pool->live, (uintptr_t)ptr)) return GM__OWNER_DEVICE;
+    size_t size;
+    if (pool->sysmem && gm__sysmem_size_locked(pool, ptr, &size) == GM_OK) return GM__OWNER_SYSMEM;
+    switch (gm__host_kind(pool, ptr)) {
+    case GM__HOST_USER: return GM__OWNER_HOST;
+    case GM__HOST_SYSMEM: /* the host side of a sysmem block, not what gm_alloc gave */
+    case GM__HOST_STAGING: return GM__OWNER_INTERNAL;
+    default: return GM__OWNER_UNKNOWN;
+    }
+}
+
+const char *gm__owner_name(gm__owner_t o)
+{
+    switch (o) {
+    case GM__OWNER_DEVICE: return "a device block of gm_alloc";
+    case GM__OWNER_SYSMEM: return "a gm_alloc block served by the sysmem fallback";
+    case GM__OWNER_HOST: return "pinned host memory of gm_host_alloc";
+    case GM__OWNER_INTERNAL: return "pinned memory the library uses itself";
+    default: return "not a live block of this pool";
+    }
+}
+
+/* ptr is not a live device block: a sysmem block is `handled` by the caller;
+ * memory of another kind is the wrong entry point. */
+static int wrong_entry_locked(gm_pool_t *pool, const void *ptr, const char *fn, int rc,
+                              gm__owner_t *owner)
+{
+    *owner = gm__owner_locked(pool, ptr);
+    if (*owner == GM__OWNER_HOST || *owner == GM__OWNER_INTERNAL)
+        return gm__set_error(GM_INVALID_ARGUMENT, "%s: %p is %s, not gm_alloc memory: nothing "
+                             "was done%s", fn, ptr, gm__owner_name(*owner),
+                             *owner == GM__OWNER_HOST ? " (free it with gm_host_free)" : "");
+    return rc;
+}
+
 int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
 {
     if (!ptr) return GM_OK;
@@ -434,9 +616,13 @@ int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     int rc = s ? gm__free_locked(pool, ptr, s)
                : gm__set_error(GM_NO_HOST_MEMORY, "gm_free: out of host memory for a stream");
     size_t size = (size_t)(before - pool->st.allocated);
-    if (rc == GM_INVALID_POINTER && pool->sysmem &&
-        gm__sysmem_size_locked(pool, ptr, &size) == GM_OK) /* a block of the sysmem fallback */
-        rc = gm__sysmem_free_locked(pool, ptr, s, rc);
+    if (GM_UNLIKELY(rc == GM_INVALID_POINTER || rc == GM_DOUBLE_FREE)) {
+        gm__owner_t owner;
+        rc = wrong_entry_locked(pool, ptr, "gm_free", rc, &owner);
+        if (owner == GM__OWNER_SYSMEM && rc != GM_INVALID_ARGUMENT &&
+            gm__sysmem_size_locked(pool, ptr, &size) == GM_OK)
+            rc = gm__sysmem_free_locked(pool, ptr, s, rc);
+    }
     if (GM_LIKELY(rc == GM_OK)) {
         pool->st.freed_total += size;
         gm__trace_record_locked(pool, GM__TRACE_FREE, (uintptr_t)ptr, size, stream);
@@ -462,7 +648,12 @@ int gm_record_stream(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
     int rc = s ? gm__record_stream_locked(pool, ptr, s)
                : gm__set_error(GM_NO_HOST_MEMORY, "gm_record_stream: out of host memory");
-    if (rc == GM_INVALID_POINTER && pool->sysmem) rc = gm__sysmem_record_locked(pool, ptr, s, rc);
+    if (rc == GM_INVALID_POINTER || rc == GM_DOUBLE_FREE) {
+        gm__owner_t owner;
+        rc = wrong_entry_locked(pool, ptr, "gm_record_stream", rc, &owner);
+        if (owner == GM__OWNER_SYSMEM && rc != GM_INVALID_ARGUMENT)
+            rc = gm__sysmem_record_locked(pool, ptr, s, rc);
+    }
     gm__unlock(&pool->lock);
     return rc;
 }
@@ -471,15 +662,21 @@ int gm_block_size(gm_pool_t *pool, const void *ptr, size_t *size)
 {
     if (!ptr || !size) return gm__set_error(GM_INVALID_ARGUMENT, "gm_block_size: NULL argument");
     GM_CHECK(resolve(&pool));
+    int rc = GM_OK;
     gm__lock(&pool->lock);
     gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
-    if (b) *size = b->requested;
-    bool found = b || (pool->sysmem && gm__sysmem_size_locked(pool, ptr, size) == GM_OK);
+    if (b) {
+        *size = b->requested;
+    } else {
+        gm__owner_t owner;
+        rc = wrong_entry_locked(pool, ptr, "gm_block_size", GM_INVALID_POINTER, &owner);
+        if (rc == GM_INVALID_POINTER && owner == GM__OWNER_SYSMEM)
+            rc = gm__sysmem_size_locked(pool, ptr, size);
+        if (rc == GM_INVALID_POINTER)
+            gm__set_error(rc, "gm_block_size: %p is not a live block of this pool", ptr);
+    }
     gm__unlock(&pool->lock);
-    if (!found)
-        return gm__set_error(GM_INVALID_POINTER, "gm_block_size: %p is not a live block of this pool",
-                             ptr);
-    return GM_OK;
+    return rc;
 }
 
 int gm_pool_set_limit(gm_pool_t *pool, size_t limit)

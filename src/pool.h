@@ -86,6 +86,13 @@ typedef struct gm__stream {
     gm_stream_t handle;
     gm__freeidx_t idx[GM_CLASS_COUNT];
     bool is_global;
+    bool pinned;                /* never forgotten (the default stream) */
+    size_t slot;                /* index in pool->streams */
+    /* References that keep the record alive besides its free blocks: live
+     * blocks allocated on it (b->owner), pending blocks freed on it, and
+     * gm_record_stream entries naming it.  A record with users == 0, empty
+     * indexes and no pending event is idle: streams_sweep_locked frees it. */
+    size_t users;
     /* Cross-stream reuse without waiting: when another stream needs memory,
      * an event is recorded here; once it has completed, blocks freed on this
      * stream up to free_seq == ev_seq move to the global index. */
@@ -151,12 +158,20 @@ typedef struct gm__hash {
     size_t count;
 } gm__hash_t;
 
+/* Handle validation: a live pool has magic == GM_POOL_MAGIC.  The struct
+ * lives in its own mapping that is never unmapped nor reused: destroying a
+ * pool zeroes it (MADV_DONTNEED), so a stale handle reads magic 0.  In a
+ * child of fork() every pool of the parent reads GM_POOL_FORKED. */
+#define GM_POOL_MAGIC UINT64_C(0x4c4f4f504d454d47)  /* "GMEMPOOL" */
+#define GM_POOL_FORKED UINT64_C(0x4b524f464d454d47) /* "GMEMFORK" */
+
 /* Accounting (checked by gm_pool_check):
  *   reserved == live physical pages * page;  mapped == n_maps * page
  *   active   == sum of live block sizes;  allocated == sum of their requests
  *   live_blocks == hash.count
  *   cached   == reserved - active */
 struct gm_pool {
+    uint64_t magic;              /* GM_POOL_MAGIC while usable (see above) */
     gm__lock_t lock;
     gm_pool_config_t cfg;
     const gm__backend_ops_t *ops;
@@ -171,9 +186,12 @@ struct gm_pool {
     gm__arena_t arena[GM_CLASS_COUNT];
 
     gm__stream_t global;         /* blocks reusable by every stream */
-    gm__stream_t **streams;      /* per-stream states, [0] is NULL's */
+    gm__stream_t **streams;      /* per-stream states, in no order */
     size_t n_streams, cap_streams;
     gm__stream_t *last_stream;   /* lookup cache */
+    gm__stream_t **stream_tab;   /* handle -> state, open addressing, NULL = empty */
+    size_t stream_tab_cap;       /* power of two, load <= 1/2 */
+    size_t streams_sweep_at;     /* n_streams that triggers the next sweep */
 
     gm__hash_t live;             /* addr -> live block */
 
@@ -210,6 +228,7 @@ struct gm_pool {
     struct gm__trace_buf *trace_buf;
     struct gm__mon_slot *mon;
     bool registered;
+    struct gm_pool *all_prev, *all_next; /* every pool of the process (pool.c) */
 };
 
 /* ---- defined in src/pool.c -------------------------------------------- */
@@ -218,6 +237,32 @@ struct gm_pool {
  * NULL; never creates one.  Ordinals run from 0 to gm__device_pool_count(). */
 gm_pool_t *gm__device_pool_peek(int device);
 int gm__device_pool_count(void);
+/* The handle check of every public entry point: GM_OK for a usable pool;
+ * else GM_INVALID_STATE (a pool of the parent, in a child of fork) or
+ * GM_INVALID_ARGUMENT (destroyed, or not a pool), with a message naming fn.
+ * pool NULL: the default pool is put in *pool.  One compare when valid. */
+int gm__pool_resolve_slow(gm_pool_t **pool, const char *fn);
+static inline int gm__pool_resolve(gm_pool_t **pool, const char *fn)
+{
+    if (GM_LIKELY(*pool != NULL && (*pool)->magic == GM_POOL_MAGIC)) return GM_OK;
+    return gm__pool_resolve_slow(pool, fn);
+}
+
+/* Who owns a pointer, decided in one place for every free-like entry point
+ * (gm_free, gm_host_free, gm_block_size, gm_record_stream, and the plug-ins
+ * through them).  A pointer given to the wrong one gets GM_INVALID_ARGUMENT
+ * and nothing is released. */
+typedef enum gm__owner {
+    GM__OWNER_UNKNOWN = 0,       /* not a live block of this pool */
+    GM__OWNER_DEVICE,            /* a live device block (gm_alloc) */
+    GM__OWNER_SYSMEM,            /* a gm_alloc block served by the sysmem fallback */
+    GM__OWNER_HOST,              /* a pinned host block (gm_host_alloc) */
+    GM__OWNER_INTERNAL           /* pinned memory the library uses itself (staging) */
+} gm__owner_t;
+/* Pool lock held; takes the host lock inside. */
+gm__owner_t gm__owner_locked(gm_pool_t *pool, const void *ptr);
+/* "device memory (gm_alloc)" ... for messages. */
+const char *gm__owner_name(gm__owner_t o);
 
 /* ---- defined in src/pages.c -------------------------------------------- */
 
@@ -256,7 +301,12 @@ void gm__pages_fini(gm_pool_t *pool);
 int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr);
 int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s);
 int gm__record_stream_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s);
+/* The state of stream `handle`, created on first use (NULL: out of host
+ * memory).  Creating one may first forget idle streams (see gm__stream_t):
+ * callers hold no other gm__stream_t pointer across this call. */
 gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle);
+/* Stream states held now (tests: bounded by the streams in use). */
+size_t gm__stream_count_locked(gm_pool_t *pool);
 /* Synchronize streams holding freed blocks and move those blocks to the
  * global index, so their pages can be unmapped.  Returns blocks moved. */
 size_t gm__drain_streams_locked(gm_pool_t *pool);

@@ -97,6 +97,13 @@ void gm__observe_pool_destroying(gm_pool_t *pool)
     if (last) gm__monitor_unlink();
 }
 
+void gm__registry_atfork_child(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    registry_mu = fresh;
+    n_registry = 0;
+}
+
 void gm__registry_foreach(void (*fn)(gm_pool_t *pool, void *arg), void *arg)
 {
     pthread_mutex_lock(&registry_mu);
@@ -160,7 +167,7 @@ int gm_pool_stats(gm_pool_t *pool, gm_stats_t *stats)
 {
     if (!stats || stats->size < offsetof(gm_stats_t, allocated))
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_stats: initialise stats with GM_STATS_INIT");
-    if (!pool) GM_CHECK(gm_default_pool(&pool));
+    GM_CHECK(gm__pool_resolve(&pool, "gm_pool_stats"));
     gm_stats_t s;
     gm__lock(&pool->lock);
     gm__stats_snapshot_locked(pool, &s);
@@ -181,7 +188,7 @@ static void reset_peaks_locked(gm_pool_t *pool)
 
 int gm_pool_reset_peaks(gm_pool_t *pool)
 {
-    if (!pool) GM_CHECK(gm_default_pool(&pool));
+    GM_CHECK(gm__pool_resolve(&pool, "gm_pool_reset_peaks"));
     gm__lock(&pool->lock);
     reset_peaks_locked(pool);
     gm__unlock(&pool->lock);

@@ -9,7 +9,8 @@
  * stats (sysmem_allocated, sysmem_allocated_peak, sysmem_count; they are not
  * in `allocated`), and the first one of a pool says so on stderr.  gm_free,
  * gm_block_size and gm_record_stream find them here when the live table does
- * not know the pointer.
+ * not know the pointer (pool.c's owner lookup); their host blocks are tagged
+ * GM__HOST_SYSMEM, so gm_host_free refuses them.  Leak reports list them.
  *
  * Locking: every function here runs with the pool lock held (it is called
  * from gm_alloc / gm_free / ...); it takes the host lock inside host.c.
@@ -51,7 +52,7 @@ int gm__sysmem_alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void 
         return gm__set_error(rc, "%s (sysmem fallback: out of host memory)", why);
     sysblk_t *b = calloc(1, sizeof *b);
     if (!b) return gm__set_error(rc, "%s (sysmem fallback: out of host memory)", why);
-    int hrc = gm__host_alloc(pool, size, s->handle, &b->hptr, &b->dptr);
+    int hrc = gm__host_alloc_kind(pool, GM__HOST_SYSMEM, size, s->handle, &b->hptr, &b->dptr);
     if (hrc != GM_OK) {
         char hwhy[256];
         snprintf(hwhy, sizeof hwhy, "%s", gm_last_error());
@@ -88,7 +89,7 @@ int gm__sysmem_free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, int rc_i
         GM_BK(rc, pool, stream_sync, (pool->bk, b->recorded[i]));
         if (rc != GM_OK) return rc;
     }
-    GM_CHECK(gm__host_free(pool, b->hptr, s->handle));
+    GM_CHECK(gm__host_free_kind(pool, GM__HOST_SYSMEM, b->hptr, s->handle));
     *p = b->next;
     pool->st.sysmem_allocated -= b->size;
     free(b);
@@ -117,6 +118,23 @@ int gm__sysmem_size_locked(gm_pool_t *pool, const void *ptr, size_t *size)
     if (!p) return GM_INVALID_POINTER;
     *size = (*p)->size;
     return GM_OK;
+}
+
+void gm__sysmem_count_locked(gm_pool_t *pool, size_t *count, size_t *bytes)
+{
+    *count = *bytes = 0;
+    if (!pool->sysmem) return;
+    for (sysblk_t *b = pool->sysmem->head; b; b = b->next) {
+        (*count)++;
+        *bytes += b->size;
+    }
+}
+
+void gm__sysmem_foreach_locked(gm_pool_t *pool, void (*fn)(uintptr_t dptr, size_t size, void *arg),
+                               void *arg)
+{
+    if (!pool->sysmem) return;
+    for (sysblk_t *b = pool->sysmem->head; b; b = b->next) fn(b->dptr, b->size, arg);
 }
 
 /* The host pool releases the memory itself; only the table goes here. */
