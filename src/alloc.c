@@ -342,6 +342,35 @@ static void destroy_recorded(gm_pool_t *pool, gm__block_t *b)
     b->recorded = NULL;
 }
 
+/* Order the reuse of a freed block after the work r->stream has queued so
+ * far: an event recorded there, else a wait for the whole stream.  When both
+ * fail (a backend failure), r stays unordered and its block stays pending,
+ * reusable by no stream, since that stream's work may still use it;
+ * process_pending tries again (an event recorded later still follows the
+ * work queued before the free).  The backend's message is cleared. */
+static void order_recorded(gm_pool_t *pool, gm__recorded_t *r)
+{
+    int rc;
+    if (!r->event) {
+        GM_BK(rc, pool, event_create, (pool->bk, &r->event));
+        if (rc != GM_OK) r->event = 0;
+    }
+    if (r->event) {
+        GM_BK(rc, pool, event_record, (pool->bk, r->event, r->stream->handle));
+        if (rc == GM_OK) {
+            r->unordered = false;
+            gm__clear_error();
+            return;
+        }
+        GM_BK(rc, pool, event_destroy, (pool->bk, r->event));
+        r->event = 0;
+    }
+    /* Cannot order the reuse: wait for that stream now. */
+    GM_BK(rc, pool, stream_sync, (pool->bk, r->stream->handle));
+    r->unordered = rc != GM_OK;
+    gm__clear_error();
+}
+
 /* Move pending blocks whose recorded streams have all passed the free into
  * the index of the stream that freed them; returns how many. */
 static size_t process_pending(gm_pool_t *pool)
@@ -353,6 +382,11 @@ static size_t process_pending(gm_pool_t *pool)
         bool done = true;
         for (gm__recorded_t *r = b->recorded; r && done; r = r->next) {
             int rc;
+            if (r->unordered) order_recorded(pool, r);
+            if (r->unordered) {
+                done = false;
+                break;
+            }
             if (!r->event) continue;
             GM_BK(rc, pool, event_query, (pool->bk, r->event));
             if (rc != GM_OK) done = false;
@@ -470,10 +504,19 @@ int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
         if (s->handle != handle) continue;
         size_t held = 0;
         for (int c = 0; c < GM_CLASS_COUNT; c++) held += s->idx[c].count;
-        if (!held) return GM_OK;
+        /* Pending blocks whose order after s could not be set up yet cannot
+         * get an event on s later: they need the wait too. */
+        bool unordered = false;
+        for (gm__block_t *b = pool->pending; b && !unordered; b = b->fnext)
+            for (gm__recorded_t *r = b->recorded; r; r = r->next)
+                if (r->unordered && r->stream == s) unordered = true;
+        if (!held && !unordered) return GM_OK;
         int rc;
         GM_BK(rc, pool, stream_sync, (pool->bk, handle));
         GM_CHECK(rc);
+        for (gm__block_t *b = pool->pending; b; b = b->fnext)
+            for (gm__recorded_t *r = b->recorded; r; r = r->next)
+                if (r->stream == s) r->unordered = false;
         migrate_stream(pool, s, UINT64_MAX);
         return GM_OK;
     }
@@ -612,18 +655,7 @@ int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s)
     pool->st.live_blocks--;
     if (GM_UNLIKELY(b->recorded != NULL)) {
         /* Other streams used it: reusable once they pass this point. */
-        for (gm__recorded_t *r = b->recorded; r; r = r->next) {
-            int rc;
-            GM_BK(rc, pool, event_create, (pool->bk, &r->event));
-            if (rc == GM_OK) GM_BK(rc, pool, event_record, (pool->bk, r->event, r->stream->handle));
-            if (rc != GM_OK) {
-                /* Cannot order the reuse: wait for that stream now. */
-                if (r->event) GM_BK(rc, pool, event_destroy, (pool->bk, r->event));
-                r->event = 0;
-                GM_BK(rc, pool, stream_sync, (pool->bk, r->stream->handle));
-                gm__clear_error();
-            }
-        }
+        for (gm__recorded_t *r = b->recorded; r; r = r->next) order_recorded(pool, r);
         b->pending = 1;
         b->owner = s;
         b->fnext = pool->pending;

@@ -19,6 +19,12 @@
  * fail on demand.  Work is synchronous; a stream can be "held" so that events
  * recorded on it stay incomplete until it is released — that is how the
  * cross-stream reuse rules are tested deterministically, without ever blocking.
+ * The sim also checks that rule: it remembers the last SIM_FLIGHTS ranges of
+ * device or registered host memory that copies and fills on held streams
+ * touched ("in flight" until the hold is released), and fails a copy or fill
+ * on another stream that touches one of them (one side writing) without
+ * having waited (stream_wait_event) on an event recorded on that stream:
+ * memory handed to a stream while another stream's work on it was pending.
  *
  * Environment: GPUMEM_SIM_NO_VMM=1 (any value other than "" and "0") makes
  * info() report vmm_supported = 0, so the pool's plain-allocation path
@@ -214,6 +220,26 @@ typedef struct gmap {
     size_t count;
 } gmap_t;
 
+/* A copy or fill queued on a held stream, on device or registered host
+ * memory: [lo, hi) is in flight until that stream's hold_gen moves on. */
+typedef struct flight {
+    uintptr_t lo, hi;
+    uint32_t stream;    /* index into streams */
+    uint64_t hold_gen;
+    int write;
+} flight_t;
+
+/* stream_wait_event(waiter, ev) with ev pending on streams[on] at hold_gen:
+ * the waiter's later work is ordered after that stream's work so far. */
+typedef struct waited {
+    gm_stream_t waiter;
+    uint32_t on;
+    uint64_t hold_gen;
+} waited_t;
+
+#define SIM_FLIGHTS 64 /* ranges remembered; the oldest is forgotten first */
+#define SIM_WAITS 16
+
 /* One simulated device.  Accounting, checked after every mutation in debug
  * builds:
  *   created == sum(size of live non-imported handles) + sum(size of plain regions)
@@ -249,6 +275,11 @@ typedef struct sim {
 
     hostreg_t *hostregs;   /* registered host ranges, sorted, non-overlapping */
     size_t nhostregs, hostregs_cap;
+
+    flight_t flights[SIM_FLIGHTS]; /* ring; stale entries are skipped */
+    unsigned nflights;             /* entries written so far */
+    waited_t waits[SIM_WAITS];     /* ring */
+    unsigned nwaits;
 } sim_t;
 
 /* ------------------------------------------------------------------------ */
@@ -1535,8 +1566,68 @@ static int sim_stream_wait_event(void *ctx, gm_stream_t stream, gm__event_t ev)
     if (rc == GM_OK && event_lookup_locked(sim, ev) == NULL)
         rc = gm__set_error(GM_INVALID_ARGUMENT, "sim: stream_wait_event: invalid event %#" PRIx64,
                            ev);
-    if (rc == GM_OK) charge_locked(sim, call_cost_ns[GM_CALL_stream_wait_event]);
+    if (rc == GM_OK) {
+        const event_t *e = event_lookup_locked(sim, ev);
+        if (event_pending_locked(sim, e)) {
+            waited_t *w = &sim->waits[sim->nwaits++ % SIM_WAITS];
+            *w = (waited_t){stream, e->stream, e->hold_gen};
+        }
+        charge_locked(sim, call_cost_ns[GM_CALL_stream_wait_event]);
+    }
     return leave(sim, rc);
+}
+
+/* ---- the in-flight checker ------------------------------------------------- */
+
+/* Has `stream` waited on an event of streams[on] recorded under hold_gen? */
+static int waited_locked(const sim_t *sim, gm_stream_t stream, uint32_t on, uint64_t hold_gen)
+{
+    unsigned n = sim->nwaits < SIM_WAITS ? sim->nwaits : SIM_WAITS;
+    for (unsigned i = 0; i < n; i++)
+        if (sim->waits[i].waiter == stream && sim->waits[i].on == on &&
+            sim->waits[i].hold_gen == hold_gen)
+            return 1;
+    return 0;
+}
+
+/* Is [addr, addr + n) memory whose reuse the stream rule governs? */
+static int tracked_locked(const sim_t *sim, uintptr_t addr, size_t n, int device)
+{
+    return n != 0 && (device || hostreg_covers(sim, addr, n));
+}
+
+/* A copy or fill on `stream` touching [addr, addr + n): GM_BACKEND when a
+ * held other stream's pending work touched it too (one of them writing) and
+ * `stream` did not wait for that work. */
+static int flight_check_locked(const sim_t *sim, const char *call, gm_stream_t stream,
+                               uintptr_t addr, size_t n, int write)
+{
+    const stream_t *self = stream_find(sim, stream);
+    unsigned count = sim->nflights < SIM_FLIGHTS ? sim->nflights : SIM_FLIGHTS;
+    for (unsigned i = 0; i < count; i++) {
+        const flight_t *f = &sim->flights[i];
+        const stream_t *owner = &sim->streams[f->stream];
+        if (owner == self || owner->hold_gen != f->hold_gen || owner->dead) continue;
+        if (addr >= f->hi || addr + n <= f->lo || !(write || f->write)) continue;
+        if (waited_locked(sim, stream, f->stream, f->hold_gen)) continue;
+        return gm__set_error(GM_BACKEND,
+                             "sim: %s: stream-rule violation: stream %p touches [%#" PRIxPTR
+                             ", +%zu), which work still in flight on held stream %p uses "
+                             "([%#" PRIxPTR ", %#" PRIxPTR "), %s), with no wait on it",
+                             call, stream, addr, n, owner->id, f->lo, f->hi,
+                             f->write ? "writing" : "reading");
+    }
+    return GM_OK;
+}
+
+/* Remember [addr, addr + n) as in flight when `stream` is held. */
+static void flight_note_locked(sim_t *sim, gm_stream_t stream, uintptr_t addr, size_t n,
+                               int write)
+{
+    const stream_t *s = stream_find(sim, stream);
+    if (s == NULL || !s->held) return;
+    flight_t *f = &sim->flights[sim->nflights++ % SIM_FLIGHTS];
+    *f = (flight_t){addr, addr + n, (uint32_t)(s - sim->streams), s->hold_gen, write};
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1589,6 +1680,11 @@ static int sim_memcpy(void *ctx, uintptr_t dst, uintptr_t src, size_t n, gm_stre
     if (n != 0) {
         GM_CHECK_GOTO(check_range_locked(sim, "memcpy", "destination", dst, n, &ddev), rc, out);
         GM_CHECK_GOTO(check_range_locked(sim, "memcpy", "source", src, n, &sdev), rc, out);
+        int dtr = tracked_locked(sim, dst, n, ddev), str = tracked_locked(sim, src, n, sdev);
+        if (dtr) GM_CHECK_GOTO(flight_check_locked(sim, "memcpy", stream, dst, n, 1), rc, out);
+        if (str) GM_CHECK_GOTO(flight_check_locked(sim, "memcpy", stream, src, n, 0), rc, out);
+        if (dtr) flight_note_locked(sim, stream, dst, n, 1);
+        if (str) flight_note_locked(sim, stream, src, n, 0);
     }
     uint64_t t = call_cost_ns[GM_CALL_memcpy];
     if (ddev && sdev)
@@ -1613,8 +1709,13 @@ static int sim_memset(void *ctx, uintptr_t dst, int value, size_t n, gm_stream_t
     GM_CHECK(enter(ctx, GM_CALL_memset, &sim));
     int rc = GM_OK, ddev = 0;
     GM_CHECK_GOTO(check_stream_locked(sim, "memset", stream), rc, out);
-    if (n != 0)
+    if (n != 0) {
         GM_CHECK_GOTO(check_range_locked(sim, "memset", "destination", dst, n, &ddev), rc, out);
+        if (tracked_locked(sim, dst, n, ddev)) {
+            GM_CHECK_GOTO(flight_check_locked(sim, "memset", stream, dst, n, 1), rc, out);
+            flight_note_locked(sim, stream, dst, n, 1);
+        }
+    }
     charge_locked(sim, call_cost_ns[GM_CALL_memset] +
                            (uint64_t)n / (ddev ? DEVICE_BYTES_PER_NS : HOST_BYTES_PER_NS));
 out:
