@@ -40,11 +40,11 @@ int gm__hash_init(gm__hash_t *h, size_t cap)
 {
     h->cap = cap;
     h->count = 0;
-    h->keys = calloc(cap, sizeof *h->keys);
-    h->vals = calloc(cap, sizeof *h->vals);
+    h->keys = gm__calloc(cap, sizeof *h->keys);
+    h->vals = gm__calloc(cap, sizeof *h->vals);
     if (!h->keys || !h->vals) {
-        free(h->keys);
-        free(h->vals);
+        gm__free(h->keys);
+        gm__free(h->vals);
         h->keys = NULL;
         h->vals = NULL;
         return GM_NO_HOST_MEMORY;
@@ -54,8 +54,8 @@ int gm__hash_init(gm__hash_t *h, size_t cap)
 
 void gm__hash_fini(gm__hash_t *h)
 {
-    free(h->keys);
-    free(h->vals);
+    gm__free(h->keys);
+    gm__free(h->vals);
     h->keys = NULL;
     h->vals = NULL;
 }
@@ -130,12 +130,12 @@ gm__block_t *gm__block_new_locked(gm_pool_t *pool)
     if (GM_UNLIKELY(!b)) {
         if (pool->n_slabs == pool->cap_slabs) {
             size_t cap = pool->cap_slabs ? pool->cap_slabs * 2 : 16;
-            void **s = realloc(pool->slabs, cap * sizeof *s);
+            void **s = gm__realloc(pool->slabs, cap * sizeof *s);
             if (!s) return NULL;
             pool->slabs = s;
             pool->cap_slabs = cap;
         }
-        gm__block_t *slab = malloc(SLAB_BLOCKS * sizeof *slab);
+        gm__block_t *slab = gm__malloc(SLAB_BLOCKS * sizeof *slab);
         if (!slab) return NULL;
         pool->slabs[pool->n_slabs++] = slab;
         for (size_t i = 0; i < SLAB_BLOCKS; i++) {
@@ -249,12 +249,12 @@ gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle)
         if (pool->streams[i]->handle == handle) return pool->last_stream = pool->streams[i];
     if (pool->n_streams == pool->cap_streams) {
         size_t cap = pool->cap_streams ? pool->cap_streams * 2 : 8;
-        gm__stream_t **a = realloc(pool->streams, cap * sizeof *a);
+        gm__stream_t **a = gm__realloc(pool->streams, cap * sizeof *a);
         if (!a) return NULL;
         pool->streams = a;
         pool->cap_streams = cap;
     }
-    s = calloc(1, sizeof *s);
+    s = gm__calloc(1, sizeof *s);
     if (!s) return NULL;
     s->handle = handle;
     pool->streams[pool->n_streams++] = s;
@@ -336,7 +336,7 @@ static void destroy_recorded(gm_pool_t *pool, gm__block_t *b)
             GM_BK(rc, pool, event_destroy, (pool->bk, r->event));
             (void)rc;
         }
-        free(r);
+        gm__free(r);
         r = next;
     }
     b->recorded = NULL;
@@ -676,7 +676,7 @@ int gm__record_stream_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s)
     if (s == b->owner) return GM_OK;
     for (gm__recorded_t *r = b->recorded; r; r = r->next)
         if (r->stream == s) return GM_OK;
-    gm__recorded_t *r = calloc(1, sizeof *r);
+    gm__recorded_t *r = gm__calloc(1, sizeof *r);
     if (!r) return gm__set_error(GM_NO_HOST_MEMORY, "gm_record_stream: out of host memory");
     r->stream = s;
     r->next = b->recorded;
@@ -796,10 +796,10 @@ void gm__alloc_fini(gm_pool_t *pool)
             GM_BK(rc, pool, event_destroy, (pool->bk, pool->streams[i]->event));
             (void)rc;
         }
-        free(pool->streams[i]);
+        gm__free(pool->streams[i]);
     }
-    free(pool->streams);
-    for (size_t i = 0; i < pool->n_slabs; i++) free(pool->slabs[i]);
-    free(pool->slabs);
+    gm__free(pool->streams);
+    for (size_t i = 0; i < pool->n_slabs; i++) gm__free(pool->slabs[i]);
+    gm__free(pool->slabs);
     gm__hash_fini(&pool->live);
 }

@@ -299,7 +299,7 @@ int gm__monitor_scan(void (*fn)(const gm__mon_proc_view_t *v, void *arg), void *
     DIR *d = opendir(dir());
     if (!d) return -1;
     int n = 0;
-    gm__mon_proc_view_t *v = malloc(sizeof *v);
+    gm__mon_proc_view_t *v = gm__malloc(sizeof *v);
     if (!v) {
         closedir(d);
         errno = ENOMEM;
@@ -318,6 +318,6 @@ int gm__monitor_scan(void (*fn)(const gm__mon_proc_view_t *v, void *arg), void *
         n++;
     }
     closedir(d);
-    free(v);
+    gm__free(v);
     return n;
 }

@@ -27,7 +27,10 @@
 
 /* ---- environment: one table, read by gm_config_from_env ------------------ */
 
-typedef enum { ENV_BACKEND, ENV_INT, ENV_SIZE, ENV_SIZE_OR_MAX, ENV_SYSMEM_FLAG } env_type_t;
+typedef enum {
+    ENV_BACKEND, ENV_INT, ENV_SIZE, ENV_SIZE_OR_MAX, ENV_SYSMEM_FLAG,
+    ENV_MALLOC_FAIL_NTH /* not a config field: arms gm__malloc_fail_nth once */
+} env_type_t;
 
 static const struct env_option {
     const char *name;
@@ -55,6 +58,9 @@ static const struct env_option {
      offsetof(gm_pool_config_t, copy_threads)},
     {"GPUMEM_COPY_CHUNK", ENV_SIZE, "0", "staging buffer size of staged host copies (0: 2MiB)",
      offsetof(gm_pool_config_t, copy_chunk)},
+    {"GPUMEM_MALLOC_FAIL_NTH", ENV_MALLOC_FAIL_NTH, "0",
+     "testing: the n-th host allocation of the library, counted from the first reading of the "
+     "environment, fails (0: none)", 0},
 };
 
 static int env_apply(const struct env_option *o, const char *v, gm_pool_config_t *cfg)
@@ -83,6 +89,15 @@ static int env_apply(const struct env_option *o, const char *v, gm_pool_config_t
         /* fall through */
     case ENV_SIZE:
         return gm__parse_size(v, (size_t *)(void *)base);
+    case ENV_MALLOC_FAIL_NTH: {
+        static atomic_flag armed = ATOMIC_FLAG_INIT;
+        char *end;
+        errno = 0;
+        unsigned long long n = strtoull(v, &end, 10);
+        if (errno || *end || end == v || v[0] == '-') return GM_INVALID_ARGUMENT;
+        if (n != 0 && !atomic_flag_test_and_set(&armed)) gm__malloc_fail_nth((unsigned long)n);
+        return GM_OK;
+    }
     case ENV_SYSMEM_FLAG:
         if (!strcmp(v, "1")) *(unsigned *)(void *)base |= GM_POOL_SYSMEM_FALLBACK;
         else if (!strcmp(v, "0")) *(unsigned *)(void *)base &= ~GM_POOL_SYSMEM_FALLBACK;
@@ -152,7 +167,7 @@ void gm_pool_destroy(gm_pool_t *pool)
     gm__alloc_fini(pool);
     if (pool->bk) pool->ops->close(pool->bk);
     gm__unlock(&pool->lock);
-    free(pool);
+    gm__free(pool);
 }
 
 int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
@@ -160,7 +175,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     int rc;
     if (!out) return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: pool is NULL");
     *out = NULL;
-    gm_pool_t *pool = calloc(1, sizeof *pool);
+    gm_pool_t *pool = gm__calloc(1, sizeof *pool);
     if (!pool) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
     pool->st.size = sizeof pool->st;
     pool->st.version = GM_STATS_VERSION;

@@ -41,7 +41,7 @@ const char *gm__trace_action_name(int action)
 static char *copy_string(const char *s)
 {
     size_t n = strlen(s) + 1;
-    char *c = malloc(n);
+    char *c = gm__malloc(n);
     if (c) memcpy(c, s, n);
     return c;
 }
@@ -57,7 +57,7 @@ static void *grow(void *p, size_t *cap, size_t need, size_t elem)
         n *= 2;
     }
     if (n > SIZE_MAX / elem) return NULL;
-    void *q = realloc(p, n * elem);
+    void *q = gm__realloc(p, n * elem);
     if (q) *cap = n;
     return q;
 }
@@ -206,11 +206,11 @@ static size_t map_home(const u64map_t *m, uint64_t key)
 static int map_init(u64map_t *m, unsigned log2cap)
 {
     size_t cap = (size_t)1 << log2cap;
-    m->keys = malloc(cap * sizeof *m->keys);
-    m->vals = malloc(cap * sizeof *m->vals);
+    m->keys = gm__malloc(cap * sizeof *m->keys);
+    m->vals = gm__malloc(cap * sizeof *m->vals);
     if (!m->keys || !m->vals) {
-        free(m->keys);
-        free(m->vals);
+        gm__free(m->keys);
+        gm__free(m->vals);
         m->keys = NULL;
         m->vals = NULL;
         return GM_NO_HOST_MEMORY;
@@ -224,8 +224,8 @@ static int map_init(u64map_t *m, unsigned log2cap)
 
 static void map_destroy(u64map_t *m)
 {
-    free(m->keys);
-    free(m->vals);
+    gm__free(m->keys);
+    gm__free(m->vals);
     m->keys = NULL;
     m->vals = NULL;
 }
@@ -618,7 +618,7 @@ static int gunzip(const char *data, size_t len, const char *name, char **out, si
     }
     inflateEnd(&z);
     if (rc != GM_OK) {
-        free(buf);
+        gm__free(buf);
         return rc;
     }
     *out = buf;
@@ -640,9 +640,9 @@ static int gunzip(const char *data, size_t len, const char *name, char **out, si
 void gm__trace_free(gm__trace_t *t)
 {
     if (!t) return;
-    free(t->name);
-    free(t->ops);
-    free(t->streams);
+    gm__free(t->name);
+    gm__free(t->ops);
+    gm__free(t->streams);
     memset(t, 0, sizeof *t);
 }
 
@@ -681,10 +681,10 @@ int gm__trace_parse(const char *data, size_t len, const char *name, gm__trace_t 
 out:
     map_destroy(&p.stream_id);
     map_destroy(&p.ptr_slot);
-    free(p.free_slots);
-    free(p.slot_size);
-    free(p.slot_stream);
-    free(inflated);
+    gm__free(p.free_slots);
+    gm__free(p.slot_size);
+    gm__free(p.slot_stream);
+    gm__free(inflated);
     if (rc != GM_OK) gm__trace_free(t);
     return rc;
 }
@@ -715,7 +715,7 @@ int gm__trace_load(const char *path, gm__trace_t *t)
     }
     fclose(f);
     if (rc == GM_OK) rc = gm__trace_parse(buf, n, path, t);
-    free(buf);
+    gm__free(buf);
     return rc;
 }
 
@@ -725,11 +725,11 @@ int gm__trace_check(const gm__trace_t *t)
     uint64_t *size = NULL;
     unsigned char *live = NULL;
     if (t->n_slots) {
-        size = calloc(t->n_slots, sizeof *size);
-        live = calloc(t->n_slots, 1);
+        size = gm__calloc(t->n_slots, sizeof *size);
+        live = gm__calloc(t->n_slots, 1);
         if (!size || !live) {
-            free(size);
-            free(live);
+            gm__free(size);
+            gm__free(live);
             return gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory", name);
         }
     }
@@ -776,8 +776,8 @@ int gm__trace_check(const gm__trace_t *t)
         }
         if (broken) break;
     }
-    free(size);
-    free(live);
+    gm__free(size);
+    gm__free(live);
     if (broken)
         return gm__set_error(GM_INTERNAL, "%s: op %zu: %s", name, i, broken);
     if (peak != t->live_peak || bytes != t->live_final || count != t->live_final_count)

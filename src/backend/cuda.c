@@ -361,7 +361,7 @@ static int cuda_open(const gm__backend_config_t *cfg, void **ctx)
     GM_CHECK(load());
     GM_CHECK(check_ordinal(cfg->device));
 
-    cuda_ctx_t *c = calloc(1, sizeof *c);
+    cuda_ctx_t *c = gm__calloc(1, sizeof *c);
     if (!c) return gm__set_error(GM_NO_HOST_MEMORY, "cuda: no memory for a device object");
     c->ordinal = cfg->device;
 
@@ -426,7 +426,7 @@ static int cuda_open(const gm__backend_config_t *cfg, void **ctx)
 fail_release:
     (void)drv.cuDevicePrimaryCtxRelease(c->device);
 fail_free:
-    free(c);
+    gm__free(c);
     return rc;
 }
 
@@ -438,7 +438,7 @@ static void cuda_close(void *ctx)
     cuda_ctx_t *c = ctx;
     if (!c) return;
     (void)drv.cuDevicePrimaryCtxRelease(c->device);
-    free(c);
+    gm__free(c);
 }
 
 /* Preconditions: none beyond an open ctx.  free_memory is the driver's

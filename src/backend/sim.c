@@ -310,7 +310,7 @@ static int grow_array(void **items, size_t *cap, size_t elem, size_t need)
     if (need <= *cap) return GM_OK;
     size_t ncap = *cap ? *cap : 16;
     while (ncap < need) ncap *= 2;
-    void *p = realloc(*items, ncap * elem);
+    void *p = gm__realloc(*items, ncap * elem);
     if (p == NULL)
         return gm__set_error(GM_NO_HOST_MEMORY, "sim: out of host memory for bookkeeping");
     *items = p;
@@ -328,8 +328,8 @@ static void slots_init(slots_t *s, size_t elem)
 
 static void slots_fini(slots_t *s)
 {
-    free(s->items);
-    free(s->free);
+    gm__free(s->items);
+    gm__free(s->free);
     memset(s, 0, sizeof *s);
 }
 
@@ -345,11 +345,11 @@ static int slots_reserve(slots_t *s)
     if (s->cap >= GRANULE_MAPPING_MASK)
         return gm__set_error(GM_NO_HOST_MEMORY, "sim: too many live objects");
     uint32_t ncap = s->cap ? s->cap * 2 : 64;
-    unsigned char *items = realloc(s->items, (size_t)ncap * s->elem);
+    unsigned char *items = gm__realloc(s->items, (size_t)ncap * s->elem);
     if (items == NULL)
         return gm__set_error(GM_NO_HOST_MEMORY, "sim: out of host memory for bookkeeping");
     s->items = items;
-    uint32_t *fr = realloc(s->free, (size_t)ncap * sizeof *fr);
+    uint32_t *fr = gm__realloc(s->free, (size_t)ncap * sizeof *fr);
     if (fr == NULL)
         return gm__set_error(GM_NO_HOST_MEMORY, "sim: out of host memory for bookkeeping");
     s->free = fr;
@@ -421,13 +421,13 @@ static int gmap_reserve(gmap_t *m, size_t extra)
     if (need * 2 <= m->cap) return GM_OK;
     size_t ncap = m->cap ? m->cap : 64;
     while (ncap < need * 2) ncap *= 2;
-    gslot_t *slots = calloc(ncap, sizeof *slots);
+    gslot_t *slots = gm__calloc(ncap, sizeof *slots);
     if (slots == NULL)
         return gm__set_error(GM_NO_HOST_MEMORY, "sim: out of host memory for bookkeeping");
     gmap_t n = {slots, ncap, 0};
     for (size_t i = 0; i < m->cap; i++)
         if (m->slots[i].key != 0) gmap_insert(&n, m->slots[i].key, m->slots[i].val);
-    free(m->slots);
+    gm__free(m->slots);
     *m = n;
     return GM_OK;
 }
@@ -673,10 +673,10 @@ static int sim_open(const gm__backend_config_t *cfg, void **ctx)
     if (cfg != NULL && cfg->device < 0)
         return gm__set_error(GM_INVALID_ARGUMENT, "sim: open: device %d is negative",
                              cfg->device);
-    sim_t *sim = calloc(1, sizeof *sim);
+    sim_t *sim = gm__calloc(1, sizeof *sim);
     if (sim == NULL) return gm__set_error(GM_NO_HOST_MEMORY, "sim: open: out of host memory");
     if (pthread_mutex_init(&sim->lock, NULL) != 0) {
-        free(sim);
+        gm__free(sim);
         return gm__set_error(GM_BACKEND, "sim: open: pthread_mutex_init failed");
     }
     sim->capacity = cfg != NULL && cfg->sim_capacity ? cfg->sim_capacity : SIM_DEFAULT_CAPACITY;
@@ -734,19 +734,19 @@ static void sim_close(void *ctx)
     slots_fini(&sim->handles);
     slots_fini(&sim->mappings);
     slots_fini(&sim->events);
-    free(sim->granules.slots);
-    free(sim->regions);
-    free(sim->streams);
+    gm__free(sim->granules.slots);
+    gm__free(sim->regions);
+    gm__free(sim->streams);
 #if GM_DEBUG >= 1
     if (sim->nhostregs)
         fprintf(stderr, "gpumem sim: closed with %zu host range(s) still registered\n",
                 sim->nhostregs);
 #endif
-    free(sim->hostregs);
+    gm__free(sim->hostregs);
     sim->magic = 0;
     pthread_mutex_unlock(&sim->lock);
     pthread_mutex_destroy(&sim->lock);
-    free(sim);
+    gm__free(sim);
 }
 
 /* Precondition: out != NULL.  Not a call kind: never injected, costs nothing. */
