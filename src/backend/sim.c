@@ -557,6 +557,7 @@ static int injected_locked(sim_t *sim, int kind)
     if (sim->fail_countdown[kind] == 0) return 0;
     if (--sim->fail_countdown[kind] != 0) return 0;
     gm__set_error(GM_BACKEND, "sim: injected failure of %s", gm_call_name(kind));
+    gm__backend_note_injected();
     return 1;
 }
 
@@ -697,6 +698,7 @@ static int sim_open(const gm__backend_config_t *cfg, void **ctx)
         rl.rlim_cur = rl.rlim_max;
         (void)setrlimit(RLIMIT_NOFILE, &rl);
     }
+    gm__backend_take_open_faults(sim->fail_countdown);
     sim->magic = SIM_MAGIC;
     *ctx = sim;
     return GM_OK;
