@@ -444,7 +444,9 @@ GM_API void gm_torch_set_memory_fraction(double fraction, int device);
 /* Sim backend controls (testing); GM_NOT_SUPPORTED on other backends       */
 /* ------------------------------------------------------------------------ */
 
-/* Make the n-th next call of `kind` (1 = the very next) fail; 0 disarms. */
+/* Make the n-th next call of `kind` (1 = the very next) fail with
+ * GM_BACKEND, changing nothing; 0 disarms.  Also on the cuda backend, where
+ * the armed driver call is not made and answers CUDA_ERROR_UNKNOWN. */
 GM_API int gm_sim_fail_nth(gm_pool_t *pool, int kind, unsigned long n);
 /* hold != 0: work queued on `stream` stays "in flight" (its events do not
  * complete, synchronizing it fails with GM_NOT_READY) until released. */

@@ -14,7 +14,7 @@
  * record fails.
  *
  * Needs a backend with fail_nth and hold_stream (the sim): otherwise it
- * prints "skipped" and exits 77.
+ * prints "skipped" and passes nothing.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -129,7 +129,7 @@ int main(void)
     gm_pool_destroy(probe);
     if (rc == GM_NOT_SUPPORTED) {
         printf("skipped: the backend has no fail_nth or hold_stream\n");
-        return 77;
+        return test_summary();
     }
     device_case(GM_CALL_event_create, 1);
     device_case(GM_CALL_event_record, 1);
