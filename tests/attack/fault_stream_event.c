@@ -89,6 +89,40 @@ static void device_case(int fail_kind, unsigned long n)
     gm_pool_destroy(pool);
 }
 
+/* A created stream A that a pending block still waits on (its event and
+ * sync failed at the free) is destroyed: gm_stream_destroy must wait for A
+ * (and fail while A is held), after which the block comes back; an event
+ * cannot be recorded on A once it is gone. */
+static void destroyed_stream_case(void)
+{
+    gm_pool_t *pool = small_pool(SZ);
+    if (!pool) {
+        CHECK(0);
+        return;
+    }
+    gm_stream_t S = (gm_stream_t)0x10, B = (gm_stream_t)0x30, A = NULL;
+    void *p = NULL, *q = NULL;
+    CHECK_OK(gm_stream_create(pool, &A));
+    CHECK_OK(gm_alloc(pool, SZ, S, &p));
+    CHECK_OK(gm_record_stream(pool, p, A));
+    CHECK_OK(gm_sim_hold_stream(pool, A, 1));
+    CHECK_OK(gm_memset(pool, p, 0xab, SZ, A));
+    CHECK_OK(gm_sim_fail_nth(pool, GM_CALL_event_create, 1));
+    CHECK_OK(gm_sim_fail_nth(pool, GM_CALL_stream_sync, 1));
+    CHECK_OK(gm_free(pool, p, S));
+    /* A still busy: destroying it must wait for it, so it fails here. */
+    CHECK(gm_stream_destroy(pool, A) != GM_OK);
+    CHECK_OK(gm_sim_hold_stream(pool, A, 0));
+    CHECK_OK(gm_stream_destroy(pool, A));
+    CHECK_OK(gm_alloc(pool, SZ, B, &q)); /* the only page: p's, free again */
+    if (q) {
+        CHECK_OK(gm_memset(pool, q, 0x5c, SZ, B));
+        CHECK_OK(gm_free(pool, q, B));
+    }
+    CHECK_OK(gm_pool_check(pool));
+    gm_pool_destroy(pool);
+}
+
 /* Pinned host memory: h written by held stream S's copy, freed on S while
  * the reclaim event fails; B must not get h while S is held. */
 static void host_case(int fail_kind)
@@ -133,6 +167,7 @@ int main(void)
     }
     device_case(GM_CALL_event_create, 1);
     device_case(GM_CALL_event_record, 1);
+    destroyed_stream_case();
     host_case(GM_CALL_event_create);
     host_case(GM_CALL_event_record);
     return test_summary();
