@@ -7,7 +7,9 @@
  * and keeps its pool consistent.  The workload: pool create, a created
  * stream, allocations of several sizes on two streams, fills,
  * gm_record_stream, frees, trim, stats and their JSON, pinned host
- * allocations and copies, staged (pageable) copies both ways, trace start and
+ * allocations and copies, the sysmem fallback (an allocation over the limit
+ * served from pinned host memory, recorded on a second stream and freed),
+ * staged (pageable) copies both ways, trace start and
  * stop, leak tracking and its report, stream destroy, pool destroy, and
  * loading back the trace file it wrote.
  *
@@ -127,6 +129,18 @@ static void workload(const char *what)
     CLEAN(gm_pool_stats(pool, &stats));
     CLEAN(gm_stats_json(&stats, json, sizeof json, NULL));
 
+    /* The sysmem fallback: no device memory may be added, so a request
+     * needing a new page is served from pinned host memory. */
+    void *sys = NULL;
+    CLEAN(gm_pool_set_limit(pool, stats.reserved ? stats.reserved : 1));
+    CLEAN(gm_alloc(pool, 3 * MiB, T, &sys));
+    if (sys) {
+        CLEAN(gm_record_stream(pool, sys, S));
+        CLEAN(gm_memset(pool, sys, 7, 4096, T));
+        CLEAN(gm_free(pool, sys, T));
+    }
+    CLEAN(gm_pool_set_limit(pool, 0));
+
     /* Pinned host memory and copies. */
     void *h1 = NULL, *h2 = NULL;
     CLEAN(gm_host_alloc(pool, 1000, S, &h1));
@@ -211,6 +225,7 @@ int main(void)
     base_cfg.sim_capacity = (size_t)512 << 20;
     base_cfg.copy_threads = 1;
     base_cfg.copy_chunk = 1 * MiB;
+    base_cfg.flags |= GM_POOL_SYSMEM_FALLBACK;
 
     /* Does the backend inject faults? */
     gm_pool_t *probe = NULL;
