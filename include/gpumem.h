@@ -215,7 +215,10 @@ GM_API int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr
 GM_API int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream);
 /* Declare that ptr is used on `stream` too (like PyTorch's record_stream):
  * after it is freed, it is not reused anywhere before that stream's work
- * queued until the free has completed. */
+ * queued until the free has completed.  gm_free orders this with an event
+ * recorded on that stream, else waits for the stream; when the backend fails
+ * both, the block stays pending (reused by no stream, not counted as
+ * allocated) and later calls try again. */
 GM_API int gm_record_stream(gm_pool_t *pool, void *ptr, gm_stream_t stream);
 /* The requested size of a live block (*size) — for plug-ins and checks. */
 GM_API int gm_block_size(gm_pool_t *pool, const void *ptr, size_t *size);
@@ -497,7 +500,9 @@ GM_API void gm_torch_set_memory_fraction(double fraction, int device);
 /* Sim backend controls (testing); GM_NOT_SUPPORTED on other backends       */
 /* ------------------------------------------------------------------------ */
 
-/* Make the n-th next call of `kind` (1 = the very next) fail; 0 disarms. */
+/* Make the n-th next call of `kind` (1 = the very next) fail with
+ * GM_BACKEND, changing nothing; 0 disarms.  Also on the cuda backend, where
+ * the armed driver call is not made and answers CUDA_ERROR_UNKNOWN. */
 GM_API int gm_sim_fail_nth(gm_pool_t *pool, int kind, unsigned long n);
 /* hold != 0: work queued on `stream` stays "in flight" (its events do not
  * complete, synchronizing it fails with GM_NOT_READY) until released. */

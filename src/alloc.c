@@ -43,11 +43,11 @@ int gm__hash_init(gm__hash_t *h, size_t cap)
 {
     h->cap = cap;
     h->count = 0;
-    h->keys = calloc(cap, sizeof *h->keys);
-    h->vals = calloc(cap, sizeof *h->vals);
+    h->keys = gm__calloc(cap, sizeof *h->keys);
+    h->vals = gm__calloc(cap, sizeof *h->vals);
     if (!h->keys || !h->vals) {
-        free(h->keys);
-        free(h->vals);
+        gm__free(h->keys);
+        gm__free(h->vals);
         h->keys = NULL;
         h->vals = NULL;
         return GM_NO_HOST_MEMORY;
@@ -57,8 +57,8 @@ int gm__hash_init(gm__hash_t *h, size_t cap)
 
 void gm__hash_fini(gm__hash_t *h)
 {
-    free(h->keys);
-    free(h->vals);
+    gm__free(h->keys);
+    gm__free(h->vals);
     h->keys = NULL;
     h->vals = NULL;
 }
@@ -133,12 +133,12 @@ gm__block_t *gm__block_new_locked(gm_pool_t *pool)
     if (GM_UNLIKELY(!b)) {
         if (pool->n_slabs == pool->cap_slabs) {
             size_t cap = pool->cap_slabs ? pool->cap_slabs * 2 : 16;
-            void **s = realloc(pool->slabs, cap * sizeof *s);
+            void **s = gm__realloc(pool->slabs, cap * sizeof *s);
             if (!s) return NULL;
             pool->slabs = s;
             pool->cap_slabs = cap;
         }
-        gm__block_t *slab = malloc(SLAB_BLOCKS * sizeof *slab);
+        gm__block_t *slab = gm__malloc(SLAB_BLOCKS * sizeof *slab);
         if (!slab) return NULL;
         pool->slabs[pool->n_slabs++] = slab;
         for (size_t i = 0; i < SLAB_BLOCKS; i++) {
@@ -312,7 +312,7 @@ static void stream_forget_locked(gm_pool_t *pool, gm__stream_t *s)
     pool->streams[s->slot] = last;
     last->slot = s->slot;
     if (pool->last_stream == s) pool->last_stream = NULL;
-    free(s);
+    gm__free(s);
 }
 
 static size_t reclaim_streams(gm_pool_t *pool, const gm__stream_t *except);
@@ -337,21 +337,21 @@ gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle)
     if (pool->n_streams >= pool->streams_sweep_at) streams_sweep_locked(pool);
     if (pool->n_streams == pool->cap_streams) {
         size_t cap = pool->cap_streams ? pool->cap_streams * 2 : 8;
-        gm__stream_t **a = realloc(pool->streams, cap * sizeof *a);
+        gm__stream_t **a = gm__realloc(pool->streams, cap * sizeof *a);
         if (!a) return NULL;
         pool->streams = a;
         pool->cap_streams = cap;
     }
     if ((pool->n_streams + 1) * 2 > pool->stream_tab_cap) {
         size_t cap = pool->stream_tab_cap ? pool->stream_tab_cap * 2 : 16;
-        gm__stream_t **tab = calloc(cap, sizeof *tab);
+        gm__stream_t **tab = gm__calloc(cap, sizeof *tab);
         if (!tab) return NULL;
         for (size_t i = 0; i < pool->n_streams; i++) stream_tab_put(tab, cap, pool->streams[i]);
-        free(pool->stream_tab);
+        gm__free(pool->stream_tab);
         pool->stream_tab = tab;
         pool->stream_tab_cap = cap;
     }
-    s = calloc(1, sizeof *s);
+    s = gm__calloc(1, sizeof *s);
     if (!s) return NULL;
     s->handle = handle;
     s->pinned = handle == NULL;
@@ -437,10 +437,39 @@ static void destroy_recorded(gm_pool_t *pool, gm__block_t *b)
             (void)rc;
         }
         r->stream->users--;
-        free(r);
+        gm__free(r);
         r = next;
     }
     b->recorded = NULL;
+}
+
+/* Order the reuse of a freed block after the work r->stream has queued so
+ * far: an event recorded there, else a wait for the whole stream.  When both
+ * fail (a backend failure), r stays unordered and its block stays pending,
+ * reusable by no stream, since that stream's work may still use it;
+ * process_pending tries again (an event recorded later still follows the
+ * work queued before the free).  The backend's message is cleared. */
+static void order_recorded(gm_pool_t *pool, gm__recorded_t *r)
+{
+    int rc;
+    if (!r->event) {
+        GM_BK(rc, pool, event_create, (pool->bk, &r->event));
+        if (rc != GM_OK) r->event = 0;
+    }
+    if (r->event) {
+        GM_BK(rc, pool, event_record, (pool->bk, r->event, r->stream->handle));
+        if (rc == GM_OK) {
+            r->unordered = false;
+            gm__clear_error();
+            return;
+        }
+        GM_BK(rc, pool, event_destroy, (pool->bk, r->event));
+        r->event = 0;
+    }
+    /* Cannot order the reuse: wait for that stream now. */
+    GM_BK(rc, pool, stream_sync, (pool->bk, r->stream->handle));
+    r->unordered = rc != GM_OK;
+    gm__clear_error();
 }
 
 /* Move pending blocks whose recorded streams have all passed the free into
@@ -454,6 +483,11 @@ static size_t process_pending(gm_pool_t *pool)
         bool done = true;
         for (gm__recorded_t *r = b->recorded; r && done; r = r->next) {
             int rc;
+            if (r->unordered) order_recorded(pool, r);
+            if (r->unordered) {
+                done = false;
+                break;
+            }
             if (!r->event) continue;
             GM_BK(rc, pool, event_query, (pool->bk, r->event));
             if (rc != GM_OK) done = false;
@@ -571,10 +605,19 @@ int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
     if (!s) return GM_OK;
     size_t held = 0;
     for (int c = 0; c < GM_CLASS_COUNT; c++) held += s->idx[c].count;
-    if (held) {
+    /* Pending blocks whose order after s could not be set up yet cannot
+     * get an event on s later: they need the wait too. */
+    bool unordered = false;
+    for (gm__block_t *b = pool->pending; b && !unordered; b = b->fnext)
+        for (gm__recorded_t *r = b->recorded; r; r = r->next)
+            if (r->unordered && r->stream == s) unordered = true;
+    if (held || unordered) {
         int rc;
         GM_BK(rc, pool, stream_sync, (pool->bk, handle));
         GM_CHECK(rc);
+        for (gm__block_t *b = pool->pending; b; b = b->fnext)
+            for (gm__recorded_t *r = b->recorded; r; r = r->next)
+                if (r->stream == s) r->unordered = false;
         migrate_stream(pool, s, UINT64_MAX);
     }
     /* Its event (recorded on a finished stream) is not needed any more. */
@@ -722,18 +765,7 @@ int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s)
     pool->st.live_blocks--;
     if (GM_UNLIKELY(b->recorded != NULL)) {
         /* Other streams used it: reusable once they pass this point. */
-        for (gm__recorded_t *r = b->recorded; r; r = r->next) {
-            int rc;
-            GM_BK(rc, pool, event_create, (pool->bk, &r->event));
-            if (rc == GM_OK) GM_BK(rc, pool, event_record, (pool->bk, r->event, r->stream->handle));
-            if (rc != GM_OK) {
-                /* Cannot order the reuse: wait for that stream now. */
-                if (r->event) GM_BK(rc, pool, event_destroy, (pool->bk, r->event));
-                r->event = 0;
-                GM_BK(rc, pool, stream_sync, (pool->bk, r->stream->handle));
-                gm__clear_error();
-            }
-        }
+        for (gm__recorded_t *r = b->recorded; r; r = r->next) order_recorded(pool, r);
         b->pending = 1;
         b->owner = s;
         s->users++;
@@ -755,7 +787,7 @@ int gm__record_stream_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s)
     if (s == b->owner) return GM_OK;
     for (gm__recorded_t *r = b->recorded; r; r = r->next)
         if (r->stream == s) return GM_OK;
-    gm__recorded_t *r = calloc(1, sizeof *r);
+    gm__recorded_t *r = gm__calloc(1, sizeof *r);
     if (!r) return gm__set_error(GM_NO_HOST_MEMORY, "gm_record_stream: out of host memory");
     r->stream = s;
     s->users++;
@@ -899,11 +931,11 @@ void gm__alloc_fini(gm_pool_t *pool)
             GM_BK(rc, pool, event_destroy, (pool->bk, pool->streams[i]->event));
             (void)rc;
         }
-        free(pool->streams[i]);
+        gm__free(pool->streams[i]);
     }
-    free(pool->streams);
-    free(pool->stream_tab);
-    for (size_t i = 0; i < pool->n_slabs; i++) free(pool->slabs[i]);
-    free(pool->slabs);
+    gm__free(pool->streams);
+    gm__free(pool->stream_tab);
+    for (size_t i = 0; i < pool->n_slabs; i++) gm__free(pool->slabs[i]);
+    gm__free(pool->slabs);
     gm__hash_fini(&pool->live);
 }

@@ -8,7 +8,10 @@
  * it is usable, else the simulator", and the reason for the choice is kept so
  * that `gpumem info` and gm_pool_device_info can say why.  The environment is
  * not read here (the pool reads it and passes the kind in).  No lock; the
- * only state is the flag that keeps AUTO's sim notice to one line a process.
+ * only state: the flag that keeps AUTO's sim notice to one line a process,
+ * and the fault-injection plumbing shared by the backends that have fail_nth
+ * (countdowns armed for the next open, and a count of injected failures),
+ * kept in atomics.
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -35,6 +38,31 @@ int gm_call_from_name(const char *name)
     for (int k = 0; k < GM_CALL_COUNT; k++)
         if (strcmp(call_names[k], name) == 0) return k;
     return -1;
+}
+
+/* ---- fault injection shared by the backends ---- */
+
+static _Atomic unsigned long open_faults[GM_CALL_COUNT];
+static _Atomic unsigned long injected_total;
+
+void gm__backend_fail_at_open(int kind, unsigned long n)
+{
+    if (kind >= 0 && kind < GM_CALL_COUNT) atomic_store(&open_faults[kind], n);
+}
+
+void gm__backend_take_open_faults(unsigned long n[GM_CALL_COUNT])
+{
+    for (int k = 0; k < GM_CALL_COUNT; k++) n[k] = atomic_exchange(&open_faults[k], 0);
+}
+
+void gm__backend_note_injected(void)
+{
+    atomic_fetch_add(&injected_total, 1);
+}
+
+unsigned long gm__backend_injected(void)
+{
+    return atomic_load(&injected_total);
 }
 
 /* The backends this build knows, by kind. AUTO tries them in this order and

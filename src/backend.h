@@ -127,8 +127,14 @@ typedef struct gm__backend_ops {
     /* Optional (NULL when absent). */
     /* Sim: modeled device time of all calls so far, in ns. */
     uint64_t (*modeled_ns)(void *ctx);
-    /* Sim: arm fault injection / hold a stream in flight. */
+    /* Fault injection: the n-th next call of `kind` on ctx (1 = the very
+     * next) fails with GM_BACKEND, changing nothing, and is counted by
+     * gm__backend_note_injected(); n = 0 disarms; kinds are independent.  A
+     * backend that has it also applies, at open, the countdowns armed with
+     * gm__backend_fail_at_open (gm__backend_take_open_faults).  The sim has
+     * it; the cuda backend wraps its driver table with it. */
     int (*fail_nth)(void *ctx, int kind, unsigned long n);
+    /* Sim: hold a stream in flight. */
     int (*hold_stream)(void *ctx, gm_stream_t stream, int hold);
 } gm__backend_ops_t;
 
@@ -138,6 +144,17 @@ extern const gm__backend_ops_t gm__backend_sim;
 extern const gm__backend_ops_t gm__backend_cuda;
 
 /* ---- defined in src/backend.c ---- */
+/* Fault injection that reaches the backend calls made while a pool is
+ * created: the next context opened by a backend with fail_nth starts with
+ * countdown n for `kind` (as if fail_nth(ctx, kind, n) were its first call);
+ * n = 0 disarms.  One-shot: the open takes all armed countdowns.  For tests. */
+void gm__backend_fail_at_open(int kind, unsigned long n);
+/* At open: move the armed countdowns into n[GM_CALL_COUNT] (0 = none). */
+void gm__backend_take_open_faults(unsigned long n[GM_CALL_COUNT]);
+/* A backend injected a failure / how many were injected in this process. */
+void gm__backend_note_injected(void);
+unsigned long gm__backend_injected(void);
+
 /* Resolve AUTO, probe, and return the ops for `kind`; `why` says why.  AUTO
  * takes the first backend in the table that is installed and whose probe
  * passes; a backend that is installed but fails its probe stops the choice

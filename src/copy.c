@@ -83,7 +83,7 @@ struct gm__copy {
 
 int gm__copy_init(gm_pool_t *pool)
 {
-    struct gm__copy *cp = calloc(1, sizeof *cp);
+    struct gm__copy *cp = gm__calloc(1, sizeof *cp);
     if (!cp) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
     cp->pool = pool;
     pthread_mutex_init(&cp->big, NULL);
@@ -216,7 +216,7 @@ static void stop_workers(struct gm__copy *cp)
     if (cp->user_ev) GM_HBK(rc, pool, event_destroy, (pool->bk, cp->user_ev));
     (void)rc;
     gm__clear_error();
-    free(cp->w);
+    gm__free(cp->w);
     cp->w = NULL;
     cp->user_ev = 0;
     cp->stop = false;
@@ -229,7 +229,7 @@ static int start_workers(struct gm__copy *cp)
 {
     gm_pool_t *pool = cp->pool;
     int rc;
-    cp->w = calloc(cp->n, sizeof *cp->w);
+    cp->w = gm__calloc(cp->n, sizeof *cp->w);
     if (!cp->w) return gm__set_error(GM_NO_HOST_MEMORY, "gm_memcpy: out of host memory for workers");
     GM_HBK(rc, pool, event_create, (pool->bk, &cp->user_ev));
     if (rc != GM_OK) {
@@ -287,7 +287,7 @@ void gm__copy_fini(gm_pool_t *pool)
     pthread_mutex_destroy(&cp->m);
     pthread_cond_destroy(&cp->go);
     pthread_cond_destroy(&cp->done);
-    free(cp);
+    gm__free(cp);
     pool->copy = NULL;
 }
 

@@ -214,12 +214,12 @@ static hblk_t *blk_new(struct gm__host *h)
     if (!h->spare) {
         if (h->n_slabs == h->cap_slabs) {
             size_t nc = h->cap_slabs ? h->cap_slabs * 2 : 16;
-            void **ns = realloc(h->slabs, nc * sizeof *ns);
+            void **ns = gm__realloc(h->slabs, nc * sizeof *ns);
             if (!ns) return NULL;
             h->slabs = ns;
             h->cap_slabs = nc;
         }
-        hblk_t *slab = calloc(SLAB_BLOCKS, sizeof *slab);
+        hblk_t *slab = gm__calloc(SLAB_BLOCKS, sizeof *slab);
         if (!slab) return NULL;
         h->slabs[h->n_slabs++] = slab;
         for (int i = SLAB_BLOCKS - 1; i >= 0; i--) {
@@ -250,11 +250,11 @@ static inline size_t hslot(uintptr_t key, size_t cap)
 static int table_grow(struct gm__host *h)
 {
     size_t nc = h->cap ? h->cap * 2 : 1024;
-    uintptr_t *nk = calloc(nc, sizeof *nk);
-    hblk_t **nv = calloc(nc, sizeof *nv);
+    uintptr_t *nk = gm__calloc(nc, sizeof *nk);
+    hblk_t **nv = gm__calloc(nc, sizeof *nv);
     if (!nk || !nv) {
-        free(nk);
-        free(nv);
+        gm__free(nk);
+        gm__free(nv);
         return GM_NO_HOST_MEMORY;
     }
     for (size_t i = 0; i < h->cap; i++) {
@@ -264,8 +264,8 @@ static int table_grow(struct gm__host *h)
         nk[j] = h->keys[i];
         nv[j] = h->vals[i];
     }
-    free(h->keys);
-    free(h->vals);
+    gm__free(h->keys);
+    gm__free(h->vals);
     h->keys = nk;
     h->vals = nv;
     h->cap = nc;
@@ -318,12 +318,12 @@ static uint32_t stream_slot(struct gm__host *h, gm_stream_t handle)
         if (h->streams[i]->handle == handle) return h->last = i;
     if (h->n_streams == h->cap_streams) {
         uint32_t nc = h->cap_streams * 2;
-        hstream_t **ns = realloc(h->streams, nc * sizeof *ns);
+        hstream_t **ns = gm__realloc(h->streams, nc * sizeof *ns);
         if (!ns) return 0;
         h->streams = ns;
         h->cap_streams = nc;
     }
-    hstream_t *s = calloc(1, sizeof *s);
+    hstream_t *s = gm__calloc(1, sizeof *s);
     if (!s) return 0;
     s->handle = handle;
     h->streams[h->n_streams] = s;
@@ -509,7 +509,7 @@ static void release_unused_locked(gm_pool_t *pool, size_t adding)
         *pc = c->next;
         munmap((void *)c->base, c->size);
         h->reserved -= c->size;
-        free(c);
+        gm__free(c);
     }
 }
 
@@ -521,16 +521,16 @@ static int chunk_grow_locked(gm_pool_t *pool, size_t need, int cls, hblk_t **out
     size_t size = cls == CLS_LARGE ? GM_ALIGN_UP(need, HOST_LARGE_ALIGN) : HOST_CHUNK_MIN;
     int rc;
     release_unused_locked(pool, need);
-    hchunk_t *c = calloc(1, sizeof *c);
+    hchunk_t *c = gm__calloc(1, sizeof *c);
     hblk_t *b = blk_new(h);
     if (!c || !b) {
-        free(c);
+        gm__free(c);
         if (b) blk_release(h, b);
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: out of host memory for bookkeeping");
     }
     void *p = chunk_map(h, size);
     if (!p) {
-        free(c);
+        gm__free(c);
         blk_release(h, b);
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: mmap of a %zu-byte chunk failed: %s",
                              size, strerror(errno));
@@ -564,7 +564,7 @@ fail_unregister: {
 }
 fail_unmap:
     munmap(p, size);
-    free(c);
+    gm__free(c);
     blk_release(h, b);
     return rc;
 }
@@ -573,14 +573,14 @@ fail_unmap:
 
 int gm__host_init(gm_pool_t *pool)
 {
-    struct gm__host *h = calloc(1, sizeof *h);
+    struct gm__host *h = gm__calloc(1, sizeof *h);
     if (!h) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
-    h->streams = calloc(4, sizeof *h->streams);
-    if (h->streams) h->streams[0] = calloc(1, sizeof **h->streams);
+    h->streams = gm__calloc(4, sizeof *h->streams);
+    if (h->streams) h->streams[0] = gm__calloc(1, sizeof **h->streams);
     if (!h->streams || !h->streams[0]) {
-        if (h->streams) free(h->streams[0]);
-        free(h->streams);
-        free(h);
+        if (h->streams) gm__free(h->streams[0]);
+        gm__free(h->streams);
+        gm__free(h);
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
     }
     h->n_streams = 1;
@@ -601,21 +601,21 @@ void gm__host_fini(gm_pool_t *pool)
         GM_HBK(rc, pool, host_unregister, (pool->bk, (void *)c->base));
         if (rc != GM_OK) gm__clear_error(); /* nothing better to do at teardown */
         munmap((void *)c->base, c->size);
-        free(c);
+        gm__free(c);
     }
     for (uint32_t i = 0; i < h->n_streams; i++) {
         if (h->streams[i]->ev) {
             GM_HBK(rc, pool, event_destroy, (pool->bk, h->streams[i]->ev));
             if (rc != GM_OK) gm__clear_error();
         }
-        free(h->streams[i]);
+        gm__free(h->streams[i]);
     }
-    free(h->streams);
-    for (size_t i = 0; i < h->n_slabs; i++) free(h->slabs[i]);
-    free(h->slabs);
-    free(h->keys);
-    free(h->vals);
-    free(h);
+    gm__free(h->streams);
+    for (size_t i = 0; i < h->n_slabs; i++) gm__free(h->slabs[i]);
+    gm__free(h->slabs);
+    gm__free(h->keys);
+    gm__free(h->vals);
+    gm__free(h);
     pool->host = NULL;
 }
 
@@ -886,7 +886,7 @@ int gm_host_trim(gm_pool_t *pool, size_t keep, size_t *released)
         h->reserved -= c->size;
         unused -= c->size;
         done += c->size;
-        free(c);
+        gm__free(c);
     }
     HOST_CHECK(h);
     gm__unlock(&h->lock);

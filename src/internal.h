@@ -99,6 +99,23 @@ static inline uint64_t gm__ticks(void) { return __builtin_ia32_rdtsc(); }
 static inline uint64_t gm__ticks(void) { return gm__now_ns(); }
 #define GM_TICKS_ARE_NS 1
 #endif
+/* The library's host allocations, all of them: the C library's functions,
+ * except that the armed one fails (returns NULL, changing nothing).  Every
+ * caller turns NULL into GM_NO_HOST_MEMORY (or its own clean failure) and
+ * leaks nothing. */
+void *gm__malloc(size_t size);
+void *gm__calloc(size_t n, size_t size);
+void *gm__realloc(void *p, size_t size);
+char *gm__strdup(const char *s);
+void gm__free(void *p);
+/* Make the n-th next host allocation of the library fail (1 = the very next,
+ * counted over all threads); 0 disarms.  Only that one fails. */
+void gm__malloc_fail_nth(unsigned long n);
+/* How many allocations gm__malloc_fail_nth has made fail so far. */
+unsigned long gm__malloc_failures(void);
+/* Blocks from the functions above not freed yet (a leak check for tests). */
+long gm__malloc_live(void);
+
 /* Parse "123", "4k", "2MiB", "1.5G", "80GiB" (binary multiples) into bytes. */
 int gm__parse_size(const char *s, size_t *out);
 /* Format bytes as "12.66 GiB" style (IEC binary units) into buf; returns buf. */

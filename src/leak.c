@@ -54,7 +54,7 @@ static inline size_t slot_of(uintptr_t key, size_t cap)
 static bool table_grow(struct gm__leak_table *t)
 {
     size_t cap = t->cap ? t->cap * 2 : 1024;
-    leak_entry_t *e = calloc(cap, sizeof *e);
+    leak_entry_t *e = gm__calloc(cap, sizeof *e);
     if (!e) return false;
     for (size_t i = 0; i < t->cap; i++) {
         if (!t->e[i].key) continue;
@@ -62,7 +62,7 @@ static bool table_grow(struct gm__leak_table *t)
         while (e[j].key) j = (j + 1) & (cap - 1);
         e[j] = t->e[i];
     }
-    free(t->e);
+    gm__free(t->e);
     t->e = e;
     t->cap = cap;
     return true;
@@ -72,7 +72,7 @@ void gm__leak_add_locked(gm_pool_t *pool, uintptr_t ptr, void *const *frames, in
 {
     struct gm__leak_table *t = pool->leaks;
     if (!t) {
-        t = pool->leaks = calloc(1, sizeof *t);
+        t = pool->leaks = gm__calloc(1, sizeof *t);
         if (!t) return;
     }
     if ((t->count + 1) * 2 > t->cap && !table_grow(t)) return;
@@ -125,8 +125,8 @@ void *const *gm__leak_stack_locked(gm_pool_t *pool, uintptr_t ptr, int *n)
 void gm__leak_fini(gm_pool_t *pool)
 {
     if (!pool->leaks) return;
-    free(pool->leaks->e);
-    free(pool->leaks);
+    gm__free(pool->leaks->e);
+    gm__free(pool->leaks);
     pool->leaks = NULL;
 }
 

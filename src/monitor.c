@@ -428,11 +428,11 @@ int gm__monitor_scan(void (*fn)(const gm__mon_proc_view_t *v, void *arg), void *
     DIR *d = opendir(dir());
     if (!d) return -1;
     int n = 0;
-    gm__mon_proc_view_t *v = malloc(sizeof *v);
-    mon_seg_t *m = malloc(sizeof *m);
+    gm__mon_proc_view_t *v = gm__malloc(sizeof *v);
+    mon_seg_t *m = gm__malloc(sizeof *m);
     if (!v || !m) {
-        free(v);
-        free(m);
+        gm__free(v);
+        gm__free(m);
         closedir(d);
         errno = ENOMEM;
         return -1;
@@ -450,7 +450,7 @@ int gm__monitor_scan(void (*fn)(const gm__mon_proc_view_t *v, void *arg), void *
         n++;
     }
     closedir(d);
-    free(v);
-    free(m);
+    gm__free(v);
+    gm__free(m);
     return n;
 }

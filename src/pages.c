@@ -147,8 +147,8 @@ static int phys_create(gm_pool_t *pool, uint32_t *out)
     } else {
         if (pool->n_phys_ids == pool->cap_phys) {
             uint32_t cap = pool->cap_phys ? pool->cap_phys * 2 : 1024;
-            gm__ppage_t *ph = realloc(pool->phys, cap * sizeof *ph);
-            uint32_t *dd = realloc(pool->dead_ids, cap * sizeof *dd);
+            gm__ppage_t *ph = gm__realloc(pool->phys, cap * sizeof *ph);
+            uint32_t *dd = gm__realloc(pool->dead_ids, cap * sizeof *dd);
             if (ph) pool->phys = ph;
             if (dd) pool->dead_ids = dd;
             if (!ph || !dd) return GM_NO_HOST_MEMORY;
@@ -259,12 +259,12 @@ int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size, uint32
     a->npages = a->size >> pool->page_shift;
     a->gid_base = gid_base;
     size_t words = (a->npages + 63) / 64;
-    a->mapped = calloc(words, sizeof(uint64_t));
-    a->used = calloc(words, sizeof(uint64_t));
-    a->owned = calloc(words, sizeof(uint64_t));
-    a->pid = malloc(a->npages * sizeof(uint32_t));
-    a->alias_next = malloc(a->npages * sizeof(uint32_t));
-    a->alias_prev = malloc(a->npages * sizeof(uint32_t));
+    a->mapped = gm__calloc(words, sizeof(uint64_t));
+    a->used = gm__calloc(words, sizeof(uint64_t));
+    a->owned = gm__calloc(words, sizeof(uint64_t));
+    a->pid = gm__malloc(a->npages * sizeof(uint32_t));
+    a->alias_next = gm__malloc(a->npages * sizeof(uint32_t));
+    a->alias_prev = gm__malloc(a->npages * sizeof(uint32_t));
     gm__block_t *b = gm__block_new_locked(pool);
     if (!a->mapped || !a->used || !a->owned || !a->pid || !a->alias_next || !a->alias_prev || !b ||
         (uint64_t)gid_base + a->npages >= GM_NONE) {
@@ -299,12 +299,12 @@ void gm__arena_fini(gm_pool_t *pool, gm__arena_t *a)
     int rc;
     if (a->base) GM_BK(rc, pool, va_free, (pool->bk, a->base, a->size));
     (void)rc;
-    free(a->mapped);
-    free(a->used);
-    free(a->owned);
-    free(a->pid);
-    free(a->alias_next);
-    free(a->alias_prev);
+    gm__free(a->mapped);
+    gm__free(a->used);
+    gm__free(a->owned);
+    gm__free(a->pid);
+    gm__free(a->alias_next);
+    gm__free(a->alias_prev);
     memset(a, 0, sizeof *a);
 }
 
@@ -326,8 +326,8 @@ void gm__pages_fini(gm_pool_t *pool)
         }
         if (phys_release(pool, id) != GM_OK) gm__clear_error();
     }
-    free(pool->phys);
-    free(pool->dead_ids);
+    gm__free(pool->phys);
+    gm__free(pool->dead_ids);
     pool->phys = NULL;
     pool->dead_ids = NULL;
 }

@@ -37,7 +37,10 @@
 
 /* ---- environment: one table, read by gm_config_from_env ------------------ */
 
-typedef enum { ENV_BACKEND, ENV_INT, ENV_SIZE, ENV_SIZE_OR_MAX, ENV_SYSMEM_FLAG } env_type_t;
+typedef enum {
+    ENV_BACKEND, ENV_INT, ENV_SIZE, ENV_SIZE_OR_MAX, ENV_SYSMEM_FLAG,
+    ENV_MALLOC_FAIL_NTH /* not a config field: arms gm__malloc_fail_nth once */
+} env_type_t;
 
 static const struct env_option {
     const char *name;
@@ -65,6 +68,9 @@ static const struct env_option {
      offsetof(gm_pool_config_t, copy_threads)},
     {"GPUMEM_COPY_CHUNK", ENV_SIZE, "0", "staging buffer size of staged host copies (0: 2MiB)",
      offsetof(gm_pool_config_t, copy_chunk)},
+    {"GPUMEM_MALLOC_FAIL_NTH", ENV_MALLOC_FAIL_NTH, "0",
+     "testing: the n-th host allocation of the library, counted from the first reading of the "
+     "environment, fails (0: none)", 0},
 };
 
 static int env_apply(const struct env_option *o, const char *v, gm_pool_config_t *cfg)
@@ -93,6 +99,15 @@ static int env_apply(const struct env_option *o, const char *v, gm_pool_config_t
         /* fall through */
     case ENV_SIZE:
         return gm__parse_size(v, (size_t *)(void *)base);
+    case ENV_MALLOC_FAIL_NTH: {
+        static atomic_flag armed = ATOMIC_FLAG_INIT;
+        char *end;
+        errno = 0;
+        unsigned long long n = strtoull(v, &end, 10);
+        if (errno || *end || end == v || v[0] == '-') return GM_INVALID_ARGUMENT;
+        if (n != 0 && !atomic_flag_test_and_set(&armed)) gm__malloc_fail_nth((unsigned long)n);
+        return GM_OK;
+    }
     case ENV_SYSMEM_FLAG:
         if (!strcmp(v, "1")) *(unsigned *)(void *)base |= GM_POOL_SYSMEM_FALLBACK;
         else if (!strcmp(v, "0")) *(unsigned *)(void *)base &= ~GM_POOL_SYSMEM_FALLBACK;

@@ -65,6 +65,7 @@ typedef struct gm__block {
 typedef struct gm__recorded {
     struct gm__stream *stream;
     gm__event_t event;           /* recorded at free time */
+    bool unordered;              /* pending: neither event nor sync worked yet */
     struct gm__recorded *next;
 } gm__recorded_t;
 

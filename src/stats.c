@@ -44,7 +44,7 @@ void gm__observe_pool_created(gm_pool_t *pool)
     pthread_mutex_lock(&registry_mu);
     if (n_registry == cap_registry) {
         size_t cap = cap_registry ? cap_registry * 2 : 8;
-        gm_pool_t **r = realloc(registry, cap * sizeof *r);
+        gm_pool_t **r = gm__realloc(registry, cap * sizeof *r);
         if (r) {
             registry = r;
             cap_registry = cap;

@@ -48,15 +48,15 @@ int gm__sysmem_alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void 
 {
     char why[256];
     snprintf(why, sizeof why, "%s", gm_last_error());
-    if (!pool->sysmem && !(pool->sysmem = calloc(1, sizeof *pool->sysmem)))
+    if (!pool->sysmem && !(pool->sysmem = gm__calloc(1, sizeof *pool->sysmem)))
         return gm__set_error(rc, "%s (sysmem fallback: out of host memory)", why);
-    sysblk_t *b = calloc(1, sizeof *b);
+    sysblk_t *b = gm__calloc(1, sizeof *b);
     if (!b) return gm__set_error(rc, "%s (sysmem fallback: out of host memory)", why);
     int hrc = gm__host_alloc_kind(pool, GM__HOST_SYSMEM, size, s->handle, &b->hptr, &b->dptr);
     if (hrc != GM_OK) {
         char hwhy[256];
         snprintf(hwhy, sizeof hwhy, "%s", gm_last_error());
-        free(b);
+        gm__free(b);
         return gm__set_error(rc, "%s; the sysmem fallback failed too: %s", why, hwhy);
     }
     b->size = size;
@@ -92,7 +92,7 @@ int gm__sysmem_free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, int rc_i
     GM_CHECK(gm__host_free_kind(pool, GM__HOST_SYSMEM, b->hptr, s->handle));
     *p = b->next;
     pool->st.sysmem_allocated -= b->size;
-    free(b);
+    gm__free(b);
     gm__clear_error();
     return GM_OK;
 }
@@ -143,8 +143,8 @@ void gm__sysmem_fini(gm_pool_t *pool)
     if (!pool->sysmem) return;
     for (sysblk_t *b = pool->sysmem->head, *n; b; b = n) {
         n = b->next;
-        free(b);
+        gm__free(b);
     }
-    free(pool->sysmem);
+    gm__free(pool->sysmem);
     pool->sysmem = NULL;
 }

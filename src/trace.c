@@ -45,7 +45,7 @@ const char *gm__trace_action_name(int action)
 static char *copy_string(const char *s)
 {
     size_t n = strlen(s) + 1;
-    char *c = malloc(n);
+    char *c = gm__malloc(n);
     if (c) memcpy(c, s, n);
     return c;
 }
@@ -61,7 +61,7 @@ static void *grow(void *p, size_t *cap, size_t need, size_t elem)
         n *= 2;
     }
     if (n > SIZE_MAX / elem) return NULL;
-    void *q = realloc(p, n * elem);
+    void *q = gm__realloc(p, n * elem);
     if (q) *cap = n;
     return q;
 }
@@ -210,11 +210,11 @@ static size_t map_home(const u64map_t *m, uint64_t key)
 static int map_init(u64map_t *m, unsigned log2cap)
 {
     size_t cap = (size_t)1 << log2cap;
-    m->keys = malloc(cap * sizeof *m->keys);
-    m->vals = malloc(cap * sizeof *m->vals);
+    m->keys = gm__malloc(cap * sizeof *m->keys);
+    m->vals = gm__malloc(cap * sizeof *m->vals);
     if (!m->keys || !m->vals) {
-        free(m->keys);
-        free(m->vals);
+        gm__free(m->keys);
+        gm__free(m->vals);
         m->keys = NULL;
         m->vals = NULL;
         return GM_NO_HOST_MEMORY;
@@ -228,8 +228,8 @@ static int map_init(u64map_t *m, unsigned log2cap)
 
 static void map_destroy(u64map_t *m)
 {
-    free(m->keys);
-    free(m->vals);
+    gm__free(m->keys);
+    gm__free(m->vals);
     m->keys = NULL;
     m->vals = NULL;
 }
@@ -657,9 +657,9 @@ static void parser_fini(parser_t *p)
     map_destroy(&p->dead);
     map_destroy(&p->stream_id);
     map_destroy(&p->ptr_slot);
-    free(p->free_slots);
-    free(p->slot_size);
-    free(p->slot_stream);
+    gm__free(p->free_slots);
+    gm__free(p->slot_size);
+    gm__free(p->slot_stream);
     p->free_slots = NULL;
     p->slot_size = NULL;
     p->slot_stream = NULL;
@@ -720,8 +720,8 @@ static void source_close(source_t *src)
     src->z_open = 0;
     if (src->f) fclose(src->f);
     src->f = NULL;
-    free(src->raw);
-    free(src->text);
+    gm__free(src->raw);
+    gm__free(src->text);
     src->raw = NULL;
     src->text = NULL;
 }
@@ -732,7 +732,7 @@ static int source_open_file(source_t *src, const char *path)
     src->name = path;
     src->f = fopen(path, "rb");
     if (!src->f) return gm__set_error(GM_IO, "cannot open %s: %s", path, strerror(errno));
-    src->raw = malloc(RAW_BLOCK);
+    src->raw = gm__malloc(RAW_BLOCK);
     if (!src->raw) {
         source_close(src);
         return gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory", path);
@@ -756,7 +756,7 @@ static int pump_gzip(source_t *src, parser_t *p)
 {
     if (!src->z_open) {
         memset(&src->z, 0, sizeof src->z);
-        src->text = malloc(TEXT_BLOCK);
+        src->text = gm__malloc(TEXT_BLOCK);
         if (!src->text || inflateInit2(&src->z, 15 + 16) != Z_OK)
             return gm__set_error(GM_NO_HOST_MEMORY, "%s: cannot start zlib", src->name);
         src->z_open = 1;
@@ -844,16 +844,16 @@ static int pump(source_t *src, parser_t *p, size_t want, int *done)
 void gm__trace_free(gm__trace_t *t)
 {
     if (!t) return;
-    free(t->name);
-    free(t->ops);
-    free(t->streams);
+    gm__free(t->name);
+    gm__free(t->ops);
+    gm__free(t->streams);
     memset(t, 0, sizeof *t);
 }
 
 /* Everything at once: ops kept in t->ops. */
 static int parse_all(source_t *src, const char *name, gm__trace_t *t)
 {
-    parser_t *p = malloc(sizeof *p);
+    parser_t *p = gm__malloc(sizeof *p);
     if (!p) {
         memset(t, 0, sizeof *t);
         source_close(src);
@@ -866,10 +866,10 @@ static int parse_all(source_t *src, const char *name, gm__trace_t *t)
     if (rc == GM_OK) {
         t->ops = p->buf;
     } else {
-        free(p->buf);
+        gm__free(p->buf);
         gm__trace_free(t);
     }
-    free(p);
+    gm__free(p);
     return rc;
 }
 
@@ -903,7 +903,7 @@ struct gm__trace_reader {
 int gm__trace_open(const char *path, gm__trace_reader_t **out)
 {
     *out = NULL;
-    gm__trace_reader_t *r = calloc(1, sizeof *r);
+    gm__trace_reader_t *r = gm__calloc(1, sizeof *r);
     if (!r) return gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory", path);
     int rc = source_open_file(&r->src, path);
     if (rc == GM_OK) {
@@ -913,7 +913,7 @@ int gm__trace_open(const char *path, gm__trace_reader_t **out)
     if (rc != GM_OK) {
         parser_fini(&r->p);
         gm__trace_free(&r->t);
-        free(r);
+        gm__free(r);
         return rc;
     }
     *out = r;
@@ -942,10 +942,10 @@ void gm__trace_close(gm__trace_reader_t *r, gm__trace_t *header)
     if (!r) return;
     parser_fini(&r->p);
     source_close(&r->src);
-    free(r->p.buf);
+    gm__free(r->p.buf);
     if (header) *header = r->t;
     else gm__trace_free(&r->t);
-    free(r);
+    gm__free(r);
 }
 
 int gm__trace_check(const gm__trace_t *t)
@@ -954,11 +954,11 @@ int gm__trace_check(const gm__trace_t *t)
     uint64_t *size = NULL;
     unsigned char *live = NULL;
     if (t->n_slots) {
-        size = calloc(t->n_slots, sizeof *size);
-        live = calloc(t->n_slots, 1);
+        size = gm__calloc(t->n_slots, sizeof *size);
+        live = gm__calloc(t->n_slots, 1);
         if (!size || !live) {
-            free(size);
-            free(live);
+            gm__free(size);
+            gm__free(live);
             return gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory", name);
         }
     }
@@ -1005,8 +1005,8 @@ int gm__trace_check(const gm__trace_t *t)
         }
         if (broken) break;
     }
-    free(size);
-    free(live);
+    gm__free(size);
+    gm__free(live);
     if (broken)
         return gm__set_error(GM_INTERNAL, "%s: op %zu: %s", name, i, broken);
     if (peak != t->live_peak || bytes != t->live_final || count != t->live_final_count)

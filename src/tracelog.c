@@ -62,8 +62,8 @@ atomic_int gm__trace_on;
 static void buf_free(struct gm__trace_buf *b)
 {
     if (!b) return;
-    free(b->sites);
-    free(b);
+    gm__free(b->sites);
+    gm__free(b);
 }
 
 static pthread_mutex_t life_mu = PTHREAD_MUTEX_INITIALIZER; /* start/stop, whole */
@@ -274,7 +274,7 @@ void gm__trace_record_slow_locked(gm_pool_t *pool, int action, uintptr_t ptr, si
         g = gen;
         pthread_mutex_unlock(&mu);
         if (!b) {
-            b = malloc(sizeof *b);
+            b = gm__malloc(sizeof *b);
             if (b) b->sites = NULL;
         }
         pool->trace_buf = b;
@@ -296,7 +296,7 @@ void gm__trace_site_locked(gm_pool_t *pool, void *const *frames, int n)
     struct gm__trace_buf *b = pool->trace_buf;
     if (!b || !b->n || b->r[b->n - 1].action != GM__TRACE_ALLOC) return;
     if (!b->sites) {
-        b->sites = calloc(BUF_RECORDS, sizeof b->sites[0]);
+        b->sites = gm__calloc(BUF_RECORDS, sizeof b->sites[0]);
         if (!b->sites) return;
     }
     int k = gm__leak_first_user_frame(frames, n);

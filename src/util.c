@@ -8,13 +8,22 @@
  * the IEC unit spelled out (KiB, MiB, GiB, ...), so a printed figure reads
  * back as the same quantity when pasted into a setting ("8.00 GiB" is
  * exactly what GPUMEM_LIMIT=8GiB means).  Machine-readable outputs (JSON,
- * Prometheus) never go through here: they carry plain byte counts.  Parsing is exact integer arithmetic (no floating point), so
- * "1.5G" is exactly 1610612736 and overflow is always detected.  Nothing here
- * allocates or takes a lock.
+ * Prometheus) never go through here: they carry plain byte counts.  Parsing
+ * is exact integer arithmetic (no floating point), so "1.5G" is exactly
+ * 1610612736 and overflow is always detected.
+ *
+ * It also owns the library's one door to host memory: every malloc, calloc,
+ * realloc, strdup and free in src/ goes through gm__malloc and its family, so
+ * that a test can make the n-th host allocation fail (gm__malloc_fail_nth, or
+ * GPUMEM_MALLOC_FAIL_NTH read with the other options in pool.c) and check that
+ * every caller answers with a clean error and loses nothing.  The countdown is
+ * one atomic: no lock, and nothing else here allocates.
  */
 #include <ctype.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -161,4 +170,76 @@ const char *gm__fmt_bytes(uint64_t bytes, char *buf, size_t cap)
     }
     snprintf(buf, cap, "%.2f %s", v, units[u]);
     return buf;
+}
+
+/* ---- host allocations: the one seam ----------------------------------------- */
+
+static _Atomic unsigned long malloc_countdown; /* 0 = disarmed */
+static _Atomic unsigned long malloc_injected;  /* failures injected so far */
+static _Atomic long malloc_live;               /* blocks allocated and not freed */
+
+void gm__malloc_fail_nth(unsigned long n)
+{
+    atomic_store(&malloc_countdown, n);
+}
+
+unsigned long gm__malloc_failures(void)
+{
+    return atomic_load(&malloc_injected);
+}
+
+/* Is this allocation the armed one?  Counts it down; true once, at 1 -> 0. */
+static bool injected(void)
+{
+    unsigned long n = atomic_load_explicit(&malloc_countdown, memory_order_relaxed);
+    while (n != 0) {
+        if (atomic_compare_exchange_weak(&malloc_countdown, &n, n - 1)) {
+            if (n != 1) return false;
+            atomic_fetch_add(&malloc_injected, 1);
+            return true;
+        }
+    }
+    return false;
+}
+
+long gm__malloc_live(void)
+{
+    return atomic_load(&malloc_live);
+}
+
+/* p from an allocation that made a new block: count it. */
+static void *counted(void *p)
+{
+    if (p) atomic_fetch_add_explicit(&malloc_live, 1, memory_order_relaxed);
+    return p;
+}
+
+void *gm__malloc(size_t size)
+{
+    return injected() ? NULL : counted(malloc(size));
+}
+
+void *gm__calloc(size_t n, size_t size)
+{
+    return injected() ? NULL : counted(calloc(n, size));
+}
+
+void *gm__realloc(void *p, size_t size)
+{
+    if (injected()) return NULL;
+    if (p == NULL) return counted(realloc(p, size));
+    void *q = realloc(p, size);
+    if (q == NULL && size == 0) atomic_fetch_sub_explicit(&malloc_live, 1, memory_order_relaxed);
+    return q;
+}
+
+char *gm__strdup(const char *s)
+{
+    return injected() ? NULL : counted(strdup(s));
+}
+
+void gm__free(void *p)
+{
+    if (p) atomic_fetch_sub_explicit(&malloc_live, 1, memory_order_relaxed);
+    free(p);
 }

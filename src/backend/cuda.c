@@ -14,10 +14,18 @@
  * duration and gives the thread back the context it had, so a program that
  * works on another device meanwhile is not disturbed.
  *
+ * Fault injection (fail_nth, the same contract as the sim's): every driver
+ * call a member makes goes through CU_CALL with the member's call kind, and
+ * CU_CALL first asks the context's countdown for that kind whether this is
+ * the armed call; if so, the driver is not called and the member fails as if
+ * the driver had answered CUDA_ERROR_UNKNOWN, changing nothing.  So the fault
+ * tests of tests/attack run unchanged on a GPU.
+ *
  * Thread safety: no lock is taken anywhere.  The loader runs under
- * pthread_once; a device object is written only in open and read-only after;
- * the driver is thread-safe itself.  Nothing here sits on a hot path: the
- * allocator calls the backend only to grow, shrink or sync.
+ * pthread_once; a device object is written only in open and read-only after,
+ * except its fault countdowns, which are atomics; the driver is thread-safe
+ * itself.  Nothing here sits on a hot path: the allocator calls the backend
+ * only to grow, shrink or sync.
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
@@ -26,6 +34,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,7 +236,24 @@ typedef struct cuda_ctx {
     int driver_version;
     int numa_node;                         /* host node nearest the device, -1 unknown */
     char name[128];
+    _Atomic unsigned long fail_countdown[GM_CALL_COUNT]; /* fail_nth; 0 = disarmed */
 } cuda_ctx_t;
+
+/* Is this call of `kind` the armed one?  Counts the countdown down; true
+ * once, when it goes from 1 to 0. */
+static int injected(cuda_ctx_t *c, int kind)
+{
+    _Atomic unsigned long *cd = &c->fail_countdown[kind];
+    unsigned long n = atomic_load_explicit(cd, memory_order_relaxed);
+    while (n != 0) {
+        if (atomic_compare_exchange_weak(cd, &n, n - 1)) {
+            if (n != 1) return 0;
+            gm__backend_note_injected();
+            return 1;
+        }
+    }
+    return 0;
+}
 
 /* The properties of every physical allocation: pinned memory on this device,
  * exportable as a POSIX fd when the device can (handle_type). */
@@ -262,10 +288,20 @@ static void ctx_leave(const cuda_ctx_t *c, CUcontext prev)
     if (prev != c->primary) (void)drv.cuCtxSetCurrent(prev);
 }
 
-/* Run one driver call `expr` with the context current; on failure, report it
- * described by the printf-style rest.  Used by every member below that
- * issues exactly one driver call. */
-#define CU_CALL(c, expr, ...)                                                  \
+/* Run one driver call `expr`, the call of kind GM_CALL_<kind>, with the
+ * context current; on failure, report it described by the printf-style rest.
+ * An armed fault (fail_nth) answers CUDA_ERROR_UNKNOWN instead of calling
+ * the driver.  Used by every member below that issues exactly one driver
+ * call. */
+#define CU_CALL(c, kind, expr, ...)                                            \
+    do {                                                                       \
+        if (injected((c), GM_CALL_##kind))                                     \
+            return cu_fail(CUDA_ERROR_UNKNOWN, "injected failure of " #kind    \
+                           " (fail_nth), instead of " __VA_ARGS__);            \
+        CU_CALL_UNCOUNTED(c, expr, __VA_ARGS__);                               \
+    } while (0)
+/* The same for a driver call that is no call kind (info): never injected. */
+#define CU_CALL_UNCOUNTED(c, expr, ...)                                        \
     do {                                                                       \
         CUcontext prev_;                                                       \
         GM_CHECK(ctx_enter((c), &prev_));                                      \
@@ -387,9 +423,12 @@ static int cuda_open(const gm__backend_config_t *cfg, void **ctx)
     GM_CHECK(load());
     GM_CHECK(check_ordinal(cfg->device));
 
-    cuda_ctx_t *c = calloc(1, sizeof *c);
+    cuda_ctx_t *c = gm__calloc(1, sizeof *c);
     if (!c) return gm__set_error(GM_NO_HOST_MEMORY, "cuda: no memory for a device object");
     c->ordinal = cfg->device;
+    unsigned long armed[GM_CALL_COUNT];
+    gm__backend_take_open_faults(armed);
+    for (int k = 0; k < GM_CALL_COUNT; k++) atomic_init(&c->fail_countdown[k], armed[k]);
 
     r = drv.cuDeviceGet(&c->device, c->ordinal);
     if (r != CUDA_SUCCESS) {
@@ -452,7 +491,7 @@ static int cuda_open(const gm__backend_config_t *cfg, void **ctx)
 fail_release:
     (void)drv.cuDevicePrimaryCtxRelease(c->device);
 fail_free:
-    free(c);
+    gm__free(c);
     return rc;
 }
 
@@ -464,7 +503,7 @@ static void cuda_close(void *ctx)
     cuda_ctx_t *c = ctx;
     if (!c) return;
     (void)drv.cuDevicePrimaryCtxRelease(c->device);
-    free(c);
+    gm__free(c);
 }
 
 /* Preconditions: none beyond an open ctx.  free_memory is the driver's
@@ -473,7 +512,8 @@ static int cuda_info(void *ctx, gm__backend_info_t *out)
 {
     cuda_ctx_t *c = ctx;
     size_t free_bytes = 0, total_bytes = 0;
-    CU_CALL(c, drv.cuMemGetInfo(&free_bytes, &total_bytes), "cuMemGetInfo(device %d)", c->ordinal);
+    CU_CALL_UNCOUNTED(c, drv.cuMemGetInfo(&free_bytes, &total_bytes), "cuMemGetInfo(device %d)",
+                      c->ordinal);
     memset(out, 0, sizeof *out);
     snprintf(out->name, sizeof out->name, "%s", c->name);
     out->driver_version = c->driver_version;
@@ -500,7 +540,7 @@ static int cuda_va_reserve(void *ctx, size_t size, size_t align, uintptr_t *va)
         return gm__set_error(GM_INVALID_ARGUMENT, "cuda: va_reserve: alignment %zu is not a multiple of %zu",
                              align, c->granularity);
     CUdeviceptr p = 0;
-    CU_CALL(c, drv.cuMemAddressReserve(&p, size, align, 0, 0),
+    CU_CALL(c, va_reserve, drv.cuMemAddressReserve(&p, size, align, 0, 0),
             "cuMemAddressReserve(%zu bytes, align %zu)", size, align);
     *va = (uintptr_t)p;
     return GM_OK;
@@ -512,8 +552,8 @@ static int cuda_va_free(void *ctx, uintptr_t va, size_t size)
 {
     cuda_ctx_t *c = ctx;
     GM_CHECK(check_vmm(c, "va_free"));
-    CU_CALL(c, drv.cuMemAddressFree((CUdeviceptr)va, size), "cuMemAddressFree(%#lx, %zu bytes)",
-            (unsigned long)va, size);
+    CU_CALL(c, va_free, drv.cuMemAddressFree((CUdeviceptr)va, size),
+            "cuMemAddressFree(%#lx, %zu bytes)", (unsigned long)va, size);
     return GM_OK;
 }
 
@@ -526,8 +566,8 @@ static int cuda_phys_create(void *ctx, size_t size, gm__phys_t *h)
     GM_CHECK(check_pages(c, "phys_create", 0, size));
     CUmemAllocationProp prop = alloc_prop(c->ordinal, c->handle_type);
     CUmemGenericAllocationHandle handle = 0;
-    CU_CALL(c, drv.cuMemCreate(&handle, size, &prop, 0), "cuMemCreate(%zu bytes, device %d)", size,
-            c->ordinal);
+    CU_CALL(c, phys_create, drv.cuMemCreate(&handle, size, &prop, 0),
+            "cuMemCreate(%zu bytes, device %d)", size, c->ordinal);
     *h = (gm__phys_t)handle;
     return GM_OK;
 }
@@ -538,8 +578,8 @@ static int cuda_phys_release(void *ctx, gm__phys_t h)
 {
     cuda_ctx_t *c = ctx;
     GM_CHECK(check_vmm(c, "phys_release"));
-    CU_CALL(c, drv.cuMemRelease((CUmemGenericAllocationHandle)h), "cuMemRelease(handle %#llx)",
-            (unsigned long long)h);
+    CU_CALL(c, phys_release, drv.cuMemRelease((CUmemGenericAllocationHandle)h),
+            "cuMemRelease(handle %#llx)", (unsigned long long)h);
     return GM_OK;
 }
 
@@ -550,7 +590,7 @@ static int cuda_map(void *ctx, uintptr_t va, size_t size, gm__phys_t h)
     cuda_ctx_t *c = ctx;
     GM_CHECK(check_vmm(c, "map"));
     GM_CHECK(check_pages(c, "map", va, size));
-    CU_CALL(c, drv.cuMemMap((CUdeviceptr)va, size, 0, (CUmemGenericAllocationHandle)h, 0),
+    CU_CALL(c, map, drv.cuMemMap((CUdeviceptr)va, size, 0, (CUmemGenericAllocationHandle)h, 0),
             "cuMemMap(%#lx, %zu bytes, handle %#llx)", (unsigned long)va, size,
             (unsigned long long)h);
     return GM_OK;
@@ -563,7 +603,7 @@ static int cuda_unmap(void *ctx, uintptr_t va, size_t size)
     cuda_ctx_t *c = ctx;
     GM_CHECK(check_vmm(c, "unmap"));
     GM_CHECK(check_pages(c, "unmap", va, size));
-    CU_CALL(c, drv.cuMemUnmap((CUdeviceptr)va, size), "cuMemUnmap(%#lx, %zu bytes)",
+    CU_CALL(c, unmap, drv.cuMemUnmap((CUdeviceptr)va, size), "cuMemUnmap(%#lx, %zu bytes)",
             (unsigned long)va, size);
     return GM_OK;
 }
@@ -580,7 +620,7 @@ static int cuda_set_access(void *ctx, uintptr_t va, size_t size)
     desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     desc.location.id = c->ordinal;
     desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    CU_CALL(c, drv.cuMemSetAccess((CUdeviceptr)va, size, &desc, 1),
+    CU_CALL(c, set_access, drv.cuMemSetAccess((CUdeviceptr)va, size, &desc, 1),
             "cuMemSetAccess(%#lx, %zu bytes, device %d read-write)", (unsigned long)va, size,
             c->ordinal);
     return GM_OK;
@@ -607,7 +647,7 @@ static int cuda_export_fd(void *ctx, gm__phys_t h, int *fd)
     cuda_ctx_t *c = ctx;
     GM_CHECK(check_fd_sharing(c, "export_fd"));
     int out = -1;
-    CU_CALL(c,
+    CU_CALL(c, export_fd,
             drv.cuMemExportToShareableHandle(&out, (CUmemGenericAllocationHandle)h,
                                              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
             "cuMemExportToShareableHandle(handle %#llx, POSIX fd)", (unsigned long long)h);
@@ -624,7 +664,7 @@ static int cuda_import_fd(void *ctx, int fd, size_t size, gm__phys_t *h)
     GM_CHECK(check_fd_sharing(c, "import_fd"));
     if (fd < 0) return gm__set_error(GM_INVALID_ARGUMENT, "cuda: import_fd: bad descriptor %d", fd);
     CUmemGenericAllocationHandle handle = 0;
-    CU_CALL(c,
+    CU_CALL(c, import_fd,
             drv.cuMemImportFromShareableHandle(&handle, (void *)(intptr_t)fd,
                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
             "cuMemImportFromShareableHandle(fd %d)", fd);
@@ -642,7 +682,8 @@ static int cuda_mem_alloc(void *ctx, size_t size, uintptr_t *ptr)
     cuda_ctx_t *c = ctx;
     if (size == 0) return gm__set_error(GM_INVALID_ARGUMENT, "cuda: mem_alloc of 0 bytes");
     CUdeviceptr p = 0;
-    CU_CALL(c, drv.cuMemAlloc(&p, size), "cuMemAlloc(%zu bytes, device %d)", size, c->ordinal);
+    CU_CALL(c, mem_alloc, drv.cuMemAlloc(&p, size), "cuMemAlloc(%zu bytes, device %d)", size,
+            c->ordinal);
     *ptr = (uintptr_t)p;
     return GM_OK;
 }
@@ -652,7 +693,7 @@ static int cuda_mem_alloc(void *ctx, size_t size, uintptr_t *ptr)
 static int cuda_mem_free(void *ctx, uintptr_t ptr)
 {
     cuda_ctx_t *c = ctx;
-    CU_CALL(c, drv.cuMemFree((CUdeviceptr)ptr), "cuMemFree(%#lx)", (unsigned long)ptr);
+    CU_CALL(c, mem_free, drv.cuMemFree((CUdeviceptr)ptr), "cuMemFree(%#lx)", (unsigned long)ptr);
     return GM_OK;
 }
 
@@ -670,7 +711,7 @@ static int cuda_event_create(void *ctx, gm__event_t *ev)
 {
     cuda_ctx_t *c = ctx;
     CUevent e = NULL;
-    CU_CALL(c, drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    CU_CALL(c, event_create, drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     *ev = (gm__event_t)(uintptr_t)e;
     return GM_OK;
 }
@@ -680,7 +721,7 @@ static int cuda_event_create(void *ctx, gm__event_t *ev)
 static int cuda_event_destroy(void *ctx, gm__event_t ev)
 {
     cuda_ctx_t *c = ctx;
-    CU_CALL(c, drv.cuEventDestroy(event_of(ev)), "cuEventDestroy");
+    CU_CALL(c, event_destroy, drv.cuEventDestroy(event_of(ev)), "cuEventDestroy");
     return GM_OK;
 }
 
@@ -689,8 +730,8 @@ static int cuda_event_destroy(void *ctx, gm__event_t ev)
 static int cuda_event_record(void *ctx, gm__event_t ev, gm_stream_t stream)
 {
     cuda_ctx_t *c = ctx;
-    CU_CALL(c, drv.cuEventRecord(event_of(ev), (CUstream)stream), "cuEventRecord(stream %p)",
-            stream);
+    CU_CALL(c, event_record, drv.cuEventRecord(event_of(ev), (CUstream)stream),
+            "cuEventRecord(stream %p)", stream);
     return GM_OK;
 }
 
@@ -699,6 +740,9 @@ static int cuda_event_record(void *ctx, gm__event_t ev, gm_stream_t stream)
 static int cuda_event_query(void *ctx, gm__event_t ev)
 {
     cuda_ctx_t *c = ctx;
+    if (injected(c, GM_CALL_event_query))
+        return cu_fail(CUDA_ERROR_UNKNOWN, "injected failure of event_query (fail_nth), "
+                       "instead of cuEventQuery");
     CUcontext prev;
     GM_CHECK(ctx_enter(c, &prev));
     CUresult r = drv.cuEventQuery(event_of(ev));
@@ -713,7 +757,7 @@ static int cuda_event_query(void *ctx, gm__event_t ev)
 static int cuda_event_sync(void *ctx, gm__event_t ev)
 {
     cuda_ctx_t *c = ctx;
-    CU_CALL(c, drv.cuEventSynchronize(event_of(ev)), "cuEventSynchronize");
+    CU_CALL(c, event_sync, drv.cuEventSynchronize(event_of(ev)), "cuEventSynchronize");
     return GM_OK;
 }
 
@@ -721,7 +765,8 @@ static int cuda_event_sync(void *ctx, gm__event_t ev)
 static int cuda_stream_sync(void *ctx, gm_stream_t stream)
 {
     cuda_ctx_t *c = ctx;
-    CU_CALL(c, drv.cuStreamSynchronize((CUstream)stream), "cuStreamSynchronize(stream %p)", stream);
+    CU_CALL(c, stream_sync, drv.cuStreamSynchronize((CUstream)stream),
+            "cuStreamSynchronize(stream %p)", stream);
     return GM_OK;
 }
 
@@ -730,7 +775,8 @@ static int cuda_stream_create(void *ctx, gm_stream_t *stream)
 {
     cuda_ctx_t *c = ctx;
     CUstream s = NULL;
-    CU_CALL(c, drv.cuStreamCreate(&s, 0x1 /* CU_STREAM_NON_BLOCKING */), "cuStreamCreate");
+    CU_CALL(c, stream_create, drv.cuStreamCreate(&s, 0x1 /* CU_STREAM_NON_BLOCKING */),
+            "cuStreamCreate");
     *stream = (gm_stream_t)s;
     return GM_OK;
 }
@@ -739,7 +785,8 @@ static int cuda_stream_create(void *ctx, gm_stream_t *stream)
 static int cuda_stream_destroy(void *ctx, gm_stream_t stream)
 {
     cuda_ctx_t *c = ctx;
-    CU_CALL(c, drv.cuStreamDestroy((CUstream)stream), "cuStreamDestroy(%p)", stream);
+    CU_CALL(c, stream_destroy, drv.cuStreamDestroy((CUstream)stream), "cuStreamDestroy(%p)",
+            stream);
     return GM_OK;
 }
 
@@ -754,7 +801,7 @@ static int cuda_memcpy(void *ctx, uintptr_t dst, uintptr_t src, size_t n, gm_str
 {
     cuda_ctx_t *c = ctx;
     if (n == 0) return GM_OK;
-    CU_CALL(c, drv.cuMemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, n, (CUstream)stream),
+    CU_CALL(c, memcpy, drv.cuMemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, n, (CUstream)stream),
             "cuMemcpyAsync(%#lx <- %#lx, %zu bytes, stream %p)", (unsigned long)dst,
             (unsigned long)src, n, stream);
     return GM_OK;
@@ -766,7 +813,8 @@ static int cuda_memset(void *ctx, uintptr_t dst, int value, size_t n, gm_stream_
 {
     cuda_ctx_t *c = ctx;
     if (n == 0) return GM_OK;
-    CU_CALL(c, drv.cuMemsetD8Async((CUdeviceptr)dst, (unsigned char)value, n, (CUstream)stream),
+    CU_CALL(c, memset,
+            drv.cuMemsetD8Async((CUdeviceptr)dst, (unsigned char)value, n, (CUstream)stream),
             "cuMemsetD8Async(%#lx, %#x, %zu bytes, stream %p)", (unsigned long)dst,
             (unsigned)(unsigned char)value, n, stream);
     return GM_OK;
@@ -791,7 +839,8 @@ static int cuda_host_register(void *ctx, void *p, size_t size, unsigned flags)
     GM_CHECK(check_host_calls("host_register"));
     unsigned f = CU_MEMHOSTREGISTER_PORTABLE;
     if (flags & GM__HOST_DEVICEMAP) f |= CU_MEMHOSTREGISTER_DEVICEMAP;
-    CU_CALL(c, drv.cuMemHostRegister(p, size, f), "cuMemHostRegister(%p, %zu bytes, %#x)", p, size, f);
+    CU_CALL(c, host_register, drv.cuMemHostRegister(p, size, f),
+            "cuMemHostRegister(%p, %zu bytes, %#x)", p, size, f);
     return GM_OK;
 }
 
@@ -801,7 +850,7 @@ static int cuda_host_unregister(void *ctx, void *p)
 {
     cuda_ctx_t *c = ctx;
     GM_CHECK(check_host_calls("host_unregister"));
-    CU_CALL(c, drv.cuMemHostUnregister(p), "cuMemHostUnregister(%p)", p);
+    CU_CALL(c, host_unregister, drv.cuMemHostUnregister(p), "cuMemHostUnregister(%p)", p);
     return GM_OK;
 }
 
@@ -811,8 +860,26 @@ static int cuda_host_device_pointer(void *ctx, void *p, uintptr_t *dptr)
     cuda_ctx_t *c = ctx;
     CUdeviceptr d = 0;
     GM_CHECK(check_host_calls("host_device_pointer"));
-    CU_CALL(c, drv.cuMemHostGetDevicePointer(&d, p, 0), "cuMemHostGetDevicePointer(%p)", p);
+    CU_CALL(c, host_device_pointer, drv.cuMemHostGetDevicePointer(&d, p, 0),
+            "cuMemHostGetDevicePointer(%p)", p);
     *dptr = (uintptr_t)d;
+    return GM_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Fault injection                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* The n-th next driver call of `kind` on ctx (1 = the very next) fails with
+ * CUDA_ERROR_UNKNOWN (GM_BACKEND) without reaching the driver; n = 0
+ * disarms.  Kinds are independent.  Not a call kind itself. */
+static int cuda_fail_nth(void *ctx, int kind, unsigned long n)
+{
+    cuda_ctx_t *c = ctx;
+    if (c == NULL) return gm__set_error(GM_INVALID_ARGUMENT, "cuda: fail_nth: NULL context");
+    if (kind < 0 || kind >= GM_CALL_COUNT)
+        return gm__set_error(GM_INVALID_ARGUMENT, "cuda: fail_nth: unknown call kind %d", kind);
+    atomic_store(&c->fail_countdown[kind], n);
     return GM_OK;
 }
 
@@ -823,7 +890,7 @@ static int cuda_stream_wait_event(void *ctx, gm_stream_t stream, gm__event_t ev)
     cuda_ctx_t *c = ctx;
     if (!drv.cuStreamWaitEvent)
         return gm__set_error(GM_NOT_SUPPORTED, "cuda: the driver lacks cuStreamWaitEvent");
-    CU_CALL(c, drv.cuStreamWaitEvent((CUstream)stream, event_of(ev), 0),
+    CU_CALL(c, stream_wait_event, drv.cuStreamWaitEvent((CUstream)stream, event_of(ev), 0),
             "cuStreamWaitEvent(stream %p)", stream);
     return GM_OK;
 }
@@ -861,6 +928,6 @@ const gm__backend_ops_t gm__backend_cuda = {
     .host_device_pointer = cuda_host_device_pointer,
     .stream_wait_event = cuda_stream_wait_event,
     .modeled_ns = NULL, /* sim only */
-    .fail_nth = NULL,
-    .hold_stream = NULL,
+    .fail_nth = cuda_fail_nth,
+    .hold_stream = NULL, /* sim only */
 };

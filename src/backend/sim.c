@@ -19,6 +19,12 @@
  * fail on demand.  Work is synchronous; a stream can be "held" so that events
  * recorded on it stay incomplete until it is released — that is how the
  * cross-stream reuse rules are tested deterministically, without ever blocking.
+ * The sim also checks that rule: it remembers the last SIM_FLIGHTS ranges of
+ * device or registered host memory that copies and fills on held streams
+ * touched ("in flight" until the hold is released), and fails a copy or fill
+ * on another stream that touches one of them (one side writing) without
+ * having waited (stream_wait_event) on an event recorded on that stream:
+ * memory handed to a stream while another stream's work on it was pending.
  *
  * Environment: GPUMEM_SIM_NO_VMM=1 (any value other than "" and "0") makes
  * info() report vmm_supported = 0, so the pool's plain-allocation path
@@ -214,6 +220,26 @@ typedef struct gmap {
     size_t count;
 } gmap_t;
 
+/* A copy or fill queued on a held stream, on device or registered host
+ * memory: [lo, hi) is in flight until that stream's hold_gen moves on. */
+typedef struct flight {
+    uintptr_t lo, hi;
+    uint32_t stream;    /* index into streams */
+    uint64_t hold_gen;
+    int write;
+} flight_t;
+
+/* stream_wait_event(waiter, ev) with ev pending on streams[on] at hold_gen:
+ * the waiter's later work is ordered after that stream's work so far. */
+typedef struct waited {
+    gm_stream_t waiter;
+    uint32_t on;
+    uint64_t hold_gen;
+} waited_t;
+
+#define SIM_FLIGHTS 64 /* ranges remembered; the oldest is forgotten first */
+#define SIM_WAITS 16
+
 /* One simulated device.  Accounting, checked after every mutation in debug
  * builds:
  *   created == sum(size of live non-imported handles) + sum(size of plain regions)
@@ -249,6 +275,11 @@ typedef struct sim {
 
     hostreg_t *hostregs;   /* registered host ranges, sorted, non-overlapping */
     size_t nhostregs, hostregs_cap;
+
+    flight_t flights[SIM_FLIGHTS]; /* ring; stale entries are skipped */
+    unsigned nflights;             /* entries written so far */
+    waited_t waits[SIM_WAITS];     /* ring */
+    unsigned nwaits;
 } sim_t;
 
 /* ------------------------------------------------------------------------ */
@@ -279,7 +310,7 @@ static int grow_array(void **items, size_t *cap, size_t elem, size_t need)
     if (need <= *cap) return GM_OK;
     size_t ncap = *cap ? *cap : 16;
     while (ncap < need) ncap *= 2;
-    void *p = realloc(*items, ncap * elem);
+    void *p = gm__realloc(*items, ncap * elem);
     if (p == NULL)
         return gm__set_error(GM_NO_HOST_MEMORY, "sim: out of host memory for bookkeeping");
     *items = p;
@@ -297,8 +328,8 @@ static void slots_init(slots_t *s, size_t elem)
 
 static void slots_fini(slots_t *s)
 {
-    free(s->items);
-    free(s->free);
+    gm__free(s->items);
+    gm__free(s->free);
     memset(s, 0, sizeof *s);
 }
 
@@ -314,11 +345,11 @@ static int slots_reserve(slots_t *s)
     if (s->cap >= GRANULE_MAPPING_MASK)
         return gm__set_error(GM_NO_HOST_MEMORY, "sim: too many live objects");
     uint32_t ncap = s->cap ? s->cap * 2 : 64;
-    unsigned char *items = realloc(s->items, (size_t)ncap * s->elem);
+    unsigned char *items = gm__realloc(s->items, (size_t)ncap * s->elem);
     if (items == NULL)
         return gm__set_error(GM_NO_HOST_MEMORY, "sim: out of host memory for bookkeeping");
     s->items = items;
-    uint32_t *fr = realloc(s->free, (size_t)ncap * sizeof *fr);
+    uint32_t *fr = gm__realloc(s->free, (size_t)ncap * sizeof *fr);
     if (fr == NULL)
         return gm__set_error(GM_NO_HOST_MEMORY, "sim: out of host memory for bookkeeping");
     s->free = fr;
@@ -390,13 +421,13 @@ static int gmap_reserve(gmap_t *m, size_t extra)
     if (need * 2 <= m->cap) return GM_OK;
     size_t ncap = m->cap ? m->cap : 64;
     while (ncap < need * 2) ncap *= 2;
-    gslot_t *slots = calloc(ncap, sizeof *slots);
+    gslot_t *slots = gm__calloc(ncap, sizeof *slots);
     if (slots == NULL)
         return gm__set_error(GM_NO_HOST_MEMORY, "sim: out of host memory for bookkeeping");
     gmap_t n = {slots, ncap, 0};
     for (size_t i = 0; i < m->cap; i++)
         if (m->slots[i].key != 0) gmap_insert(&n, m->slots[i].key, m->slots[i].val);
-    free(m->slots);
+    gm__free(m->slots);
     *m = n;
     return GM_OK;
 }
@@ -526,6 +557,7 @@ static int injected_locked(sim_t *sim, int kind)
     if (sim->fail_countdown[kind] == 0) return 0;
     if (--sim->fail_countdown[kind] != 0) return 0;
     gm__set_error(GM_BACKEND, "sim: injected failure of %s", gm_call_name(kind));
+    gm__backend_note_injected();
     return 1;
 }
 
@@ -642,10 +674,10 @@ static int sim_open(const gm__backend_config_t *cfg, void **ctx)
     if (cfg != NULL && cfg->device < 0)
         return gm__set_error(GM_INVALID_ARGUMENT, "sim: open: device %d is negative",
                              cfg->device);
-    sim_t *sim = calloc(1, sizeof *sim);
+    sim_t *sim = gm__calloc(1, sizeof *sim);
     if (sim == NULL) return gm__set_error(GM_NO_HOST_MEMORY, "sim: open: out of host memory");
     if (pthread_mutex_init(&sim->lock, NULL) != 0) {
-        free(sim);
+        gm__free(sim);
         return gm__set_error(GM_BACKEND, "sim: open: pthread_mutex_init failed");
     }
     sim->capacity = cfg != NULL && cfg->sim_capacity ? cfg->sim_capacity : SIM_DEFAULT_CAPACITY;
@@ -666,6 +698,7 @@ static int sim_open(const gm__backend_config_t *cfg, void **ctx)
         rl.rlim_cur = rl.rlim_max;
         (void)setrlimit(RLIMIT_NOFILE, &rl);
     }
+    gm__backend_take_open_faults(sim->fail_countdown);
     sim->magic = SIM_MAGIC;
     *ctx = sim;
     return GM_OK;
@@ -703,19 +736,19 @@ static void sim_close(void *ctx)
     slots_fini(&sim->handles);
     slots_fini(&sim->mappings);
     slots_fini(&sim->events);
-    free(sim->granules.slots);
-    free(sim->regions);
-    free(sim->streams);
+    gm__free(sim->granules.slots);
+    gm__free(sim->regions);
+    gm__free(sim->streams);
 #if GM_DEBUG >= 1
     if (sim->nhostregs)
         fprintf(stderr, "gpumem sim: closed with %zu host range(s) still registered\n",
                 sim->nhostregs);
 #endif
-    free(sim->hostregs);
+    gm__free(sim->hostregs);
     sim->magic = 0;
     pthread_mutex_unlock(&sim->lock);
     pthread_mutex_destroy(&sim->lock);
-    free(sim);
+    gm__free(sim);
 }
 
 /* Precondition: out != NULL.  Not a call kind: never injected, costs nothing. */
@@ -1535,8 +1568,68 @@ static int sim_stream_wait_event(void *ctx, gm_stream_t stream, gm__event_t ev)
     if (rc == GM_OK && event_lookup_locked(sim, ev) == NULL)
         rc = gm__set_error(GM_INVALID_ARGUMENT, "sim: stream_wait_event: invalid event %#" PRIx64,
                            ev);
-    if (rc == GM_OK) charge_locked(sim, call_cost_ns[GM_CALL_stream_wait_event]);
+    if (rc == GM_OK) {
+        const event_t *e = event_lookup_locked(sim, ev);
+        if (event_pending_locked(sim, e)) {
+            waited_t *w = &sim->waits[sim->nwaits++ % SIM_WAITS];
+            *w = (waited_t){stream, e->stream, e->hold_gen};
+        }
+        charge_locked(sim, call_cost_ns[GM_CALL_stream_wait_event]);
+    }
     return leave(sim, rc);
+}
+
+/* ---- the in-flight checker ------------------------------------------------- */
+
+/* Has `stream` waited on an event of streams[on] recorded under hold_gen? */
+static int waited_locked(const sim_t *sim, gm_stream_t stream, uint32_t on, uint64_t hold_gen)
+{
+    unsigned n = sim->nwaits < SIM_WAITS ? sim->nwaits : SIM_WAITS;
+    for (unsigned i = 0; i < n; i++)
+        if (sim->waits[i].waiter == stream && sim->waits[i].on == on &&
+            sim->waits[i].hold_gen == hold_gen)
+            return 1;
+    return 0;
+}
+
+/* Is [addr, addr + n) memory whose reuse the stream rule governs? */
+static int tracked_locked(const sim_t *sim, uintptr_t addr, size_t n, int device)
+{
+    return n != 0 && (device || hostreg_covers(sim, addr, n));
+}
+
+/* A copy or fill on `stream` touching [addr, addr + n): GM_BACKEND when a
+ * held other stream's pending work touched it too (one of them writing) and
+ * `stream` did not wait for that work. */
+static int flight_check_locked(const sim_t *sim, const char *call, gm_stream_t stream,
+                               uintptr_t addr, size_t n, int write)
+{
+    const stream_t *self = stream_find(sim, stream);
+    unsigned count = sim->nflights < SIM_FLIGHTS ? sim->nflights : SIM_FLIGHTS;
+    for (unsigned i = 0; i < count; i++) {
+        const flight_t *f = &sim->flights[i];
+        const stream_t *owner = &sim->streams[f->stream];
+        if (owner == self || owner->hold_gen != f->hold_gen || owner->dead) continue;
+        if (addr >= f->hi || addr + n <= f->lo || !(write || f->write)) continue;
+        if (waited_locked(sim, stream, f->stream, f->hold_gen)) continue;
+        return gm__set_error(GM_BACKEND,
+                             "sim: %s: stream-rule violation: stream %p touches [%#" PRIxPTR
+                             ", +%zu), which work still in flight on held stream %p uses "
+                             "([%#" PRIxPTR ", %#" PRIxPTR "), %s), with no wait on it",
+                             call, stream, addr, n, owner->id, f->lo, f->hi,
+                             f->write ? "writing" : "reading");
+    }
+    return GM_OK;
+}
+
+/* Remember [addr, addr + n) as in flight when `stream` is held. */
+static void flight_note_locked(sim_t *sim, gm_stream_t stream, uintptr_t addr, size_t n,
+                               int write)
+{
+    const stream_t *s = stream_find(sim, stream);
+    if (s == NULL || !s->held) return;
+    flight_t *f = &sim->flights[sim->nflights++ % SIM_FLIGHTS];
+    *f = (flight_t){addr, addr + n, (uint32_t)(s - sim->streams), s->hold_gen, write};
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1589,6 +1682,11 @@ static int sim_memcpy(void *ctx, uintptr_t dst, uintptr_t src, size_t n, gm_stre
     if (n != 0) {
         GM_CHECK_GOTO(check_range_locked(sim, "memcpy", "destination", dst, n, &ddev), rc, out);
         GM_CHECK_GOTO(check_range_locked(sim, "memcpy", "source", src, n, &sdev), rc, out);
+        int dtr = tracked_locked(sim, dst, n, ddev), str = tracked_locked(sim, src, n, sdev);
+        if (dtr) GM_CHECK_GOTO(flight_check_locked(sim, "memcpy", stream, dst, n, 1), rc, out);
+        if (str) GM_CHECK_GOTO(flight_check_locked(sim, "memcpy", stream, src, n, 0), rc, out);
+        if (dtr) flight_note_locked(sim, stream, dst, n, 1);
+        if (str) flight_note_locked(sim, stream, src, n, 0);
     }
     uint64_t t = call_cost_ns[GM_CALL_memcpy];
     if (ddev && sdev)
@@ -1613,8 +1711,13 @@ static int sim_memset(void *ctx, uintptr_t dst, int value, size_t n, gm_stream_t
     GM_CHECK(enter(ctx, GM_CALL_memset, &sim));
     int rc = GM_OK, ddev = 0;
     GM_CHECK_GOTO(check_stream_locked(sim, "memset", stream), rc, out);
-    if (n != 0)
+    if (n != 0) {
         GM_CHECK_GOTO(check_range_locked(sim, "memset", "destination", dst, n, &ddev), rc, out);
+        if (tracked_locked(sim, dst, n, ddev)) {
+            GM_CHECK_GOTO(flight_check_locked(sim, "memset", stream, dst, n, 1), rc, out);
+            flight_note_locked(sim, stream, dst, n, 1);
+        }
+    }
     charge_locked(sim, call_cost_ns[GM_CALL_memset] +
                            (uint64_t)n / (ddev ? DEVICE_BYTES_PER_NS : HOST_BYTES_PER_NS));
 out:
