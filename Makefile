@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # gpumem — top-level driver over CMake and CTest.
 #
 #   make / make all   configure + build into $(BUILD) (-O2 -g, GM_DEBUG=1)
@@ -226,3 +227,9 @@ echo "$total_pass passed, $total_fail failed, $total_skip skipped"
 [[ $total_fail -eq 0 ]]
 endef
 export GM_TEST_SCRIPT = $(value TEST_SCRIPT)
+
+# make wheel: the Python wheel, carrying libgpumem.so built from the sources
+# (python/build_wheel.sh), into $(BUILD)/wheel/gpumem-VERSION-py3-none-PLATFORM.whl.
+.PHONY: wheel
+wheel:
+	GPUMEM_WHEEL_JOBS=$(JOBS) GPUMEM_WHEEL_CMAKE_ARGS="$(CMAKE_ARGS)" bash python/build_wheel.sh $(BUILD)/wheel

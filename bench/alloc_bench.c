@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * alloc_bench.c — the side-by-side allocator benchmark on a real GPU:
  * gpumem (gm_alloc/gm_free, cuda backend), cudaMalloc/cudaFree,

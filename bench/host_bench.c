@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * host_bench.c — host memory side by side: gpumem's pinned host pool and
  * staged pageable copies against the CUDA runtime in the same process.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * obs_bench.c — what observability costs per operation: alloc+free pairs on
  * a sim pool in a steady state (no backend calls after the warm-up), with

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/obs_bench.sh [RUNS] — the cost of observability per operation, on the
 # sim backend: build/bench/obs_bench in each mode, RUNS times (default 5)
 # interleaved, keeping per mode the run with the median calling-thread CPU

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/replay.sh — replay the real traces and the five synthetic workloads
 # through gpumem and write the results, dated, under bench/results/.
 #

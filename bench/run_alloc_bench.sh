@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/run_alloc_bench.sh — build and run the side-by-side allocator
 # benchmark (bench/alloc_bench.c) on the GPU machine, one process per
 # allocator, and merge the parts into bench/results/DATE-GPU-alloc.{md,json}.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/run_host_bench.sh — build and run the host-memory benchmark
 # (bench/host_bench.c: gpumem's pinned host pool and staged pageable copies
 # against cudaMemcpy / cudaHostAlloc in the same process) and write

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // torch_shim.cpp — PyTorch's CUDA caching allocator behind a few C calls, so
 // that bench/alloc_bench.c can load it with dlopen and drive it exactly like
 // the other allocators.  Built by bench/run_alloc_bench.sh only where

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * gpumem.h — the whole public API of gpumem, a caching, stream-ordered GPU
  * memory manager built on 2 MiB physical pages mapped into reserved virtual

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * preload.c — libgpumem_preload.so: gpumem under an unmodified program
  * (LD_PRELOAD=build/libgpumem_preload.so program ...).

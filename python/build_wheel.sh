@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # build_wheel.sh [OUTDIR] — build the gpumem wheel (gpumem-VERSION-py3-none-PLATFORM.whl,
 # carrying libgpumem.so built from this checkout's sources) into OUTDIR
 # (default: build/wheel of this checkout, which git ignores) and print its path.  Offline, no

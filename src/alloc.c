@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * alloc.c — blocks, the free-range index, split/merge, and the stream rule.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * backend.c — the table of backends and the choice between them, plus the
  * names of backend call kinds.

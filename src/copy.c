@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * copy.c — staged copies between pageable host memory and the device:
  * gm_memcpy_h2d / gm_memcpy_d2h.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * error.c — status names and descriptions, the per-thread last-error
  * message, the internal-assert handler and the version string.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * host.c — the pinned host pool: gm_host_alloc / gm_host_free / gm_host_trim.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * host.h — private declarations of the host-memory side of a pool: the
  * pinned host pool (host.c), the staged copy engine (copy.c) and the sysmem

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * internal.h — private declarations shared by the library's files, grouped
  * under the file that defines them.  Nothing here is part of the ABI; only

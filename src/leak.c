@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * leak.c — the leak tracker: a call stack per live allocation, and the leak
  * report ("Leaked N bytes at 0x..." + stack, then "LEAK SUMMARY: ...") at

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * lock.h — the pool lock: a three-state futex mutex (0 free, 1 held,
  * 2 held with sleepers).  Taking a free lock is one atomic exchange and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * monitor.c — the shared statistics segment read by `gpumem top` and
  * `gpumem metrics`: one small file per process, /dev/shm/gpumem.<pid> (or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * observe.h — private declarations of the observability files: the registry
  * of pools and process statistics (stats.c), the trace recorder

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * oom.c — out-of-memory handlers and the out-of-memory report.
  *

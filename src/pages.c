@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pages.c — physical pages behind the pool's address space.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pool.c — pools: configuration, the environment table, creation and
  * teardown, the public allocation entry points, limits, trim, statistics.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pool.h — the allocator's private structures, grouped under the file that
  * owns each: a pool (pool.c) holds arenas of reserved address space whose

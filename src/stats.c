@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * stats.c — statistics of a pool and of the process, the JSON form of them,
  * and the process-wide registry of pools that the observability features

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sysmem.c — the sysmem fallback: when a pool made with
  * GM_POOL_SYSMEM_FALLBACK runs out of device memory, gm_alloc serves the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * torch.c — the PyTorch pluggable-allocator entry points: the functions that
  * torch.cuda.memory.CUDAPluggableAllocator loads from libgpumem.so

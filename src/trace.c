@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * trace.c — reads RMM logging CSV traces (plain or gzip) into gm__trace_t.
  *

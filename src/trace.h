@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * trace.h — allocation traces in RMM's logging CSV, parsed into a compact
  * array of operations that replay tools walk without touching text again,

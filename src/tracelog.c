@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tracelog.c — recording every allocate / free / allocate failure of the
  * process as an RMM logging CSV (Thread,Time,Action,Pointer,Size,Stream),

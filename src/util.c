@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * util.c — small host-side helpers with no state: the monotonic clock, size
  * parsing for configuration ("80GiB") and human-readable byte counts for

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test.h — the tiny test helper every test program uses: CHECK macros that
  * count, and a closing summary line "N passed, N failed" that CI reads.

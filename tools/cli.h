@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cli.h — what the `gpumem` command's files share: one entry point per
  * subcommand and the few helpers more than one of them needs.

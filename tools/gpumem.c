@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * gpumem.c — the `gpumem` command: main, the subcommand table, `help`,
  * `--version`, the `info` subcommand and the small helpers subcommands share.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * metrics.c — `gpumem metrics`: the counters of every gpumem process on this
  * machine in the Prometheus text exposition format, for a node exporter's

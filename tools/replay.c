@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * replay.c — `gpumem replay`: run recorded allocation traces through a fresh
  * pool each and report how much memory the pool held against what the trace

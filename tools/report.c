@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * report.c — `gpumem report TRACE -o report.html`: one self-contained HTML
  * page (inline CSS, JavaScript and SVG; nothing fetched) with the timeline

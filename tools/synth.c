@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * synth.c — `gpumem synth`: write a synthetic allocation trace (RMM logging
  * CSV) for a workload the recorded traces do not cover: an LLM server whose

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * top.c — `gpumem top`: a live view of every process on this machine that
  * uses gpumem, one line per pool: pid, command, device, backend, allocated,

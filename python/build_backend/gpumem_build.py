@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A PEP 517 build backend for the gpumem package that needs nothing but the
 standard library (pip has nothing to download for an empty `requires`, so
 `pip install ./python` works offline), and whose wheel CARRIES libgpumem.so,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gpumem — Python bindings of libgpumem.so (ctypes, standard library only).
 
 This module owns the library handle and the calls every framework adapter
@@ -160,6 +161,9 @@ def _candidates():
     if found:
         out.append(("ctypes.util.find_library('gpumem')", found))
     out.append(("dynamic loader search path", "libgpumem.so"))
+    # A runtime-only install (a distribution's package) may carry only the
+    # SONAME link, libgpumem.so.0, without the development link.
+    out.append(("dynamic loader search path", "libgpumem.so.0"))
     return out
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gpumem.cupy — gpumem as CuPy's device allocator (cupy.cuda.set_allocator).
 
 Every CuPy array then lives in the pool of its device, allocated and freed

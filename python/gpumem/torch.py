@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gpumem.torch — gpumem as PyTorch's CUDA allocator.
 
 enable() hands PyTorch the two functions of libgpumem.so that

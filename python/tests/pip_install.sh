@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # pip_install.sh — the gpumem wheel carries libgpumem.so and needs no checkout.
 # Run from the repository root (ctest runs it).  Offline:
 #   1. copy this checkout's files to a scratch folder and build the wheel there

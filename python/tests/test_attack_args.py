@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Hostile arguments to every public function of the gpumem package.
 
 Each public function checks its arguments before it calls the library:

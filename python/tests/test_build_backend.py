@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The build backend (python/build_backend/gpumem_build.py): clear errors when
 the library cannot be built, and an sdist that builds a wheel carrying the
 library with the C compiler alone (no cmake, no checkout).  The cmake way

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tests of the gpumem Python package on the sim backend (standard library only).
 
 Run from the repository root after `make`:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One version number: GM_VERSION_STRING of include/gpumem.h.
 
 gpumem.__version__, the wheel's version (the build backend reads the header;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cuda.c — the CUDA driver backend: the backend contract (backend.h) carried
  * out with the driver's virtual memory management calls.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cuda_driver.h — our own declarations of the small part of the CUDA driver
  * API that the cuda backend uses: handle types, the enum values we name, the

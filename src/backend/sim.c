@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sim.c — the simulator backend: a "device" made of host memory that keeps
  * the semantics of the CUDA virtual memory management API, so everything above

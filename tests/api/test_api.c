@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_api.c — the public API through include/gpumem.h only: allocation,
  * bad input, limits, the stream rule, trim, stats, data kept through page

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_copy.c — staged copies between pageable host memory and the device:
  * data at many sizes and misalignments, both paths (direct and staged), bad

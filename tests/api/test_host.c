@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_host.c — the pinned host pool through the public API: allocation,
  * data, bad input, the stream reuse rule (with held sim streams), trim, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_host_sysmem.c — the sysmem fallback policy: off by default (an
  * allocation past device memory fails), on with GM_POOL_SYSMEM_FALLBACK or

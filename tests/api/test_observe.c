@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_observe.c — observability through the public API: the stats fields
  * and their JSON, process stats and peak resets, the out-of-memory slow path

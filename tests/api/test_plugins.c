@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_plugins.c — the entry points plug-ins use: per-device pools
  * (gm_device_pool, shared with gm_default_pool) and the PyTorch allocator

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_stream_rule.c — the cross-stream reuse rule under random load.
  *

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Attacks the promise of GM_BACKEND_AUTO (include/gpumem.h, gm_pool_create):
 # auto takes the sim only when no NVIDIA driver is installed, and says so once
 # on stderr; a driver that loads but cannot serve the device asked for (bad

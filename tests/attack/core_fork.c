@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * core_fork.c — attacks fork(): (1) a child's allocations on a parent's pool
  * (sim) reused cached memfd pages that the parent still maps, so the child

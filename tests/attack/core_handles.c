@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * core_handles.c — attacks the pool handle: gm_alloc (and friends) on a
  * destroyed pool was a use-after-free, and on a pointer that is not a pool it

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * core_leak_sysmem.c — attacks the leak check: a leaked block that the
  * sysmem fallback served through gm_alloc was missing from gm_leak_report

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * core_oom_reentry.c — attacks the out-of-memory handlers: a handler that
  * tries a smaller gm_alloc on its own pool re-entered the handler chain

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * core_owner.c — attacks "gm_free, gm_block_size and gm_record_stream take
  * [sysmem] blocks like any block" and "gm_host_free: anything not from

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * core_streams.c — attacks stream bookkeeping: "a trace with 65 535 streams
  * ... the library keeps ~20 KiB per stream per pool for the pool's life",

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fault_env.c — GPUMEM_MALLOC_FAIL_NTH, the environment switch of the host
  * allocation seam.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # obs_metrics_unique.sh GPUMEM HOLDER — attacks the promise that `gpumem
 # metrics` prints a valid Prometheus text file: two processes of the same
 # command (two HOLDERs, both "test_observe") must not give the same series

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # obs_monitor_readers.sh GPUMEM HOLDER — attacks `gpumem top` and `gpumem
 # metrics` as readers of a directory anyone can write (/dev/shm): the files
 # there are hostile input.  With a HOLDER alive (its file is the template):

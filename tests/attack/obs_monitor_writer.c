@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * obs_monitor_writer.c — attacks the monitor file's promise (src/monitor.c,
  * docs/observability.md): the file gpumem.<pid> in a shared directory is

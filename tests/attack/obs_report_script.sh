@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # obs_report_script.sh GPUMEM HOLDER — attacks the promise that `gpumem report`
 # writes a self-contained page that only draws the trace: call-site names
 # from TRACE.sites and the trace's file name are data, never markup.  A site

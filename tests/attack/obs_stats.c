@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * obs_stats.c — attacks two promises of the stats section of gpumem.h:
  *

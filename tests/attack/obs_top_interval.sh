@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # obs_top_interval.sh GPUMEM HOLDER — attacks `gpumem top --interval S`:
 # nan, inf, negative, zero, empty, garbage and absurdly small or large values
 # must be rejected with exit status 2 and a message naming the option (before,

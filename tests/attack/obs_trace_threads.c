@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * obs_trace_threads.c — attacks the promise that gm_trace_start and
  * gm_trace_stop are process-wide switches callable from any thread: several

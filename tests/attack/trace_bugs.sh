@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Attacks the promise of `gpumem replay` (docs/workloads.md, `gpumem help
 # replay`): a trace with bugs in it (double frees, frees of pointers never
 # allocated, an allocate of a pointer already live, a free whose size differs

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Attacks the promise of `gpumem replay` (docs/workloads.md) that it streams:
 # a trace is replayed a chunk at a time, re-read for each --repeat pass, so
 # its memory does not grow with the trace.  A trace of ~1.2 M ops (what the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_trace.c — libFuzzer target for the trace reader: any bytes, plain or
  * gzip, go through gm__trace_parse.  Beyond "no crash, no leak, no undefined

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * consumer.c — a program of a gpumem user, built by tests/install/install_test.sh
  * against an installed gpumem (pkg-config and find_package): the public

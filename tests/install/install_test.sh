@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # install_test.sh BUILD_DIR [CC] [CMAKE] — install the build into a temporary
 # prefix with `cmake --install BUILD_DIR --prefix TMP`, check what landed
 # there, then build tests/install/consumer.c against it as a user would and

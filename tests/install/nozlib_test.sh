@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # nozlib_test.sh SOURCE_DIR [MAKE] — zlib is optional: `make demo` with
 # CMAKE_ARGS=-DGM_WITH_ZLIB=OFF, in a temporary build directory, builds the
 # CLI (nothing linked to libz, gpumem.pc without -lz) and replays the sample

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # summary_test.sh SOURCE_DIR [MAKE] — `make test` counts a skipped test
 # (exit 77 under SKIP_RETURN_CODE) as skipped, not passed, and .ci/run still
 # finds the closing line.  A small CTest project in a temporary directory

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # version_test.sh SOURCE_DIR CMAKE_VERSION GPUMEM_CLI LIBGPUMEM_SO [READELF]
 #
 # One version number, defined once: GM_VERSION_MAJOR/MINOR/PATCH and

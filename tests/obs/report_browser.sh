@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # report_browser.sh GPUMEM — `gpumem report` of the sample trace and of a
 # small synthetic one, opened in a real headless browser (chromium): the
 # page's own consistency checks must say "ok" in the DOM and the title, and

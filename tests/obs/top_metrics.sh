@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # top_metrics.sh GPUMEM HOLDER — start HOLDER (test_observe hold: a pool with
 # 3 MiB + 5 MiB live), then check `gpumem top --once --json`, the table and
 # `gpumem metrics` show it; that a stale segment of a dead process is ignored

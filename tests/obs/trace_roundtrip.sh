@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # trace_roundtrip.sh GPUMEM — record a replay of the first 3000 rows of the
 # sample trace with GPUMEM_TRACE (plain and gzip), replay the recording, and
 # compare: the same live peak and reserved peak, every op accounted for (the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * preload_app.c — an "unmodified program" for the preload tests.  It calls a
  * CUDA runtime it is linked against (the stub libcudart) the way PyTorch

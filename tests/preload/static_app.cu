@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // static_app.cu — a program built by nvcc, whose CUDA runtime is linked in
 // statically (nvcc's default) and so cannot be interposed by symbol.  Run
 // under the preload library with the stub libcuda.so.1 and STUB_CUDA_TRACE=1,

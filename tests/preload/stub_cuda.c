@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * stub_cuda.c — a stand-in libcuda.so.1 for the preload tests: the driver
  * entry points the preload library routes, answering with sentinel pointers

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * stub_cudart.c — a stand-in CUDA runtime (libcudart.so.13) for the preload
  * tests: cudaMalloc & co. answering with sentinel pointers (0xe0000000 +

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # readme_examples.sh SOURCE_DIR BUILD_DIR [CC] — compile and run the C
 # examples of README.md exactly as printed.
 #

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_copy_stress.c — threads x streams of staged and direct copies at
  * random, unaligned offsets and lengths, with pinned host blocks allocated,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_stress.c — threads x random alloc/free on their own streams, with the
  * data of every live block checked through the mappings before it is freed,

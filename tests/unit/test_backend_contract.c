@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_backend_contract.c — one test for every backend: it checks the
  * promises of src/backend.h through the ops table alone, so the sim (in CI)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_observe_trace.c — the trace recorder (src/tracelog.c) read back by the
  * library's own reader (src/trace.c): plain and gzip files, several threads

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_sim.c — the sim backend through the backend contract, as the pages
  * layer uses it: reserve, create, map, set access, share, unmap, release; its

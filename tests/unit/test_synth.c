@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_synth.c — the synthetic trace generator behind `gpumem synth`
  * (tools/synth.c): every kind parses back with the trace reader (src/trace.c)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_trace.c — the RMM CSV trace reader (src/trace.c): good inputs in
  * every accepted spelling, slot reuse and the peak accounting, trace bugs that

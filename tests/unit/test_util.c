@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_util.c — the small helpers every layer relies on: size parsing and
  * byte formatting (util.c), status names and the per-thread last error

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_version.c — gm_version() is GM_VERSION_STRING, and that string is
  * GM_VERSION_MAJOR.GM_VERSION_MINOR.GM_VERSION_PATCH (the header defines the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # tools/device/host.sh — host memory on the GPU machine: the benchmark that
 # writes bench/results/DATE-GPU-host.{md,json}, then the host-memory tests
 # against the GPU.

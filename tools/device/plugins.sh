@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # tools/device/plugins.sh — the plug-ins on a GPU: PyTorch, CuPy, LD_PRELOAD.
 #
 # Run from the repository root on the GPU machine (it runs `make` first when

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # tools/device/run.sh — the one script the team runs on the GPU machine.
 #
 # Run from the repository root.  It builds gpumem from scratch in

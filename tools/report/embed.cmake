@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # embed.cmake — turn the report page (page.html, kept readable as HTML) into a
 # C header holding it as a byte array: cmake -DIN=page.html -DOUT=x.h -P embed.cmake
 file(READ ${IN} hex HEX)

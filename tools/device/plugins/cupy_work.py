@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A CuPy workload under gpumem.cupy.enable(): FFTs, matrix products and
 reductions of varying sizes, each checked against NumPy.  Prints one JSON
 object (pass, checks, gpumem stats)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPT-2 (transformers, built from its config: nothing downloaded) trained for
 a few steps of AdamW on fixed random tokens, with PyTorch's default CUDA
 allocator or with gpumem plugged in (--allocator gpumem), deterministically.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What an out-of-memory error looks like with gpumem as PyTorch's allocator,
 whether CUDA still works afterwards, and gpumem.max_batch_size on a real
 model.  Run with GPUMEM_LIMIT set (e.g. 2GiB).  Prints one JSON object.

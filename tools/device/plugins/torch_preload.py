@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A small PyTorch training loop meant to run under LD_PRELOAD of
 libgpumem_preload.so with PyTorch's default allocator (its cudaMalloc calls
 go to gpumem).  Prints one JSON object; the caller checks the preload's

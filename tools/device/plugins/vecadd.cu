@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // vecadd.cu — an unmodified CUDA program for the preload test: vector adds
 // on memory from cudaMalloc, cudaMallocAsync, cuMemAlloc (driver, by symbol)
 // and cuMemAlloc obtained through cudaGetDriverEntryPointByVersion; checks the
