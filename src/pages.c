@@ -294,11 +294,15 @@ fail:
 }
 
 /* Give the reservation and the page tables back; also undoes a partial
- * gm__arena_init.  Precondition: gm__pages_fini unmapped every page. */
+ * gm__arena_init.  Normally gm__pages_fini unmapped every page; when an
+ * unmap failed there (a backend failure), pages are still mapped in the
+ * range and the driver would refuse to free it (cuMemAddressFree:
+ * CUDA_ERROR_INVALID_VALUE, seen under fault injection on an H100), so the
+ * reservation is left to the backend's close rather than freed in error. */
 void gm__arena_fini(gm_pool_t *pool, gm__arena_t *a)
 {
-    int rc;
-    if (a->base) GM_BK(rc, pool, va_free, (pool->bk, a->base, a->size));
+    int rc = GM_OK;
+    if (a->base && a->n_mapped == 0) GM_BK(rc, pool, va_free, (pool->bk, a->base, a->size));
     (void)rc;
     gm__free(a->mapped);
     gm__free(a->used);

@@ -422,6 +422,7 @@ static void print_table(const gm__trace_t *traces, const result_t *res, int n, c
     static const char *const head[COLS] = {"trace", "backend", "ops", "live peak",
                                            "reserved peak", "ratio", "ns/op", "alloc ns/op",
                                            "device ms", "failed"};
+    if (n <= 0) return;
     cell_t *rows = calloc((size_t)n * COLS, sizeof *rows);
     int width[COLS] = {0};
     if (!rows) {

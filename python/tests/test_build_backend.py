@@ -30,7 +30,10 @@ except gpumem_build.BuildError as e:
 
 
 def build_wheel(cwd, out, **env):
-    full = dict(os.environ, **env)
+    # A compiler or builder named by the caller's environment (CC is often
+    # set on build machines) must not leak into a test that sets its own.
+    full = {k: v for k, v in os.environ.items() if k not in ("CC", "GPUMEM_WHEEL_BUILDER")}
+    full.update(env)
     return subprocess.run([sys.executable, "-c", BUILD, out], cwd=cwd, env=full,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
 
