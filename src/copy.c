@@ -212,7 +212,12 @@ static void stop_workers(struct gm__copy *cp)
             if (w->buf[b] && gm__host_free(pool, w->buf[b], w->stream) != GM_OK) gm__clear_error();
         }
         if (w->fin) GM_HBK(rc, pool, event_destroy, (pool->bk, w->fin));
-        if (w->stream) GM_HBK(rc, pool, stream_destroy, (pool->bk, w->stream));
+        /* The staging buffers were freed on w->stream: the pinned pool must
+         * never record an event on it once it is destroyed (a destroyed
+         * stream's handle crashed cuEventRecord on an H100).  If it cannot
+         * be retired (its sync failed), it is left alive, not destroyed. */
+        if (w->stream && gm__host_stream_retire(pool, w->stream) == GM_OK)
+            GM_HBK(rc, pool, stream_destroy, (pool->bk, w->stream));
     }
     if (cp->user_ev) GM_HBK(rc, pool, event_destroy, (pool->bk, cp->user_ev));
     (void)rc;
