@@ -72,6 +72,17 @@ static inline gm_pool_t *pool_from(const gm_pool_config_t *cfg)
     return pool;
 }
 
+/* A pool on the sim backend of `capacity` bytes with `flags` (GM_POOL_*);
+ * NULL, with the reason on stderr, when it cannot be made. */
+static inline gm_pool_t *sim_pool(size_t capacity, unsigned flags)
+{
+    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
+    cfg.backend = GM_BACKEND_SIM;
+    cfg.sim_capacity = capacity;
+    cfg.flags = flags;
+    return pool_from(&cfg);
+}
+
 /* The pool's stats (all zero when they cannot be read). */
 static inline gm_stats_t pool_stats_of(gm_pool_t *pool)
 {

@@ -16,13 +16,7 @@
 
 #define MiB ((size_t)1 << 20)
 
-static gm_pool_t *new_pool(void)
-{
-    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = GM_BACKEND_SIM;
-    cfg.sim_capacity = 256 * MiB;
-    return pool_from(&cfg);
-}
+static gm_pool_t *new_pool(void) { return sim_pool(256 * MiB, 0); }
 
 static void test_basic(void)
 {

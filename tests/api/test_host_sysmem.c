@@ -17,14 +17,7 @@
 
 #define MiB ((size_t)1 << 20)
 
-static gm_pool_t *new_pool(unsigned flags)
-{
-    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = GM_BACKEND_SIM;
-    cfg.sim_capacity = 64 * MiB;
-    cfg.flags = flags;
-    return pool_from(&cfg);
-}
+static gm_pool_t *new_pool(unsigned flags) { return sim_pool(64 * MiB, flags); }
 
 static void test_off(void)
 {

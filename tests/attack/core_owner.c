@@ -16,14 +16,7 @@
 
 #define MiB ((size_t)1 << 20)
 
-static gm_pool_t *new_pool(void)
-{
-    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = GM_BACKEND_SIM;
-    cfg.sim_capacity = 64 * MiB;
-    cfg.flags = GM_POOL_SYSMEM_FALLBACK;
-    return pool_from(&cfg);
-}
+static gm_pool_t *new_pool(void) { return sim_pool(64 * MiB, GM_POOL_SYSMEM_FALLBACK); }
 
 static int overlap(const void *a, size_t na, const void *b, size_t nb)
 {
