@@ -33,11 +33,15 @@
 #define OWN_BUCKET_SCAN 8
 #define SLAB_BLOCKS 1024
 
-/* ---- hash: live block by address ----------------------------------------- */
+/* ---- hash: uintptr_t key (never 0) -> pointer --------------------------------
+ * Live blocks by address, stream states by handle.  The fold of the key's
+ * second byte into the first keeps both 256-aligned addresses and small
+ * integer handles spread. */
 
 static inline size_t hash_slot(uintptr_t key, size_t cap)
 {
-    return (size_t)(((uint64_t)key >> 8) * UINT64_C(0x9E3779B97F4A7C15) >> 17) & (cap - 1);
+    uint64_t x = (uint64_t)key ^ ((uint64_t)key >> 8);
+    return (size_t)((x * UINT64_C(0x9E3779B97F4A7C15)) >> 17) & (cap - 1);
 }
 
 int gm__hash_init(gm__hash_t *h, size_t cap)
@@ -81,18 +85,18 @@ static int hash_grow(gm__hash_t *h)
     return GM_OK;
 }
 
-int gm__hash_put(gm__hash_t *h, uintptr_t key, gm__block_t *b)
+int gm__hash_put(gm__hash_t *h, uintptr_t key, void *val)
 {
     if (GM_UNLIKELY((h->count + 1) * 2 > h->cap)) GM_CHECK(hash_grow(h));
     size_t j = hash_slot(key, h->cap);
     while (h->keys[j]) j = (j + 1) & (h->cap - 1);
     h->keys[j] = key;
-    h->vals[j] = b;
+    h->vals[j] = val;
     h->count++;
     return GM_OK;
 }
 
-gm__block_t *gm__hash_get(const gm__hash_t *h, uintptr_t key)
+void *gm__hash_get(const gm__hash_t *h, uintptr_t key)
 {
     size_t j = hash_slot(key, h->cap);
     while (h->keys[j]) {
@@ -103,12 +107,12 @@ gm__block_t *gm__hash_get(const gm__hash_t *h, uintptr_t key)
 }
 
 /* Remove key; backward-shift deletion keeps probe chains intact. */
-gm__block_t *gm__hash_take(gm__hash_t *h, uintptr_t key)
+void *gm__hash_take(gm__hash_t *h, uintptr_t key)
 {
     size_t mask = h->cap - 1, j = hash_slot(key, h->cap);
     while (h->keys[j] && h->keys[j] != key) j = (j + 1) & mask;
     if (!h->keys[j]) return NULL;
-    gm__block_t *b = h->vals[j];
+    void *val = h->vals[j];
     size_t hole = j;
     for (size_t k = (j + 1) & mask; h->keys[k]; k = (k + 1) & mask) {
         size_t home = hash_slot(h->keys[k], h->cap);
@@ -123,7 +127,7 @@ gm__block_t *gm__hash_take(gm__hash_t *h, uintptr_t key)
     h->keys[hole] = 0;
     h->vals[hole] = NULL;
     h->count--;
-    return b;
+    return val;
 }
 
 /* ---- block descriptors ----------------------------------------------------- */
@@ -255,44 +259,10 @@ static gm__block_t *freeidx_find(const gm__freeidx_t *idx, size_t size)
  * each creation costs O(1) amortized.  The default stream's state is kept. */
 #define STREAM_SWEEP_MIN 64
 
-static inline size_t stream_hash(gm_stream_t handle, size_t cap)
-{
-    uint64_t x = (uint64_t)(uintptr_t)handle;
-    x ^= x >> 31;
-    return (size_t)((x * UINT64_C(0x9E3779B97F4A7C15)) >> 32) & (cap - 1);
-}
-
 static gm__stream_t *stream_find_locked(gm_pool_t *pool, gm_stream_t handle)
 {
-    if (!pool->stream_tab_cap) return NULL;
-    size_t mask = pool->stream_tab_cap - 1;
-    for (size_t j = stream_hash(handle, pool->stream_tab_cap); pool->stream_tab[j]; j = (j + 1) & mask)
-        if (pool->stream_tab[j]->handle == handle) return pool->stream_tab[j];
-    return NULL;
-}
-
-static void stream_tab_put(gm__stream_t **tab, size_t cap, gm__stream_t *s)
-{
-    size_t j = stream_hash(s->handle, cap);
-    while (tab[j]) j = (j + 1) & (cap - 1);
-    tab[j] = s;
-}
-
-/* Backward-shift deletion, as in the live table. */
-static void stream_tab_remove(gm_pool_t *pool, gm__stream_t *s)
-{
-    size_t cap = pool->stream_tab_cap, mask = cap - 1, j = stream_hash(s->handle, cap);
-    while (pool->stream_tab[j] != s) j = (j + 1) & mask;
-    size_t hole = j;
-    for (size_t k = (j + 1) & mask; pool->stream_tab[k]; k = (k + 1) & mask) {
-        size_t home = stream_hash(pool->stream_tab[k]->handle, cap);
-        bool stays = hole <= k ? (home > hole && home <= k) : (home > hole || home <= k);
-        if (!stays) {
-            pool->stream_tab[hole] = pool->stream_tab[k];
-            hole = k;
-        }
-    }
-    pool->stream_tab[hole] = NULL;
+    if (!handle) return pool->null_stream;
+    return gm__hash_get(&pool->stream_of, (uintptr_t)handle);
 }
 
 static bool stream_idle(const gm__stream_t *s)
@@ -308,7 +278,7 @@ static void stream_forget_locked(gm_pool_t *pool, gm__stream_t *s)
         GM_BK(rc, pool, event_destroy, (pool->bk, s->event));
         if (rc != GM_OK) gm__clear_error();
     }
-    stream_tab_remove(pool, s);
+    if (s->handle) gm__hash_take(&pool->stream_of, (uintptr_t)s->handle);
     gm__stream_t *last = pool->streams[--pool->n_streams];
     pool->streams[s->slot] = last;
     last->slot = s->slot;
@@ -343,22 +313,18 @@ gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle)
         pool->streams = a;
         pool->cap_streams = cap;
     }
-    if ((pool->n_streams + 1) * 2 > pool->stream_tab_cap) {
-        size_t cap = pool->stream_tab_cap ? pool->stream_tab_cap * 2 : 16;
-        gm__stream_t **tab = gm__calloc(cap, sizeof *tab);
-        if (!tab) return NULL;
-        for (size_t i = 0; i < pool->n_streams; i++) stream_tab_put(tab, cap, pool->streams[i]);
-        gm__free(pool->stream_tab);
-        pool->stream_tab = tab;
-        pool->stream_tab_cap = cap;
-    }
     s = gm__calloc(1, sizeof *s);
     if (!s) return NULL;
     s->handle = handle;
     s->pinned = handle == NULL;
+    if (!handle) {
+        pool->null_stream = s;
+    } else if (gm__hash_put(&pool->stream_of, (uintptr_t)handle, s) != GM_OK) {
+        gm__free(s);
+        return NULL;
+    }
     s->slot = pool->n_streams;
     pool->streams[pool->n_streams++] = s;
-    stream_tab_put(pool->stream_tab, pool->stream_tab_cap, s);
     return pool->last_stream = s;
 }
 
@@ -893,14 +859,14 @@ int gm__alloc_check_locked(gm_pool_t *pool)
     /* Stream states: table and list agree; users == live blocks allocated
      * on it + pending blocks freed on it + record_stream entries naming it,
      * summed over all states. */
-    size_t users = 0, refs = 0, in_tab = 0;
+    size_t users = 0, refs = 0;
     for (size_t i = 0; i < pool->n_streams; i++) {
         gm__stream_t *t = pool->streams[i];
         if (t->slot != i || stream_find_locked(pool, t->handle) != t)
             return gm__set_error(GM_INTERNAL, "stream state %zu not found by its handle", i);
         users += t->users;
     }
-    for (size_t j = 0; j < pool->stream_tab_cap; j++) in_tab += pool->stream_tab[j] != NULL;
+    size_t in_tab = pool->stream_of.count + (pool->null_stream != NULL);
     if (in_tab != pool->n_streams)
         return gm__set_error(GM_INTERNAL, "stream table holds %zu states, list %zu", in_tab,
                              pool->n_streams);
@@ -935,7 +901,7 @@ void gm__alloc_fini(gm_pool_t *pool)
         gm__free(pool->streams[i]);
     }
     gm__free(pool->streams);
-    gm__free(pool->stream_tab);
+    gm__hash_fini(&pool->stream_of);
     for (size_t i = 0; i < pool->n_slabs; i++) gm__free(pool->slabs[i]);
     gm__free(pool->slabs);
     gm__hash_fini(&pool->live);

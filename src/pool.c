@@ -323,6 +323,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     if (pool->cfg.limit && pool->cfg.limit < pool->limit) pool->limit = pool->cfg.limit;
 
     GM_CHECK_GOTO(gm__hash_init(&pool->live, 1024), rc, fail);
+    GM_CHECK_GOTO(gm__hash_init(&pool->stream_of, 16), rc, fail);
     GM_CHECK_GOTO(gm__host_init(pool), rc, fail);
     if (!gm__stream_get_locked(pool, NULL)) {
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
@@ -585,11 +586,16 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
 
 /* ---- who owns a pointer ----------------------------------------------------- */
 
-gm__owner_t gm__owner_locked(gm_pool_t *pool, const void *ptr)
+gm__owner_t gm__owner_locked(gm_pool_t *pool, const void *ptr, size_t *size)
 {
-    if (gm__hash_get(&pool->live, (uintptr_t)ptr)) return GM__OWNER_DEVICE;
-    size_t size;
-    if (pool->sysmem && gm__sysmem_size_locked(pool, ptr, &size) == GM_OK) return GM__OWNER_SYSMEM;
+    gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
+    if (b) {
+        if (size) *size = b->requested;
+        return GM__OWNER_DEVICE;
+    }
+    size_t sz;
+    if (pool->sysmem && gm__sysmem_size_locked(pool, ptr, size ? size : &sz) == GM_OK)
+        return GM__OWNER_SYSMEM;
     switch (gm__host_kind(pool, ptr)) {
     case GM__HOST_USER: return GM__OWNER_HOST;
     case GM__HOST_SYSMEM: /* the host side of a sysmem block, not what gm_alloc gave */
@@ -609,12 +615,13 @@ const char *gm__owner_name(gm__owner_t o)
     }
 }
 
-/* ptr is not a live device block: a sysmem block is `handled` by the caller;
- * memory of another kind is the wrong entry point. */
+/* ptr is not a live device block: a sysmem block (its size in *size) is
+ * handled by the caller, who gets rc back; memory of another kind is the
+ * wrong entry point. */
 static int wrong_entry_locked(gm_pool_t *pool, const void *ptr, const char *fn, int rc,
-                              gm__owner_t *owner)
+                              gm__owner_t *owner, size_t *size)
 {
-    *owner = gm__owner_locked(pool, ptr);
+    *owner = gm__owner_locked(pool, ptr, size);
     if (*owner == GM__OWNER_HOST || *owner == GM__OWNER_INTERNAL)
         return gm__set_error(GM_INVALID_ARGUMENT, "%s: %p is %s, not gm_alloc memory: nothing "
                              "was done%s", fn, ptr, gm__owner_name(*owner),
@@ -634,10 +641,8 @@ int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     size_t size = (size_t)(before - pool->st.allocated);
     if (GM_UNLIKELY(rc == GM_INVALID_POINTER || rc == GM_DOUBLE_FREE)) {
         gm__owner_t owner;
-        rc = wrong_entry_locked(pool, ptr, "gm_free", rc, &owner);
-        if (owner == GM__OWNER_SYSMEM && rc != GM_INVALID_ARGUMENT &&
-            gm__sysmem_size_locked(pool, ptr, &size) == GM_OK)
-            rc = gm__sysmem_free_locked(pool, ptr, s, rc);
+        rc = wrong_entry_locked(pool, ptr, "gm_free", rc, &owner, &size);
+        if (owner == GM__OWNER_SYSMEM) rc = gm__sysmem_free_locked(pool, ptr, s, rc);
     }
     if (GM_LIKELY(rc == GM_OK)) {
         pool->st.freed_total += size;
@@ -666,9 +671,8 @@ int gm_record_stream(gm_pool_t *pool, void *ptr, gm_stream_t stream)
                : gm__set_error(GM_NO_HOST_MEMORY, "gm_record_stream: out of host memory");
     if (rc == GM_INVALID_POINTER || rc == GM_DOUBLE_FREE) {
         gm__owner_t owner;
-        rc = wrong_entry_locked(pool, ptr, "gm_record_stream", rc, &owner);
-        if (owner == GM__OWNER_SYSMEM && rc != GM_INVALID_ARGUMENT)
-            rc = gm__sysmem_record_locked(pool, ptr, s, rc);
+        rc = wrong_entry_locked(pool, ptr, "gm_record_stream", rc, &owner, NULL);
+        if (owner == GM__OWNER_SYSMEM) rc = gm__sysmem_record_locked(pool, ptr, s, rc);
     }
     gm__unlock(&pool->lock);
     return rc;
@@ -685,10 +689,9 @@ int gm_block_size(gm_pool_t *pool, const void *ptr, size_t *size)
         *size = b->requested;
     } else {
         gm__owner_t owner;
-        rc = wrong_entry_locked(pool, ptr, "gm_block_size", GM_INVALID_POINTER, &owner);
-        if (rc == GM_INVALID_POINTER && owner == GM__OWNER_SYSMEM)
-            rc = gm__sysmem_size_locked(pool, ptr, size);
-        if (rc == GM_INVALID_POINTER)
+        rc = wrong_entry_locked(pool, ptr, "gm_block_size", GM_INVALID_POINTER, &owner, size);
+        if (owner == GM__OWNER_SYSMEM) rc = GM_OK;
+        else if (rc == GM_INVALID_POINTER)
             gm__set_error(rc, "gm_block_size: %p is not a live block of this pool", ptr);
     }
     gm__unlock(&pool->lock);

@@ -155,7 +155,7 @@ typedef struct gm__ppage {
 
 typedef struct gm__hash {
     uintptr_t *keys;             /* 0 = empty */
-    gm__block_t **vals;
+    void **vals;
     size_t cap;                  /* power of two */
     size_t count;
 } gm__hash_t;
@@ -191,8 +191,8 @@ struct gm_pool {
     gm__stream_t **streams;      /* per-stream states, in no order */
     size_t n_streams, cap_streams;
     gm__stream_t *last_stream;   /* lookup cache */
-    gm__stream_t **stream_tab;   /* handle -> state, open addressing, NULL = empty */
-    size_t stream_tab_cap;       /* power of two, load <= 1/2 */
+    gm__hash_t stream_of;        /* non-NULL handle -> its state */
+    gm__stream_t *null_stream;   /* the state of the NULL handle (key 0 is "empty") */
     size_t streams_sweep_at;     /* n_streams that triggers the next sweep */
 
     gm__hash_t live;             /* addr -> live block */
@@ -261,8 +261,9 @@ typedef enum gm__owner {
     GM__OWNER_HOST,              /* a pinned host block (gm_host_alloc) */
     GM__OWNER_INTERNAL           /* pinned memory the library uses itself (staging) */
 } gm__owner_t;
-/* Pool lock held; takes the host lock inside. */
-gm__owner_t gm__owner_locked(gm_pool_t *pool, const void *ptr);
+/* Pool lock held; takes the host lock inside.  size (may be NULL): the
+ * caller's size of a device or sysmem block. */
+gm__owner_t gm__owner_locked(gm_pool_t *pool, const void *ptr, size_t *size);
 /* "device memory (gm_alloc)" ... for messages. */
 const char *gm__owner_name(gm__owner_t o);
 
@@ -326,8 +327,8 @@ void gm__alloc_fini(gm_pool_t *pool);
 /* ---- hash (alloc.c) ---- */
 int gm__hash_init(gm__hash_t *h, size_t cap);
 void gm__hash_fini(gm__hash_t *h);
-int gm__hash_put(gm__hash_t *h, uintptr_t key, gm__block_t *b);
-gm__block_t *gm__hash_take(gm__hash_t *h, uintptr_t key);
-gm__block_t *gm__hash_get(const gm__hash_t *h, uintptr_t key);
+int gm__hash_put(gm__hash_t *h, uintptr_t key, void *val);
+void *gm__hash_take(gm__hash_t *h, uintptr_t key);
+void *gm__hash_get(const gm__hash_t *h, uintptr_t key);
 
 #endif /* GM_POOL_H */
