@@ -44,9 +44,11 @@ static inline size_t hash_slot(uintptr_t key, size_t cap)
     return (size_t)((x * UINT64_C(0x9E3779B97F4A7C15)) >> 17) & (cap - 1);
 }
 
+/* On failure h is an empty table of capacity 0 (get/take must not be
+ * called on it; gm__hash_reserve sizes it). */
 int gm__hash_init(gm__hash_t *h, size_t cap)
 {
-    h->cap = cap;
+    h->cap = 0;
     h->count = 0;
     h->keys = gm__calloc(cap, sizeof *h->keys);
     h->vals = gm__calloc(cap, sizeof *h->vals);
@@ -57,6 +59,7 @@ int gm__hash_init(gm__hash_t *h, size_t cap)
         h->vals = NULL;
         return GM_NO_HOST_MEMORY;
     }
+    h->cap = cap;
     return GM_OK;
 }
 
@@ -85,9 +88,15 @@ static int hash_grow(gm__hash_t *h)
     return GM_OK;
 }
 
+int gm__hash_reserve(gm__hash_t *h)
+{
+    if (GM_LIKELY((h->count + 1) * 2 <= h->cap)) return GM_OK;
+    return h->cap ? hash_grow(h) : gm__hash_init(h, 1024);
+}
+
 int gm__hash_put(gm__hash_t *h, uintptr_t key, void *val)
 {
-    if (GM_UNLIKELY((h->count + 1) * 2 > h->cap)) GM_CHECK(hash_grow(h));
+    GM_CHECK(gm__hash_reserve(h));
     size_t j = hash_slot(key, h->cap);
     while (h->keys[j]) j = (j + 1) & (h->cap - 1);
     h->keys[j] = key;

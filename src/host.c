@@ -112,9 +112,7 @@ struct gm__host {
     hstream_t **streams;         /* [0] is the global index */
     uint32_t n_streams, cap_streams;
     uint32_t last;               /* lookup cache */
-    uintptr_t *keys;             /* live table: addr -> block; 0 = empty */
-    hblk_t **vals;
-    size_t cap, count;
+    gm__hash_t live;             /* addr -> live block (sized at the first allocation) */
     hblk_t *spare;               /* recycled descriptors */
     void **slabs;
     size_t n_slabs, cap_slabs;
@@ -240,72 +238,15 @@ static void blk_release(struct gm__host *h, hblk_t *b)
     h->spare = b;
 }
 
-static inline size_t hslot(uintptr_t key, size_t cap)
+/* The pool's hash table (alloc.c); empty until the first allocation. */
+static hblk_t *table_get(struct gm__host *h, uintptr_t key)
 {
-    uint64_t k = key;
-    k ^= k >> 29;
-    k *= 0x9e3779b97f4a7c15ull;
-    return (size_t)(k >> 20) & (cap - 1);
-}
-
-static int table_grow(struct gm__host *h)
-{
-    size_t nc = h->cap ? h->cap * 2 : 1024;
-    uintptr_t *nk = gm__calloc(nc, sizeof *nk);
-    hblk_t **nv = gm__calloc(nc, sizeof *nv);
-    if (!nk || !nv) {
-        gm__free(nk);
-        gm__free(nv);
-        return GM_NO_HOST_MEMORY;
-    }
-    for (size_t i = 0; i < h->cap; i++) {
-        if (!h->keys[i]) continue;
-        size_t j = hslot(h->keys[i], nc);
-        while (nk[j]) j = (j + 1) & (nc - 1);
-        nk[j] = h->keys[i];
-        nv[j] = h->vals[i];
-    }
-    gm__free(h->keys);
-    gm__free(h->vals);
-    h->keys = nk;
-    h->vals = nv;
-    h->cap = nc;
-    return GM_OK;
-}
-
-/* Precondition: room (count + 1 <= cap / 2). */
-static void table_put(struct gm__host *h, uintptr_t key, hblk_t *b)
-{
-    size_t j = hslot(key, h->cap);
-    while (h->keys[j]) j = (j + 1) & (h->cap - 1);
-    h->keys[j] = key;
-    h->vals[j] = b;
-    h->count++;
+    return h->live.cap ? gm__hash_get(&h->live, key) : NULL;
 }
 
 static hblk_t *table_take(struct gm__host *h, uintptr_t key)
 {
-    if (!h->cap) return NULL;
-    size_t mask = h->cap - 1, i = hslot(key, h->cap);
-    while (h->keys[i] != key) {
-        if (!h->keys[i]) return NULL;
-        i = (i + 1) & mask;
-    }
-    hblk_t *b = h->vals[i];
-    /* Backward-shift deletion. */
-    for (size_t j = i;;) {
-        j = (j + 1) & mask;
-        if (!h->keys[j]) break;
-        size_t k = hslot(h->keys[j], h->cap);
-        int stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
-        if (stays) continue;
-        h->keys[i] = h->keys[j];
-        h->vals[i] = h->vals[j];
-        i = j;
-    }
-    h->keys[i] = 0;
-    h->count--;
-    return b;
+    return h->live.cap ? gm__hash_take(&h->live, key) : NULL;
 }
 
 /* ---- streams ------------------------------------------------------------------------ */
@@ -614,8 +555,7 @@ void gm__host_fini(gm_pool_t *pool)
     gm__free(h->streams);
     for (size_t i = 0; i < h->n_slabs; i++) gm__free(h->slabs[i]);
     gm__free(h->slabs);
-    gm__free(h->keys);
-    gm__free(h->vals);
+    gm__hash_fini(&h->live);
     gm__free(h);
     pool->host = NULL;
 }
@@ -650,7 +590,7 @@ static void host_check_locked(struct gm__host *h)
     for (uint32_t i = 0; i < h->n_streams; i++)
         idx_count += h->streams[i]->idx[0].count + h->streams[i]->idx[1].count;
     gm_assert_expensive(reserved == h->reserved && allocated == h->allocated);
-    gm_assert_expensive(live == h->count && nfree == idx_count && in_use == h->in_use);
+    gm_assert_expensive(live == h->live.count && nfree == idx_count && in_use == h->in_use);
 }
 #define HOST_CHECK(h) host_check_locked(h)
 #else
@@ -713,7 +653,7 @@ int gm__host_alloc_kind(gm_pool_t *pool, int kind, size_t size, gm_stream_t stre
                HOST_UNIT;
     int rc = GM_OK;
     gm__lock(&h->lock);
-    if (GM_UNLIKELY((h->count + 1) * 2 > h->cap) && table_grow(h) != GM_OK) {
+    if (GM_UNLIKELY(gm__hash_reserve(&h->live) != GM_OK)) {
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: out of host memory for bookkeeping");
         goto out;
     }
@@ -732,7 +672,7 @@ int gm__host_alloc_kind(gm_pool_t *pool, int kind, size_t size, gm_stream_t stre
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: out of host memory for bookkeeping");
         goto out;
     }
-    table_put(h, b->addr, b);
+    (void)gm__hash_put(&h->live, b->addr, b); /* cannot fail: room reserved above */
     b->kind = (uint8_t)kind;
     h->in_use += b->size;
     h->allocated += size;
@@ -746,24 +686,12 @@ out:
     return rc;
 }
 
-static hblk_t *table_get(struct gm__host *h, uintptr_t key)
-{
-    if (!h->cap) return NULL;
-    size_t j = hslot(key, h->cap);
-    while (h->keys[j]) {
-        if (h->keys[j] == key) return h->vals[j];
-        j = (j + 1) & (h->cap - 1);
-    }
-    return NULL;
-}
-
+/* What a block of `kind` is, in gm__owner_name's words. */
 static const char *kind_name(int kind)
 {
-    switch (kind) {
-    case GM__HOST_USER: return "pinned host memory of gm_host_alloc";
-    case GM__HOST_SYSMEM: return "a gm_alloc block served by the sysmem fallback (free it with gm_free)";
-    default: return "pinned memory the library uses itself";
-    }
+    return gm__owner_name(kind == GM__HOST_USER     ? GM__OWNER_HOST
+                          : kind == GM__HOST_SYSMEM ? GM__OWNER_SYSMEM
+                                                    : GM__OWNER_INTERNAL);
 }
 
 int gm__host_free_kind(gm_pool_t *pool, int kind, void *ptr, gm_stream_t stream)
@@ -772,18 +700,19 @@ int gm__host_free_kind(gm_pool_t *pool, int kind, void *ptr, gm_stream_t stream)
     const char *fn = kind == GM__HOST_USER ? "gm_host_free" : "gm_free";
     int rc = GM_OK;
     gm__lock(&h->lock);
-    hblk_t *b = table_get(h, (uintptr_t)ptr);
-    if (GM_UNLIKELY(b && b->kind != kind)) {
-        rc = gm__set_error(GM_INVALID_ARGUMENT, "%s: %p is %s: nothing was freed", fn, ptr,
-                           kind_name(b->kind));
-        goto out;
-    }
     uint32_t si = stream_slot(h, stream);
     if (GM_UNLIKELY(!si)) {
         rc = gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory for a stream", fn);
         goto out;
     }
-    b = table_take(h, (uintptr_t)ptr);
+    hblk_t *b = table_take(h, (uintptr_t)ptr);
+    if (GM_UNLIKELY(b && b->kind != kind)) {
+        (void)gm__hash_put(&h->live, b->addr, b); /* back where it was: room is there */
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "%s: %p is %s%s: nothing was freed", fn, ptr,
+                           kind_name(b->kind),
+                           b->kind == GM__HOST_SYSMEM ? " (free it with gm_free)" : "");
+        goto out;
+    }
     if (GM_UNLIKELY(!b)) {
         rc = gm__set_error(GM_INVALID_POINTER, "gm_host_free: %p is not a live block of this pool's "
                            "host memory (freed already, or never allocated by gm_host_alloc)", ptr);

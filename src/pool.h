@@ -327,6 +327,8 @@ void gm__alloc_fini(gm_pool_t *pool);
 /* ---- hash (alloc.c) ---- */
 int gm__hash_init(gm__hash_t *h, size_t cap);
 void gm__hash_fini(gm__hash_t *h);
+/* Room for one more key (a table of capacity 0 gets its first 1024 slots). */
+int gm__hash_reserve(gm__hash_t *h);
 int gm__hash_put(gm__hash_t *h, uintptr_t key, void *val);
 void *gm__hash_take(gm__hash_t *h, uintptr_t key);
 void *gm__hash_get(const gm__hash_t *h, uintptr_t key);
