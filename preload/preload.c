@@ -47,9 +47,9 @@
 #include <string.h>
 
 #include "gpumem.h"
-#include "../src/backend/cuda_driver.h"
+#include "backend/cuda_driver.h"
 
-/* From src/pool.c (hidden, linked into this library): the pool of a device
+/* From src/core/pool.c (hidden, linked into this library): the pool of a device
  * if it exists, never creating one. */
 gm_pool_t *gm__device_pool_peek(int device);
 

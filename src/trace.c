@@ -15,14 +15,14 @@
  * slot count equal to the peak number of live allocations.  Nothing is kept
  * from a failed parse: every error path frees what was built.
  */
-#include "trace.h"
+#include "observe/trace.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "base/internal.h"
 
 #ifdef GM_HAVE_ZLIB
 #include <zlib.h>

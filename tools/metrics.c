@@ -21,8 +21,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "internal.h"
-#include "observe.h"
+#include "base/internal.h"
+#include "observe/observe.h"
 
 void gm_cli_metrics_usage(FILE *out)
 {

@@ -25,10 +25,10 @@
 
 #include "cli.h"
 #include "gpumem.h"
-#include "internal.h"
-#include "pool.h"
+#include "base/internal.h"
+#include "core/pool.h"
 #include "report_page.h"
-#include "trace.h"
+#include "observe/trace.h"
 
 #define MAX_POINTS 2000
 #define GAP_CAP ((uint64_t)64 << 20)

@@ -30,8 +30,8 @@
 #include "gpumem.h"
 
 #ifndef GM_SYNTH_GENERATOR_ONLY
-#include "internal.h"
-#include "trace.h"
+#include "base/internal.h"
+#include "observe/trace.h"
 #ifdef GM_HAVE_ZLIB
 #include <zlib.h>
 #endif

@@ -5,7 +5,7 @@
  * reserved, cached, peak, OOMs.
  *
  * The one idea: nothing to connect to.  Each process publishes its pools'
- * counters in a small shared segment (src/monitor.c); this command only
+ * counters in a small shared segment (src/observe/monitor.c); this command only
  * reads those files, like top reads /proc, and refreshes.  The files may be
  * hostile: the reader (gm__monitor_scan) hands over only printable ASCII
  * strings and checked field names, and JSON strings are quoted here.
@@ -21,8 +21,8 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "internal.h"
-#include "observe.h"
+#include "base/internal.h"
+#include "observe/observe.h"
 
 void gm_cli_top_usage(FILE *out)
 {

@@ -10,7 +10,7 @@ How the library is built, in a scratch folder that is removed afterwards:
   * cmake, when it is installed and the sources are a checkout (its
     CMakeLists.txt): the library target of the project's own build, as `make`
     builds it;
-  * else the C compiler ($CC, cc, gcc or clang) on src/*.c src/backend/*.c
+  * else the C compiler ($CC, cc, gcc or clang) on src/*.c src/*/*.c
     with the flags of the CMake build;
   * neither: an error saying what to install.
 GPUMEM_WHEEL_BUILDER=cmake|cc forces one; GPUMEM_WHEEL_CMAKE_ARGS adds cmake
@@ -142,7 +142,7 @@ def _build_with_cc(root, work, cc):
         flags.append("-DGM_HAVE_ZLIB=1")
         libs.append("-lz")
     sources = sorted(glob.glob(os.path.join(root, "src", "*.c")) +
-                     glob.glob(os.path.join(root, "src", "backend", "*.c")))
+                     glob.glob(os.path.join(root, "src", "*", "*.c")))
     if not sources:
         raise BuildError("gpumem_build: no C sources in %s/src" % root)
     objects = []

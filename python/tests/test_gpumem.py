@@ -6,7 +6,7 @@ Run from the repository root after `make`:
 (ctest runs it with GPUMEM_LIBRARY pointing at the built library.)  The
 PyTorch and CuPy adapters are driven through small fake `torch` / `cupy`
 modules that record what the adapter does; the real frameworks are exercised
-by tools/device/plugins.sh on a GPU machine.
+by scripts/device/plugins.sh on a GPU machine.
 """
 import ctypes
 import os

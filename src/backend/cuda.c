@@ -41,9 +41,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../backend.h"
-#include "../internal.h"
-#include "cuda_driver.h"
+#include "backend/backend.h"
+#include "base/internal.h"
+#include "backend/cuda_driver.h"
 
 /* Page size reported when the device has no VMM support: the plain path
  * (cuMemAlloc) has no granularity of its own, and the layers above want one. */

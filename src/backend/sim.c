@@ -64,8 +64,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../backend.h"
-#include "../internal.h"
+#include "backend/backend.h"
+#include "base/internal.h"
 
 /* ------------------------------------------------------------------------ */
 /* The cost model                                                            */

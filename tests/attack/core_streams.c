@@ -13,7 +13,7 @@
 #include <time.h>
 
 #include "gpumem.h"
-#include "pool.h"
+#include "core/pool.h"
 #include "../test.h"
 
 #define MiB ((size_t)1 << 20)

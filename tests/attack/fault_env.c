@@ -14,7 +14,7 @@
 
 #include "gpumem.h"
 #include "../test.h"
-#include "internal.h"
+#include "base/internal.h"
 
 int main(void)
 {

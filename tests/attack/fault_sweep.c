@@ -41,9 +41,9 @@
 
 #include "gpumem.h"
 #include "../test.h"
-#include "backend.h"
-#include "internal.h"
-#include "trace.h"
+#include "backend/backend.h"
+#include "base/internal.h"
+#include "observe/trace.h"
 
 #define MiB ((size_t)1 << 20)
 #define NBLK 6

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * obs_monitor_writer.c — attacks the monitor file's promise (src/monitor.c,
+ * obs_monitor_writer.c — attacks the monitor file's promise (src/observe/monitor.c,
  * docs/observability.md): the file gpumem.<pid> in a shared directory is
  * created safely, and failing to create it never fails or crashes the pool.
  * Each case runs a child process that plants something hostile at its own

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_backend_contract.c — one test for every backend: it checks the
- * promises of src/backend.h through the ops table alone, so the sim (in CI)
+ * promises of src/backend/backend.h through the ops table alone, so the sim (in CI)
  * and the CUDA driver (on the GPU machine) are held to the same contract.
  *
  * GPUMEM_TEST_BACKEND picks the backend: "sim" (default), "cuda" or "auto".
@@ -28,8 +28,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../src/backend.h"
-#include "../../src/internal.h"
+#include "backend/backend.h"
+#include "base/internal.h"
 #include "../test.h"
 
 typedef struct fixture {

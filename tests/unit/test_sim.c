@@ -14,8 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../../src/backend.h"
-#include "../../src/internal.h"
+#include "backend/backend.h"
+#include "base/internal.h"
 #include "../test.h"
 
 #define MiB ((size_t)1 << 20)

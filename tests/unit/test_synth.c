@@ -15,8 +15,8 @@
 #include "../../tools/synth.c"
 
 #include "test.h"
-#include "internal.h"
-#include "trace.h"
+#include "base/internal.h"
+#include "observe/trace.h"
 
 static int generate(const char *kind, unsigned long long seed, double scale, char **text,
                     size_t *len)

@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "test.h"
-#include "internal.h"
-#include "trace.h"
+#include "base/internal.h"
+#include "observe/trace.h"
 
 #ifdef GM_HAVE_ZLIB
 #include <zlib.h>

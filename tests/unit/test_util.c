@@ -8,8 +8,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../../src/backend.h"
-#include "../../src/internal.h"
+#include "backend/backend.h"
+#include "base/internal.h"
 #include "../test.h"
 
 static size_t parsed(const char *s)

@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "cli.h"
 #include "gpumem.h"
-#include "internal.h"
+#include "base/internal.h"
 
 typedef struct command {
     const char *name;

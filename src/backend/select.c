@@ -18,8 +18,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "backend.h"
-#include "internal.h"
+#include "backend/backend.h"
+#include "base/internal.h"
 
 static const char *const call_names[GM_CALL_COUNT] = {
 #define GM__CALL_NAME(name) #name,

@@ -18,9 +18,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "internal.h"
-#include "lock.h"
+#include "backend/backend.h"
+#include "base/internal.h"
+#include "base/lock.h"
 
 /* ---- size classes (alloc.c) ------------------------------------------- */
 
@@ -211,14 +211,15 @@ struct gm_pool {
     uint32_t n_free_phys;
     size_t n_maps;               /* VA pages mapped, all arenas */
 
-    gm_stats_t st;               /* counters kept under the lock */
-    uint64_t backend_ticks;      /* time inside backend calls, gm__ticks() units */
+    gm_stats_t st;               /* counters kept under the lock (backend_calls
+                                    and backend_ns: in bk_calls) */
+    gm__bk_calls_t bk_calls;     /* every backend call of the pool (GM_BK) */
 
     struct gm__host *host;       /* pinned host pool (host.c), own lock */
     struct gm__copy *copy;       /* staged copy engine (copy.c), made on first use */
     struct gm__sysmem *sysmem;   /* device blocks served from host memory (sysmem.c) */
 
-    /* Observability (src/observe.h): out-of-memory handlers, in the order
+    /* Observability (src/observe/observe.h): out-of-memory handlers, in the order
      * added; the leak tracker's stacks; the current trace buffer; this
      * pool's slot in the shared statistics segment; registry membership. */
     struct gm__oom_handler {
@@ -233,7 +234,7 @@ struct gm_pool {
     struct gm_pool *all_prev, *all_next; /* every pool of the process (pool.c) */
 };
 
-/* ---- defined in src/pool.c -------------------------------------------- */
+/* ---- defined in src/core/pool.c -------------------------------------------- */
 
 /* The pool of `device` if it was created already (gm_device_pool), else
  * NULL; never creates one.  Ordinals run from 0 to gm__device_pool_count(). */
@@ -267,16 +268,7 @@ gm__owner_t gm__owner_locked(gm_pool_t *pool, const void *ptr, size_t *size);
 /* "device memory (gm_alloc)" ... for messages. */
 const char *gm__owner_name(gm__owner_t o);
 
-/* ---- defined in src/pages.c -------------------------------------------- */
-
-/* Backend call wrapper: rc = ops->kind args, counted and timed in stats. */
-#define GM_BK(rc, pool, kind, args)                                            \
-    do {                                                                       \
-        uint64_t gm__t0_ = gm__ticks();                                        \
-        (rc) = (pool)->ops->kind args;                                         \
-        gm__bk_account((pool), GM_CALL_##kind, gm__t0_);                       \
-    } while (0)
-void gm__bk_account(gm_pool_t *pool, int kind, uint64_t t0);
+/* ---- defined in src/core/pages.c -------------------------------------------- */
 
 int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size, uint32_t gid_base);
 void gm__arena_fini(gm_pool_t *pool, gm__arena_t *a);
@@ -299,7 +291,7 @@ int gm__pages_prefault_locked(gm_pool_t *pool, size_t bytes);
 int gm__pages_check_locked(gm_pool_t *pool);
 void gm__pages_fini(gm_pool_t *pool);
 
-/* ---- defined in src/alloc.c -------------------------------------------- */
+/* ---- defined in src/core/alloc.c -------------------------------------------- */
 
 int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr);
 int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s);

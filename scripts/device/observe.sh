@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# tools/device/observe.sh — observability on a GPU (cuda backend), run from
+# scripts/device/observe.sh — observability on a GPU (cuda backend), run from
 # the repository root on the GPU machine.  Builds in build-obs-device/ and
 # writes every log and figure under $OUT (default build-obs-device/out):
 #   observe-build.log         configure + build

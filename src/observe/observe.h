@@ -18,14 +18,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "pool.h"
-#include "trace.h"
+#include "core/pool.h"
+#include "observe/trace.h"
 
 struct gm__leak_table;
 struct gm__trace_buf;
 struct gm__mon_slot;
 
-/* ---- defined in src/stats.c ---------------------------------------------- */
+/* ---- defined in src/observe/stats.c ---------------------------------------------- */
 
 /* Called at the end of a successful gm_pool_create (no lock held): registers
  * the pool, and at the first pool applies GPUMEM_TRACE, GPUMEM_LEAK_CHECK and
@@ -44,7 +44,7 @@ void gm__registry_atfork_child(void);
 /* Fill *s from pool (lock held): the counters plus the derived fields. */
 void gm__stats_snapshot_locked(gm_pool_t *pool, gm_stats_t *s);
 
-/* ---- defined in src/tracelog.c ------------------------------------------- */
+/* ---- defined in src/observe/tracelog.c ------------------------------------------- */
 
 extern atomic_int gm__trace_on;
 /* Append one record (action: GM__TRACE_ALLOC / _FREE / _ALLOC_FAIL of
@@ -67,7 +67,7 @@ void gm__trace_pool_flush(gm_pool_t *pool);
 /* Free the pool's buffer (pool being destroyed, after the flush). */
 void gm__trace_pool_fini(gm_pool_t *pool);
 
-/* ---- defined in src/leak.c ----------------------------------------------- */
+/* ---- defined in src/observe/leak.c ----------------------------------------------- */
 
 extern atomic_int gm__leak_on;
 /* Capture the caller's stack into frames (GM_LEAK_MAX_FRAMES); the count. */
@@ -96,7 +96,7 @@ void gm__leak_init_env(void);
 /* At exit: report every registered pool's leaks; exit status. */
 void gm__leak_at_exit(void);
 
-/* ---- defined in src/oom.c ------------------------------------------------ */
+/* ---- defined in src/observe/oom.c ------------------------------------------------ */
 
 /* The final out-of-memory report: counts the OOM, records an `allocate
  * failure` trace row, and sets the last error (status GM_OUT_OF_MEMORY or
@@ -104,7 +104,7 @@ void gm__leak_at_exit(void);
 int gm__oom_report_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, int rc,
                           const char *reason);
 
-/* ---- defined in src/monitor.c -------------------------------------------- */
+/* ---- defined in src/observe/monitor.c -------------------------------------------- */
 
 /* The shared segment (/dev/shm/gpumem.<pid>, or $GPUMEM_MONITOR_DIR). */
 void gm__monitor_attach(gm_pool_t *pool);   /* no lock held */

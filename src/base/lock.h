@@ -16,7 +16,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "base/internal.h"
 
 typedef struct gm__lock {
     _Atomic int state;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# tools/device/plugins.sh — the plug-ins on a GPU: PyTorch, CuPy, LD_PRELOAD.
+# scripts/device/plugins.sh — the plug-ins on a GPU: PyTorch, CuPy, LD_PRELOAD.
 #
 # Run from the repository root on the GPU machine (it runs `make` first when
 # build/libgpumem.so or build/libgpumem_preload.so is missing).  Parts, each
@@ -15,7 +15,7 @@
 #              the same with GPUMEM_TORCH_OOM=null (allocator returns NULL)
 #   cupy       FFTs, matmuls, sums of varying sizes under gpumem.cupy.enable(),
 #              checked against NumPy; CuPy's OutOfMemoryError over a limit
-#   preload_c  tools/device/plugins/vecadd.cu built with nvcc (static
+#   preload_c  scripts/device/plugins/vecadd.cu built with nvcc (static
 #              runtime) run plain, under LD_PRELOAD, and under LD_PRELOAD with
 #              GPUMEM_LIMIT=512MiB (an allocation must fail)
 #   preload_torch  a PyTorch training loop (default allocator) under LD_PRELOAD
@@ -48,7 +48,7 @@ mkdir -p "$OUT" "${RESULTS_DIR:-$OUT}"
 OUT="$(cd "$OUT" && pwd)"
 RESULTS_DIR="$(cd "${RESULTS_DIR:-$OUT}" && pwd)"
 ROOT="$(pwd)"
-HERE="$ROOT/tools/device/plugins"
+HERE="$ROOT/scripts/device/plugins"
 
 if [ ! -f build/libgpumem.so ] || [ ! -f build/libgpumem_preload.so ]; then
     echo "=== make"
@@ -80,8 +80,8 @@ cat "$OUT/env.log"
 
 part_gpt2() {
     local args=(--steps "$STEPS" --batch "$BATCH" --seq "$SEQ" --layers "$LAYERS")
-    local cmd_default="$PYTHON tools/device/plugins/gpt2_train.py --allocator default ${args[*]}"
-    local cmd_gpumem="$PYTHON tools/device/plugins/gpt2_train.py --allocator gpumem ${args[*]}"
+    local cmd_default="$PYTHON scripts/device/plugins/gpt2_train.py --allocator default ${args[*]}"
+    local cmd_gpumem="$PYTHON scripts/device/plugins/gpt2_train.py --allocator gpumem ${args[*]}"
     timeout "$PART_TIMEOUT" "$PYTHON" "$HERE/gpt2_train.py" --allocator default "${args[@]}" \
         --out "$OUT/gpt2-default.json" >"$OUT/gpt2-default.log" 2>&1
     local rd=$?
@@ -95,7 +95,7 @@ part_gpt2() {
     fi
     local stem="$RESULTS_DIR/$DATE-$GPU-torch"
     "$PYTHON" - "$OUT/gpt2-default.json" "$OUT/gpt2-gpumem.json" "$stem" "$DATE" "$GPU" \
-        "tools/device/plugins.sh (PARTS=gpt2 STEPS=$STEPS BATCH=$BATCH SEQ=$SEQ LAYERS=$LAYERS): $cmd_default; $cmd_gpumem" <<'EOF'
+        "scripts/device/plugins.sh (PARTS=gpt2 STEPS=$STEPS BATCH=$BATCH SEQ=$SEQ LAYERS=$LAYERS): $cmd_default; $cmd_gpumem" <<'EOF'
 import json, sys
 dflt, gm = (json.load(open(p)) for p in sys.argv[1:3])
 stem, date, gpu, command = sys.argv[3:7]

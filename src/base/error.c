@@ -13,11 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "base/internal.h"
 
 /* Longer messages are truncated; callers keep them to a line or two, except
  * the out-of-memory report. */
-#define ERROR_CAP 2048 /* room for the OOM report (src/oom.c) */
+#define ERROR_CAP 2048 /* room for the OOM report (src/observe/oom.c) */
 
 static _Thread_local char last_error[ERROR_CAP];
 

@@ -16,8 +16,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "host.h"
-#include "observe.h"
+#include "host/host.h"
+#include "observe/observe.h"
 
 /* ---- the registry ------------------------------------------------------------ */
 
@@ -134,7 +134,10 @@ static uint64_t inactive_split_locked(gm_pool_t *pool)
 void gm__stats_snapshot_locked(gm_pool_t *pool, gm_stats_t *s)
 {
     *s = pool->st;
-    s->backend_ns = (uint64_t)((double)pool->backend_ticks * gm__ns_per_tick());
+    for (int k = 0; k < GM_CALL_COUNT; k++)
+        s->backend_calls[k] = atomic_load_explicit(&pool->bk_calls.count[k], memory_order_relaxed);
+    s->backend_ns = (uint64_t)((double)atomic_load_explicit(&pool->bk_calls.ticks, memory_order_relaxed) *
+                               gm__ns_per_tick());
     gm__alloc_free_summary_locked(pool, &s->largest_free_block, &s->free_blocks);
     s->inactive_split = inactive_split_locked(pool);
     s->cached = s->reserved - s->active;
@@ -149,7 +152,7 @@ void gm__stats_snapshot_locked(gm_pool_t *pool, gm_stats_t *s)
 }
 
 /* The pinned host pool and the copy engine keep their own counters under
- * their own locks (src/host.c, src/copy.c); read them without the pool lock. */
+ * their own locks (src/host/host.c, src/host/copy.c); read them without the pool lock. */
 static void host_stats(gm_pool_t *pool, gm_stats_t *s)
 {
     gm__host_stats(pool, s);

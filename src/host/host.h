@@ -11,28 +11,13 @@
 
 #include <stdatomic.h>
 
-#include "pool.h"
+#include "core/pool.h"
 
-/* Backend calls made by the host side: counted and timed in atomics (no pool
- * lock needed) and added to the pool's stats by gm__host_stats_locked. */
-typedef struct gm__host_calls {
-    _Atomic uint64_t count[GM_CALL_COUNT];
-    _Atomic uint64_t ticks;
-} gm__host_calls_t;
-
-#define GM_HBK(rc, pool, kind, args)                                           \
-    do {                                                                       \
-        uint64_t gm__t0_ = gm__ticks();                                        \
-        (rc) = (pool)->ops->kind args;                                         \
-        gm__host_account((pool), GM_CALL_##kind, gm__t0_);                     \
-    } while (0)
-
-/* ---- defined in src/host.c ---------------------------------------------- */
+/* ---- defined in src/host/host.c ---------------------------------------------- */
 
 int gm__host_init(gm_pool_t *pool);
 /* Unregister and unmap every chunk (live blocks included).  No lock held. */
 void gm__host_fini(gm_pool_t *pool);
-void gm__host_account(gm_pool_t *pool, int kind, uint64_t t0);
 /* Every block of the host pool is tagged with its owner at allocation, and
  * a free names the owner it expects: a block of another owner is left alone
  * (GM_INVALID_ARGUMENT), so gm_host_free cannot release a sysmem block nor a
@@ -60,7 +45,7 @@ void gm__host_stats(gm_pool_t *pool, gm_stats_t *s);
 /* Reset the host peaks (gm_pool_reset_peaks).  Takes the host lock. */
 void gm__host_reset_peaks(gm_pool_t *pool);
 
-/* ---- defined in src/copy.c ---------------------------------------------- */
+/* ---- defined in src/host/copy.c ---------------------------------------------- */
 
 /* The engine's state (workers start on the first staged copy). */
 int gm__copy_init(gm_pool_t *pool);
@@ -68,7 +53,7 @@ int gm__copy_init(gm_pool_t *pool);
 void gm__copy_fini(gm_pool_t *pool);
 void gm__copy_stats(gm_pool_t *pool, gm_stats_t *s);
 
-/* ---- defined in src/sysmem.c -------------------------------------------- */
+/* ---- defined in src/host/sysmem.c -------------------------------------------- */
 
 /* The fallback: serve `size` bytes from mapped pinned host memory.  Called by
  * gm_alloc with the pool lock held after device memory ran out, only when the

@@ -44,7 +44,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "observe.h"
+#include "observe/observe.h"
 
 /* Seqlock fences.  On x86 stores are not reordered with stores, nor loads
  * with loads, so a compiler barrier is enough (and TSan builds reject
@@ -298,7 +298,7 @@ void gm__monitor_publish_slow_locked(gm_pool_t *pool)
 #define GM__MON_COPY(name, desc) s->values[i++] = st->name;
         GM_STAT_FIELDS(GM__MON_COPY)
 #undef GM__MON_COPY
-        s->values[IDX(backend_ns)] = (uint64_t)((double)pool->backend_ticks * ns_per_tick) | 1;
+        s->values[IDX(backend_ns)] = (uint64_t)((double)atomic_load_explicit(&pool->bk_calls.ticks, memory_order_relaxed) * ns_per_tick) | 1;
         s->values[IDX(cached)] = st->reserved - st->active;
     }
     atomic_store_explicit(&s->seq, q + 2, memory_order_release);

@@ -45,7 +45,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "host.h"
+#include "host/host.h"
 
 #define HOST_UNIT ((size_t)GM_ALIGNMENT)        /* block sizes are multiples of this */
 #define HOST_CHUNK_ALIGN ((size_t)2 << 20)      /* chunks: whole huge pages */
@@ -120,17 +120,7 @@ struct gm__host {
     int numa_nodes;              /* online nodes */
     uint64_t reserved, reserved_peak, allocated, allocated_peak, alloc_count;
     uint64_t in_use;             /* sum of live block sizes */
-    gm__host_calls_t calls;
 };
-
-/* ---- accounting of backend calls --------------------------------------------- */
-
-void gm__host_account(gm_pool_t *pool, int kind, uint64_t t0)
-{
-    gm__host_calls_t *c = &pool->host->calls;
-    atomic_fetch_add_explicit(&c->count[kind], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&c->ticks, gm__ticks() - t0, memory_order_relaxed);
-}
 
 /* ---- size classes ------------------------------------------------------------- */
 
@@ -338,14 +328,14 @@ static size_t reclaim_locked(gm_pool_t *pool, uint32_t except)
         int rc;
         if (!s->ev_pending) {
             if (!s->ev) {
-                GM_HBK(rc, pool, event_create, (pool->bk, &s->ev));
+                GM_BK(rc, pool, event_create, (pool->bk, &s->ev));
                 if (rc != GM_OK) {
                     s->ev = 0;
                     gm__clear_error();
                     continue;
                 }
             }
-            GM_HBK(rc, pool, event_record, (pool->bk, s->ev, s->handle));
+            GM_BK(rc, pool, event_record, (pool->bk, s->ev, s->handle));
             if (rc != GM_OK) {
                 gm__clear_error();
                 continue;
@@ -353,7 +343,7 @@ static size_t reclaim_locked(gm_pool_t *pool, uint32_t except)
             s->ev_seq = s->free_seq;
             s->ev_pending = true;
         }
-        GM_HBK(rc, pool, event_query, (pool->bk, s->ev));
+        GM_BK(rc, pool, event_query, (pool->bk, s->ev));
         if (rc != GM_OK) {
             if (rc != GM_NOT_READY) gm__clear_error();
             continue;
@@ -376,7 +366,7 @@ int gm__host_stream_retire(gm_pool_t *pool, gm_stream_t handle)
     for (uint32_t i = 1; i < h->n_streams; i++) {
         hstream_t *s = h->streams[i];
         if (s->handle != handle || !(s->idx[0].count + s->idx[1].count)) continue;
-        GM_HBK(rc, pool, stream_sync, (pool->bk, handle));
+        GM_BK(rc, pool, stream_sync, (pool->bk, handle));
         if (rc == GM_OK) migrate_locked(h, s, UINT64_MAX);
         break;
     }
@@ -440,7 +430,7 @@ static void release_unused_locked(gm_pool_t *pool, size_t adding)
             continue;
         }
         int rc;
-        GM_HBK(rc, pool, host_unregister, (pool->bk, (void *)c->base));
+        GM_BK(rc, pool, host_unregister, (pool->bk, (void *)c->base));
         if (rc != GM_OK) {
             gm__clear_error();
             pc = &c->next;
@@ -477,9 +467,9 @@ static int chunk_grow_locked(gm_pool_t *pool, size_t need, int cls, hblk_t **out
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: mmap of a %zu-byte chunk failed: %s",
                              size, strerror(errno));
     }
-    GM_HBK(rc, pool, host_register, (pool->bk, p, size, GM__HOST_DEVICEMAP));
+    GM_BK(rc, pool, host_register, (pool->bk, p, size, GM__HOST_DEVICEMAP));
     if (rc != GM_OK) goto fail_unmap;
-    GM_HBK(rc, pool, host_device_pointer, (pool->bk, p, &c->dev));
+    GM_BK(rc, pool, host_device_pointer, (pool->bk, p, &c->dev));
     if (rc != GM_OK) goto fail_unregister;
     c->base = (uintptr_t)p;
     c->size = size;
@@ -500,7 +490,7 @@ fail_unregister: {
     char msg[256];
     snprintf(msg, sizeof msg, "%s", gm_last_error());
     int r2;
-    GM_HBK(r2, pool, host_unregister, (pool->bk, p));
+    GM_BK(r2, pool, host_unregister, (pool->bk, p));
     (void)r2;
     gm__set_error(rc, "%s", msg);
 }
@@ -540,14 +530,14 @@ void gm__host_fini(gm_pool_t *pool)
     int rc;
     for (hchunk_t *c = h->chunks, *n; c; c = n) {
         n = c->next;
-        GM_HBK(rc, pool, host_unregister, (pool->bk, (void *)c->base));
+        GM_BK(rc, pool, host_unregister, (pool->bk, (void *)c->base));
         if (rc != GM_OK) gm__clear_error(); /* nothing better to do at teardown */
         munmap((void *)c->base, c->size);
         gm__free(c);
     }
     for (uint32_t i = 0; i < h->n_streams; i++) {
         if (h->streams[i]->ev) {
-            GM_HBK(rc, pool, event_destroy, (pool->bk, h->streams[i]->ev));
+            GM_BK(rc, pool, event_destroy, (pool->bk, h->streams[i]->ev));
             if (rc != GM_OK) gm__clear_error();
         }
         gm__free(h->streams[i]);
@@ -807,7 +797,7 @@ int gm_host_trim(gm_pool_t *pool, size_t keep, size_t *released)
             pc = &c->next;
             continue;
         }
-        GM_HBK(rc, pool, host_unregister, (pool->bk, (void *)c->base));
+        GM_BK(rc, pool, host_unregister, (pool->bk, (void *)c->base));
         if (rc != GM_OK) break; /* the chunk stays, whole and registered */
         idx_remove(&h->streams[0]->idx[c->cls], b);
         blk_release(h, b);
@@ -835,10 +825,6 @@ void gm__host_stats(gm_pool_t *pool, gm_stats_t *s)
     s->host_allocated_peak = h->allocated_peak;
     s->host_alloc_count = h->alloc_count;
     gm__unlock(&h->lock);
-    for (int k = 0; k < GM_CALL_COUNT; k++)
-        s->backend_calls[k] += atomic_load_explicit(&h->calls.count[k], memory_order_relaxed);
-    s->backend_ns += (uint64_t)((double)atomic_load_explicit(&h->calls.ticks, memory_order_relaxed) *
-                                gm__ns_per_tick());
 }
 
 void gm__host_reset_peaks(gm_pool_t *pool)

@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "observe.h"
+#include "observe/observe.h"
 
 /* ---- handlers ------------------------------------------------------------------ */
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# tools/device/run.sh — the one script the team runs on the GPU machine.
+# scripts/device/run.sh — the one script the team runs on the GPU machine.
 #
 # Run from the repository root.  It builds gpumem from scratch in
 # build-device/, shows the GPU and driver, runs `gpumem info` on the cuda
@@ -10,7 +10,7 @@
 # ends with a summary (also in $OUT/device-summary.log).  Exit status: 0 when
 # every phase passed.
 #
-# Choosing phases:   PHASES="build ctest" tools/device/run.sh
+# Choosing phases:   PHASES="build ctest" scripts/device/run.sh
 # Adding a phase:    write phase_<name>() (return non-zero on failure), add
 #                    <name> to ALL_PHASES, and give it a time limit in
 #                    phase_limit() if it needs more than the default.

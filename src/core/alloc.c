@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pool.h"
+#include "core/pool.h"
 
 /* How many blocks of the request's own bucket are compared for a best fit. */
 #define OWN_BUCKET_SCAN 8

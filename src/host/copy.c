@@ -29,7 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "host.h"
+#include "host/host.h"
 
 #define DIRECT_MAX ((size_t)256 << 10)     /* copies up to this: one backend copy */
 #define PIECE_MIN ((size_t)64 << 10)       /* smallest staged piece */
@@ -109,7 +109,7 @@ static int wait_buffer(gm_pool_t *pool, worker_t *w, int b)
 {
     if (!w->used[b]) return GM_OK;
     int rc;
-    GM_HBK(rc, pool, event_sync, (pool->bk, w->ev[b]));
+    GM_BK(rc, pool, event_sync, (pool->bk, w->ev[b]));
     if (rc == GM_OK) w->used[b] = false;
     return rc;
 }
@@ -120,9 +120,9 @@ static int d2h_issue(gm_pool_t *pool, struct gm__copy *cp, worker_t *w, size_t i
     size_t off = i * cp->piece, len = cp->bytes - off < cp->piece ? cp->bytes - off : cp->piece;
     int rc;
     GM_CHECK(wait_buffer(pool, w, b));
-    GM_HBK(rc, pool, memcpy, (pool->bk, (uintptr_t)w->buf[b], cp->src + off, len, w->stream));
+    GM_BK(rc, pool, memcpy, (pool->bk, (uintptr_t)w->buf[b], cp->src + off, len, w->stream));
     GM_CHECK(rc);
-    GM_HBK(rc, pool, event_record, (pool->bk, w->ev[b], w->stream));
+    GM_BK(rc, pool, event_record, (pool->bk, w->ev[b], w->stream));
     GM_CHECK(rc);
     w->used[b] = true;
     return GM_OK;
@@ -135,7 +135,7 @@ static int run_part(struct gm__copy *cp, worker_t *w)
     int rc;
     w->had_pieces = w->id < cp->npieces;
     if (!w->had_pieces) return GM_OK;
-    GM_HBK(rc, pool, stream_wait_event, (pool->bk, w->stream, cp->user_ev));
+    GM_BK(rc, pool, stream_wait_event, (pool->bk, w->stream, cp->user_ev));
     GM_CHECK(rc);
     if (cp->dir == DIR_H2D) {
         int b = 0;
@@ -144,13 +144,13 @@ static int run_part(struct gm__copy *cp, worker_t *w)
             size_t len = cp->bytes - off < cp->piece ? cp->bytes - off : cp->piece;
             GM_CHECK(wait_buffer(pool, w, b));
             memcpy(w->buf[b], (const void *)(cp->src + off), len);
-            GM_HBK(rc, pool, memcpy, (pool->bk, cp->dst + off, (uintptr_t)w->buf[b], len, w->stream));
+            GM_BK(rc, pool, memcpy, (pool->bk, cp->dst + off, (uintptr_t)w->buf[b], len, w->stream));
             GM_CHECK(rc);
-            GM_HBK(rc, pool, event_record, (pool->bk, w->ev[b], w->stream));
+            GM_BK(rc, pool, event_record, (pool->bk, w->ev[b], w->stream));
             GM_CHECK(rc);
             w->used[b] = true;
         }
-        GM_HBK(rc, pool, event_record, (pool->bk, w->fin, w->stream));
+        GM_BK(rc, pool, event_record, (pool->bk, w->fin, w->stream));
         return rc;
     }
     int b = 0;
@@ -208,18 +208,18 @@ static void stop_workers(struct gm__copy *cp)
         for (int b = 0; b < 2; b++)
             if (w->used[b] && wait_buffer(pool, w, b) != GM_OK) gm__clear_error();
         for (int b = 0; b < 2; b++) {
-            if (w->ev[b]) GM_HBK(rc, pool, event_destroy, (pool->bk, w->ev[b]));
+            if (w->ev[b]) GM_BK(rc, pool, event_destroy, (pool->bk, w->ev[b]));
             if (w->buf[b] && gm__host_free(pool, w->buf[b], w->stream) != GM_OK) gm__clear_error();
         }
-        if (w->fin) GM_HBK(rc, pool, event_destroy, (pool->bk, w->fin));
+        if (w->fin) GM_BK(rc, pool, event_destroy, (pool->bk, w->fin));
         /* The staging buffers were freed on w->stream: the pinned pool must
          * never record an event on it once it is destroyed (a destroyed
          * stream's handle crashed cuEventRecord on an H100).  If it cannot
          * be retired (its sync failed), it is left alive, not destroyed. */
         if (w->stream && gm__host_stream_retire(pool, w->stream) == GM_OK)
-            GM_HBK(rc, pool, stream_destroy, (pool->bk, w->stream));
+            GM_BK(rc, pool, stream_destroy, (pool->bk, w->stream));
     }
-    if (cp->user_ev) GM_HBK(rc, pool, event_destroy, (pool->bk, cp->user_ev));
+    if (cp->user_ev) GM_BK(rc, pool, event_destroy, (pool->bk, cp->user_ev));
     (void)rc;
     gm__clear_error();
     gm__free(cp->w);
@@ -237,7 +237,7 @@ static int start_workers(struct gm__copy *cp)
     int rc;
     cp->w = gm__calloc(cp->n, sizeof *cp->w);
     if (!cp->w) return gm__set_error(GM_NO_HOST_MEMORY, "gm_memcpy: out of host memory for workers");
-    GM_HBK(rc, pool, event_create, (pool->bk, &cp->user_ev));
+    GM_BK(rc, pool, event_create, (pool->bk, &cp->user_ev));
     if (rc != GM_OK) {
         cp->user_ev = 0;
         goto fail;
@@ -246,14 +246,14 @@ static int start_workers(struct gm__copy *cp)
         worker_t *w = &cp->w[i];
         w->cp = cp;
         w->id = i;
-        GM_HBK(rc, pool, stream_create, (pool->bk, &w->stream));
+        GM_BK(rc, pool, stream_create, (pool->bk, &w->stream));
         if (rc != GM_OK) {
             w->stream = NULL;
             goto fail;
         }
         gm__event_t *evs[3] = {&w->ev[0], &w->ev[1], &w->fin};
         for (int e = 0; e < 3; e++) {
-            GM_HBK(rc, pool, event_create, (pool->bk, evs[e]));
+            GM_BK(rc, pool, event_create, (pool->bk, evs[e]));
             if (rc != GM_OK) {
                 *evs[e] = 0;
                 goto fail;
@@ -314,7 +314,7 @@ static int staged(struct gm__copy *cp, int dir, uintptr_t dst, uintptr_t src, si
     int rc;
     pthread_mutex_lock(&cp->big);
     if (!cp->started) GM_CHECK_GOTO(start_workers(cp), rc, out);
-    GM_HBK(rc, pool, event_record, (pool->bk, cp->user_ev, stream));
+    GM_BK(rc, pool, event_record, (pool->bk, cp->user_ev, stream));
     if (rc != GM_OK) goto out;
     size_t piece = GM_ALIGN_UP((n + cp->n - 1) / cp->n, PIECE_MIN);
     if (piece > cp->chunk) piece = cp->chunk;
@@ -336,7 +336,7 @@ static int staged(struct gm__copy *cp, int dir, uintptr_t dst, uintptr_t src, si
     if (dir == DIR_H2D) {
         for (unsigned i = 0; i < cp->n && rc == GM_OK; i++) {
             if (!cp->w[i].had_pieces) continue;
-            GM_HBK(rc, pool, stream_wait_event, (pool->bk, stream, cp->w[i].fin));
+            GM_BK(rc, pool, stream_wait_event, (pool->bk, stream, cp->w[i].fin));
         }
     }
     if (rc == GM_OK) atomic_fetch_add_explicit(&cp->staged_bytes, n, memory_order_relaxed);
@@ -360,8 +360,8 @@ static int copy(gm_pool_t *pool, int dir, void *dst, const void *src, size_t n, 
     const void *host = dir == DIR_H2D ? src : dst;
     int rc;
     if (n <= DIRECT_MAX || gm__host_is_pinned(pool, host, n)) {
-        GM_HBK(rc, pool, memcpy, (pool->bk, d, s, n, stream));
-        if (rc == GM_OK && dir == DIR_D2H) GM_HBK(rc, pool, stream_sync, (pool->bk, stream));
+        GM_BK(rc, pool, memcpy, (pool->bk, d, s, n, stream));
+        if (rc == GM_OK && dir == DIR_D2H) GM_BK(rc, pool, stream_sync, (pool->bk, stream));
         if (rc == GM_OK) atomic_fetch_add_explicit(&cp->direct_bytes, n, memory_order_relaxed);
         return rc;
     }

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# tools/device/host.sh — host memory on the GPU machine: the benchmark that
+# scripts/device/host.sh — host memory on the GPU machine: the benchmark that
 # writes bench/results/DATE-GPU-host.{md,json}, then the host-memory tests
 # against the GPU.
 #
-# Run from the repository root:  OUT=/some/dir tools/device/host.sh
+# Run from the repository root:  OUT=/some/dir scripts/device/host.sh
 # Steps (each logged to $OUT/host-<step>.log; a failing step is recorded and
 # the next one still runs):
 #   bench    bench/run_host_bench.sh (builds gpumem + bench/host_bench.c with

@@ -10,11 +10,11 @@
  * anything but backend calls, which only growth, trim and stream draining
  * make.
  *
- * Observability hooks are one call each into the files of src/observe.h:
+ * Observability hooks are one call each into the files of src/observe/observe.h:
  * pool creation and destruction register the pool, the allocation and free
  * paths record into the trace, the leak table and the monitor slot, and a
  * failed allocation goes through one slow path (alloc_slow_locked) that ends
- * in the out-of-memory report of src/oom.c.
+ * in the out-of-memory report of src/observe/oom.c.
  *
  * Handles are checked before anything is touched (gm__pool_resolve: one
  * compare of pool->magic); a pool's struct is a mapping of its own, never
@@ -32,9 +32,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "host.h"
-#include "observe.h"
-#include "pool.h"
+#include "host/host.h"
+#include "observe/observe.h"
+#include "core/pool.h"
 
 /* ---- environment: one table, read by gm_config_from_env ------------------ */
 
@@ -527,7 +527,7 @@ static int alloc_slow_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, v
     }
 
     /* The last resort: pinned host memory the device can address (opt-in,
-     * counted apart in stats, announced on stderr; src/sysmem.c). */
+     * counted apart in stats, announced on stderr; src/host/sysmem.c). */
     if (pool->cfg.flags & GM_POOL_SYSMEM_FALLBACK) {
         s = gm__stream_get_locked(pool, stream);
         if (s && gm__sysmem_alloc_locked(pool, size, s, ptr, rc) == GM_OK) return GM_OK;
@@ -722,23 +722,13 @@ int gm_trim(gm_pool_t *pool, size_t keep, size_t *released)
 
 /* ---- device work ------------------------------------------------------------- */
 
-/* Backend calls that need no pool state: run unlocked, account after. */
-#define UNLOCKED_CALL(pool, kind, args)                                        \
-    do {                                                                       \
-        uint64_t t0_ = gm__ticks();                                            \
-        rc = (pool)->ops->kind args;                                           \
-        gm__lock(&(pool)->lock);                                     \
-        gm__bk_account((pool), GM_CALL_##kind, t0_);                           \
-        gm__unlock(&(pool)->lock);                                   \
-    } while (0)
-
 int gm_memcpy(gm_pool_t *pool, void *dst, const void *src, size_t n, gm_stream_t stream)
 {
     int rc;
     if ((!dst || !src) && n) return gm__set_error(GM_INVALID_ARGUMENT, "gm_memcpy: NULL pointer");
     GM_CHECK(resolve(&pool));
     if (!n) return GM_OK;
-    UNLOCKED_CALL(pool, memcpy, (pool->bk, (uintptr_t)dst, (uintptr_t)src, n, stream));
+    GM_BK(rc, pool, memcpy, (pool->bk, (uintptr_t)dst, (uintptr_t)src, n, stream));
     return rc;
 }
 
@@ -748,7 +738,7 @@ int gm_memset(gm_pool_t *pool, void *dst, int value, size_t n, gm_stream_t strea
     if (!dst && n) return gm__set_error(GM_INVALID_ARGUMENT, "gm_memset: NULL pointer");
     GM_CHECK(resolve(&pool));
     if (!n) return GM_OK;
-    UNLOCKED_CALL(pool, memset, (pool->bk, (uintptr_t)dst, value, n, stream));
+    GM_BK(rc, pool, memset, (pool->bk, (uintptr_t)dst, value, n, stream));
     return rc;
 }
 
@@ -756,7 +746,7 @@ int gm_stream_synchronize(gm_pool_t *pool, gm_stream_t stream)
 {
     int rc;
     GM_CHECK(resolve(&pool));
-    UNLOCKED_CALL(pool, stream_sync, (pool->bk, stream));
+    GM_BK(rc, pool, stream_sync, (pool->bk, stream));
     return rc;
 }
 
@@ -765,7 +755,7 @@ int gm_stream_create(gm_pool_t *pool, gm_stream_t *stream)
     int rc;
     if (!stream) return gm__set_error(GM_INVALID_ARGUMENT, "gm_stream_create: stream is NULL");
     GM_CHECK(resolve(&pool));
-    UNLOCKED_CALL(pool, stream_create, (pool->bk, stream));
+    GM_BK(rc, pool, stream_create, (pool->bk, stream));
     return rc;
 }
 
@@ -776,7 +766,7 @@ int gm_stream_destroy(gm_pool_t *pool, gm_stream_t stream)
                                       "cannot be destroyed");
     GM_CHECK(resolve(&pool));
     GM_CHECK(gm_stream_forget(pool, stream));
-    UNLOCKED_CALL(pool, stream_destroy, (pool->bk, stream));
+    GM_BK(rc, pool, stream_destroy, (pool->bk, stream));
     return rc;
 }
 

@@ -21,8 +21,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "host.h"
-#include "observe.h"
+#include "host/host.h"
+#include "observe/observe.h"
 
 atomic_int gm__leak_on;
 static int leak_mode;        /* 0 off, 1 report, 2 report and exit status */

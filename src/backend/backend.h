@@ -20,7 +20,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <stdatomic.h>
+
 #include "gpumem.h"
+#include "base/internal.h"
 
 typedef uint64_t gm__phys_t;  /* physical allocation handle */
 typedef uint64_t gm__event_t; /* event handle */
@@ -139,12 +142,35 @@ typedef struct gm__backend_ops {
     int (*hold_stream)(void *ctx, gm_stream_t stream, int hold);
 } gm__backend_ops_t;
 
+/* Every call the library makes into a backend goes through GM_BK: counted
+ * per kind and timed, in relaxed atomics, so it is accounted the same
+ * whether the caller holds the pool lock, the host lock or none.  `owner` is
+ * anything with `ops`, `bk` and `bk_calls` members (the pool).  The counts
+ * are the backend_calls and backend_ns of gm_pool_stats. */
+typedef struct gm__bk_calls {
+    _Atomic uint64_t count[GM_CALL_COUNT];
+    _Atomic uint64_t ticks;      /* time inside backend calls, gm__ticks() units */
+} gm__bk_calls_t;
+
+static inline void gm__bk_account(gm__bk_calls_t *c, int kind, uint64_t t0)
+{
+    atomic_fetch_add_explicit(&c->count[kind], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->ticks, gm__ticks() - t0, memory_order_relaxed);
+}
+
+#define GM_BK(rc, owner, kind, args)                                           \
+    do {                                                                       \
+        uint64_t gm__t0_ = gm__ticks();                                        \
+        (rc) = (owner)->ops->kind args;                                        \
+        gm__bk_account(&(owner)->bk_calls, GM_CALL_##kind, gm__t0_);           \
+    } while (0)
+
 /* ---- defined in src/backend/sim.c ---- */
 extern const gm__backend_ops_t gm__backend_sim;
 /* ---- defined in src/backend/cuda.c ---- */
 extern const gm__backend_ops_t gm__backend_cuda;
 
-/* ---- defined in src/backend.c ---- */
+/* ---- defined in src/backend/select.c ---- */
 /* Fault injection that reaches the backend calls made while a pool is
  * created: the next context opened by a backend with fail_nth starts with
  * countdown n for `kind` (as if fail_nth(ctx, kind, n) were its first call);

@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pool.h"
+#include "core/pool.h"
 
 /* ---- throwing std::runtime_error from C ------------------------------------ */
 

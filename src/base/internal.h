@@ -75,14 +75,14 @@ void gm__assert_fail(const char *expr, const char *file, int line);
 #define GM_NEVER(x) (!!(x))
 #endif
 
-/* ---- defined in src/error.c ------------------------------------------- */
+/* ---- defined in src/base/error.c ------------------------------------------- */
 
 /* Set this thread's last-error message and return status.  Never allocates. */
 int gm__set_error(int status, const char *fmt, ...) GM_PRINTF(2, 3);
 int gm__set_errorv(int status, const char *fmt, va_list ap);
 void gm__clear_error(void);
 
-/* ---- defined in src/util.c -------------------------------------------- */
+/* ---- defined in src/base/util.c -------------------------------------------- */
 
 uint64_t gm__now_ns(void);                         /* CLOCK_MONOTONIC */
 /* Nanoseconds per gm__ticks() unit, measured once (about a millisecond, the

@@ -40,7 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pool.h"
+#include "core/pool.h"
 
 /* Growth budget: new physical pages are created rather than free ones reused
  * while reserved stays within max(live, live peak) * (1 + 1/GROW_SLACK_DIV)
@@ -66,12 +66,6 @@
 #define MAP_SLACK_MUL 3
 #endif
 #define MAP_SLACK_MIN 1024
-
-void gm__bk_account(gm_pool_t *pool, int kind, uint64_t t0)
-{
-    pool->st.backend_calls[kind]++;
-    pool->backend_ticks += gm__ticks() - t0;
-}
 
 /* ---- bitmaps ------------------------------------------------------------ */
 

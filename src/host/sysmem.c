@@ -19,7 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "host.h"
+#include "host/host.h"
 
 #define SYSMEM_MAX_RECORDED 8
 

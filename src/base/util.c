@@ -28,7 +28,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
+#include "base/internal.h"
 
 uint64_t gm__now_ns(void)
 {

@@ -34,7 +34,7 @@
 #include <zlib.h>
 #endif
 
-#include "observe.h"
+#include "observe/observe.h"
 
 #define BUF_RECORDS 4096
 #define SITE_FRAMES 4
