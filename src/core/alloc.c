@@ -730,10 +730,11 @@ static int bad_free(gm_pool_t *pool, void *ptr)
     return gm__set_error(GM_INVALID_POINTER, "gm_free: %p was not allocated by this pool", ptr);
 }
 
-int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s)
+int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed)
 {
     gm__block_t *b = gm__hash_take(&pool->live, (uintptr_t)ptr);
     if (GM_UNLIKELY(!b)) return bad_free(pool, ptr);
+    *freed = b->requested;
     b->owner->users--; /* the stream it was allocated on */
     pool->st.allocated -= b->requested;
     pool->st.active -= b->size;

@@ -635,10 +635,9 @@ int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     GM_CHECK(resolve(&pool));
     gm__lock(&pool->lock);
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
-    uint64_t before = pool->st.allocated;
-    int rc = s ? gm__free_locked(pool, ptr, s)
+    size_t size = 0;
+    int rc = s ? gm__free_locked(pool, ptr, s, &size)
                : gm__set_error(GM_NO_HOST_MEMORY, "gm_free: out of host memory for a stream");
-    size_t size = (size_t)(before - pool->st.allocated);
     if (GM_UNLIKELY(rc == GM_INVALID_POINTER || rc == GM_DOUBLE_FREE)) {
         gm__owner_t owner;
         rc = wrong_entry_locked(pool, ptr, "gm_free", rc, &owner, &size);

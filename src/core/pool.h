@@ -294,7 +294,10 @@ void gm__pages_fini(gm_pool_t *pool);
 /* ---- defined in src/core/alloc.c -------------------------------------------- */
 
 int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr);
-int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s);
+/* Free the live block at ptr on stream s; *freed: its caller's size.  A
+ * pointer that is not a live block: GM_INVALID_POINTER or GM_DOUBLE_FREE
+ * with a message, nothing changed. */
+int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed);
 int gm__record_stream_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s);
 /* The state of stream `handle`, created on first use (NULL: out of host
  * memory).  Creating one may first forget idle streams (see gm__stream_t):
