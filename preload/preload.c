@@ -48,10 +48,8 @@
 
 #include "gpumem.h"
 #include "backend/cuda_driver.h"
-
-/* From src/core/pool.c (hidden, linked into this library): the pool of a device
- * if it exists, never creating one. */
-gm_pool_t *gm__device_pool_peek(int device);
+#include "core/options.h"
+#include "core/pool.h" /* gm__device_pool_peek (hidden, linked into this library) */
 
 #define EXPORT __attribute__((visibility("default")))
 #define HIDDEN __attribute__((visibility("hidden")))
@@ -82,8 +80,7 @@ static struct {
 
 static int verbose(void)
 {
-    const char *v = getenv("GPUMEM_PRELOAD_VERBOSE");
-    return v && *v && strcmp(v, "0") != 0;
+    return gm__option_num(GM_OPT_PRELOAD_VERBOSE) != 0;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "cli.h"
+#include "core/options.h"
 #include "gpumem.h"
 #include "base/internal.h"
 
@@ -108,17 +109,9 @@ const char *gm_cli_option(int argc, char **argv, int *i, const char *name, int *
 
 int gm_cli_parse_backend(const char *s, gm_backend_kind_t *kind)
 {
-    if (strcmp(s, "auto") == 0)
-        *kind = GM_BACKEND_AUTO;
-    else if (strcmp(s, "sim") == 0)
-        *kind = GM_BACKEND_SIM;
-    else if (strcmp(s, "cuda") == 0)
-        *kind = GM_BACKEND_CUDA;
-    else {
-        fprintf(stderr, "gpumem: unknown backend '%s' (auto, sim or cuda)\n", s);
-        return -1;
-    }
-    return 0;
+    if (gm__parse_backend(s, kind) == GM_OK) return 0; /* the library's parser (options.c) */
+    fprintf(stderr, "gpumem: unknown backend '%s' (auto, sim or cuda)\n", s);
+    return -1;
 }
 
 void gm_cli_json_string(FILE *out, const char *s)
@@ -139,13 +132,34 @@ void gm_cli_json_string(FILE *out, const char *s)
 
 void gm_cli_info_usage(FILE *out)
 {
-    fprintf(out, "usage: gpumem info [--backend auto|sim|cuda] [--device N]\n\n"
+    fprintf(out, "usage: gpumem info [--backend auto|sim|cuda] [--device N]\n"
+                 "       gpumem info --options\n\n"
                  "Create a pool on the backend (default: GPUMEM_BACKEND, GPUMEM_DEVICE,\n"
                  "else auto and device 0) and print the backend, why it was chosen,\n"
                  "what probing each backend found, and the device.  auto (the default)\n"
                  "takes cuda when an NVIDIA driver is installed and the sim only when none\n"
                  "is; a driver that cannot serve the device is an error, not the sim.\n"
-                 "Exit status 1 when that backend cannot be used here.\n");
+                 "Exit status 1 when that backend cannot be used here.\n\n"
+                 "--options prints every GPUMEM_* environment variable the library reads:\n"
+                 "its value here, whether that is the default or from the environment,\n"
+                 "and what it does (exit status 1 when a value is not valid).\n");
+}
+
+/* The options table (src/core/options.c), one row per variable. */
+static int info_options(void)
+{
+    int bad = 0;
+    printf("%-24s %-12s %-11s %s\n", "variable", "value", "from", "meaning");
+    for (int i = 0; i < GM_OPT_COUNT; i++) {
+        const gm__option_t *o = gm__option((gm__opt_t)i);
+        const char *env = gm__option_env((gm__opt_t)i);
+        const char *v = env ? env : o->def;
+        bool ok = gm__option_valid((gm__opt_t)i, env);
+        if (!ok) bad = 1;
+        printf("%-24s %-12s %-11s %s\n", o->name, *v ? v : "(unset)",
+               !env ? "default" : ok ? "environment" : "INVALID", o->doc);
+    }
+    return bad;
 }
 
 static const char *fmt_memory(size_t bytes, char *buf, size_t cap)
@@ -159,6 +173,9 @@ int gm_cli_info(int argc, char **argv)
 {
     /* The pool a program would get: the environment (GPUMEM_BACKEND,
      * GPUMEM_DEVICE ...), then the options. */
+    /* Before the environment is applied: the table shows a bad value
+     * instead of stopping at it. */
+    if (argc == 2 && strcmp(argv[1], "--options") == 0) return info_options();
     gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
     if (gm_config_from_env(&cfg) != GM_OK) {
         fprintf(stderr, "gpumem info: %s\n", gm_last_error());
@@ -177,6 +194,10 @@ int gm_cli_info(int argc, char **argv)
                 return 2;
             }
             cfg.device = (int)d;
+        } else if (strcmp(argv[i], "--options") == 0) {
+            fprintf(stderr, "gpumem info: --options takes no other argument\n");
+            gm_cli_info_usage(stderr);
+            return 2;
         } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             gm_cli_info_usage(stdout);
             return 0;
@@ -192,9 +213,8 @@ int gm_cli_info(int argc, char **argv)
     gm__backend_describe(cfg.device, "\n                ", probed, sizeof probed);
     gm_pool_t *pool = NULL;
     if (gm_pool_create(&cfg, &pool) != GM_OK) {
-        static const char *const names[] = {"auto", "sim", "cuda"};
         fprintf(stderr, "gpumem info: cannot use backend %s on device %d: %s\n",
-                names[cfg.backend], cfg.device, gm_last_error());
+                gm__backend_kind_name(cfg.backend), cfg.device, gm_last_error());
         fprintf(stderr, "probed:         %s\n", probed);
         return 1;
     }

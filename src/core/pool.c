@@ -34,105 +34,8 @@
 
 #include "host/host.h"
 #include "observe/observe.h"
+#include "core/options.h"
 #include "core/pool.h"
-
-/* ---- environment: one table, read by gm_config_from_env ------------------ */
-
-typedef enum {
-    ENV_BACKEND, ENV_INT, ENV_SIZE, ENV_SIZE_OR_MAX, ENV_SYSMEM_FLAG,
-    ENV_MALLOC_FAIL_NTH /* not a config field: arms gm__malloc_fail_nth once */
-} env_type_t;
-
-static const struct env_option {
-    const char *name;
-    env_type_t type;
-    const char *def;
-    const char *doc;
-    size_t offset;
-} env_table[] = {
-    {"GPUMEM_BACKEND", ENV_BACKEND, "auto", "auto | sim | cuda (auto: cuda when a driver is installed, else sim)",
-     offsetof(gm_pool_config_t, backend)},
-    {"GPUMEM_DEVICE", ENV_INT, "0", "device ordinal", offsetof(gm_pool_config_t, device)},
-    {"GPUMEM_LIMIT", ENV_SIZE, "0", "hard cap on reserved bytes, e.g. 8GiB (0: device memory)",
-     offsetof(gm_pool_config_t, limit)},
-    {"GPUMEM_INITIAL_RESERVE", ENV_SIZE, "0", "bytes mapped when the pool is created",
-     offsetof(gm_pool_config_t, initial_reserve)},
-    {"GPUMEM_RELEASE_THRESHOLD", ENV_SIZE_OR_MAX, "max",
-     "cached bytes kept after a free before giving memory back (max: keep all)",
-     offsetof(gm_pool_config_t, release_threshold)},
-    {"GPUMEM_SIM_CAPACITY", ENV_SIZE, "80GiB", "device size of the sim backend",
-     offsetof(gm_pool_config_t, sim_capacity)},
-    {"GPUMEM_SYSMEM_FALLBACK", ENV_SYSMEM_FLAG, "0",
-     "1: serve allocations from mapped pinned host memory when device memory runs out",
-     offsetof(gm_pool_config_t, flags)},
-    {"GPUMEM_COPY_THREADS", ENV_INT, "0", "worker threads of staged host copies (0: min(12, 3*cores/4))",
-     offsetof(gm_pool_config_t, copy_threads)},
-    {"GPUMEM_COPY_CHUNK", ENV_SIZE, "0", "staging buffer size of staged host copies (0: 2MiB)",
-     offsetof(gm_pool_config_t, copy_chunk)},
-    {"GPUMEM_MALLOC_FAIL_NTH", ENV_MALLOC_FAIL_NTH, "0",
-     "testing: the n-th host allocation of the library, counted from the first reading of the "
-     "environment, fails (0: none)", 0},
-};
-
-static int env_apply(const struct env_option *o, const char *v, gm_pool_config_t *cfg)
-{
-    char *base = (char *)cfg + o->offset;
-    switch (o->type) {
-    case ENV_BACKEND:
-        if (!strcmp(v, "auto")) *(gm_backend_kind_t *)(void *)base = GM_BACKEND_AUTO;
-        else if (!strcmp(v, "sim")) *(gm_backend_kind_t *)(void *)base = GM_BACKEND_SIM;
-        else if (!strcmp(v, "cuda")) *(gm_backend_kind_t *)(void *)base = GM_BACKEND_CUDA;
-        else return GM_INVALID_ARGUMENT;
-        return GM_OK;
-    case ENV_INT: {
-        char *end;
-        errno = 0;
-        long x = strtol(v, &end, 10);
-        if (errno || *end || end == v || x < 0 || x > 1 << 20) return GM_INVALID_ARGUMENT;
-        *(int *)(void *)base = (int)x;
-        return GM_OK;
-    }
-    case ENV_SIZE_OR_MAX:
-        if (!strcmp(v, "max")) {
-            *(size_t *)(void *)base = SIZE_MAX;
-            return GM_OK;
-        }
-        /* fall through */
-    case ENV_SIZE:
-        return gm__parse_size(v, (size_t *)(void *)base);
-    case ENV_MALLOC_FAIL_NTH: {
-        static atomic_flag armed = ATOMIC_FLAG_INIT;
-        char *end;
-        errno = 0;
-        unsigned long long n = strtoull(v, &end, 10);
-        if (errno || *end || end == v || v[0] == '-') return GM_INVALID_ARGUMENT;
-        if (n != 0 && !atomic_flag_test_and_set(&armed)) gm__malloc_fail_nth((unsigned long)n);
-        return GM_OK;
-    }
-    case ENV_SYSMEM_FLAG:
-        if (!strcmp(v, "1")) *(unsigned *)(void *)base |= GM_POOL_SYSMEM_FALLBACK;
-        else if (!strcmp(v, "0")) *(unsigned *)(void *)base &= ~GM_POOL_SYSMEM_FALLBACK;
-        else return GM_INVALID_ARGUMENT;
-        return GM_OK;
-    }
-    return GM_INVALID_ARGUMENT;
-}
-
-int gm_config_from_env(gm_pool_config_t *cfg)
-{
-    if (!cfg) return gm__set_error(GM_INVALID_ARGUMENT, "gm_config_from_env: cfg is NULL");
-    gm_pool_config_t d = GM_POOL_CONFIG_INIT;
-    for (size_t i = 0; i < sizeof env_table / sizeof env_table[0]; i++) {
-        const struct env_option *o = &env_table[i];
-        const char *v = getenv(o->name);
-        if (!v || !*v) v = o->def;
-        if (env_apply(o, v, &d) != GM_OK)
-            return gm__set_error(GM_INVALID_ARGUMENT, "%s=\"%s\" is not valid: %s", o->name, v,
-                                 o->doc);
-    }
-    *cfg = d;
-    return GM_OK;
-}
 
 /* ---- creation and teardown ------------------------------------------------- */
 
@@ -154,11 +57,7 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: device %d", d.device);
     if (d.flags & ~GM_POOL_SYSMEM_FALLBACK)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: unknown flags %#x", d.flags);
-    if (d.sim_capacity == 0) {
-        const char *v = getenv("GPUMEM_SIM_CAPACITY");
-        if (!v || gm__parse_size(v, &d.sim_capacity) != GM_OK || d.sim_capacity == 0)
-            d.sim_capacity = (size_t)80 << 30;
-    }
+    if (d.sim_capacity == 0) d.sim_capacity = gm__option_sim_capacity();
     *out = d;
     return GM_OK;
 }
@@ -210,6 +109,7 @@ static void atfork_child(void)
     reset_library_pools_in_child();
     gm__registry_atfork_child();
     gm__monitor_atfork_child();
+    gm__options_atfork_child();
 }
 
 static void atfork_install(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/options.h"
 #include "host/host.h"
 #include "observe/observe.h"
 
@@ -368,9 +369,9 @@ int gm_leak_tracking(int enabled)
 
 void gm__leak_init_env(void)
 {
-    const char *v = getenv("GPUMEM_LEAK_CHECK");
-    if (!v || !*v || !strcmp(v, "0")) return;
-    leak_mode = !strcmp(v, "error") ? 2 : 1;
+    int mode = (int)gm__option_num(GM_OPT_LEAK_CHECK);
+    if (!mode) return;
+    leak_mode = mode;
     gm_leak_tracking(1);
 }
 

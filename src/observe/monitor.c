@@ -44,6 +44,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/options.h"
 #include "observe/observe.h"
 
 /* Seqlock fences.  On x86 stores are not reordered with stores, nor loads
@@ -94,8 +95,7 @@ static bool failure_said;         /* the "no monitor file" note, once */
 
 static const char *dir(void)
 {
-    const char *d = getenv("GPUMEM_MONITOR_DIR");
-    return d && *d ? d : "/dev/shm";
+    return gm__option_str(GM_OPT_MONITOR_DIR);
 }
 
 static uint64_t start_time_of(int pid, char *comm, size_t cap)
@@ -132,8 +132,7 @@ static void say_no_monitor_locked(const char *path, const char *what, int err)
  * temporary name, checked, sized, filled, then renamed into place). */
 static void create_locked(void)
 {
-    const char *v = getenv("GPUMEM_MONITOR");
-    if (v && !strcmp(v, "0")) return;
+    if (!gm__option_num(GM_OPT_MONITOR)) return;
     const char *d = dir();
     int pid = (int)getpid();
     int n = snprintf(seg_path, sizeof seg_path, "%s/gpumem.%d", d, pid);

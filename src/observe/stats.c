@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/options.h"
 #include "host/host.h"
 #include "observe/observe.h"
 
@@ -64,8 +65,8 @@ void gm__observe_pool_created(gm_pool_t *pool)
     pthread_mutex_unlock(&registry_mu);
     if (first) {
         gm__leak_init_env();
-        const char *t = getenv("GPUMEM_TRACE");
-        if (t && *t && gm_trace_start(t) != GM_OK)
+        const char *t = gm__option_str(GM_OPT_TRACE);
+        if (t && gm_trace_start(t) != GM_OK)
             fprintf(stderr, "gpumem: GPUMEM_TRACE=%s: %s\n", t, gm_last_error());
     }
     gm__monitor_attach(pool);

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/options.h"
 #include "core/pool.h"
 
 /* ---- throwing std::runtime_error from C ------------------------------------ */
@@ -57,8 +58,7 @@ static void *cxx_sym(void *lib, const char *name)
 
 static void cxx_load(void)
 {
-    const char *mode = getenv("GPUMEM_TORCH_OOM");
-    oom_mode_null = mode && strcmp(mode, "null") == 0;
+    oom_mode_null = gm__option_num(GM_OPT_TORCH_OOM) != 0;
     /* Only a libstdc++ that is already loaded (PyTorch's): never load one. */
     void *lib = dlopen("libstdc++.so.6", RTLD_NOW | RTLD_NOLOAD);
     void *a = cxx_sym(lib, "__cxa_allocate_exception");

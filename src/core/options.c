@@ -1,0 +1,275 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * options.c — the one table of GPUMEM_* environment variables, their
+ * parsers, gm_config_from_env, and the cached values of the process rows.
+ *
+ * The one idea: a variable is a row (name, type, default, doc), and the
+ * row's type is its parser.  Adding one is a row here and a getter call where
+ * it is used; `gpumem info --options` and the error message of a bad value
+ * come from the same row, so the documentation cannot drift from the code.
+ * This is the only file of the library that calls getenv.
+ *
+ * Locking: gm_config_from_env reads the environment at each call and keeps
+ * no state (but the once-only arming of GPUMEM_MALLOC_FAIL_NTH, an atomic
+ * flag).  The process rows are read under pthread_once into static storage
+ * that is never written again, so getters are lock-free after the first
+ * call.  Reading allocates nothing (fixed buffers): the host allocation seam
+ * counts the same allocations as before options were cached.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/internal.h"
+#include "core/options.h"
+
+typedef enum {
+    T_BACKEND, T_INT, T_SIZE, T_SIZE_OR_MAX, T_SYSMEM_FLAG,
+    T_MALLOC_FAIL_NTH, /* not a config field: arms gm__malloc_fail_nth once */
+    /* process rows: every value is accepted */
+    T_PATH,            /* a string */
+    T_SWITCH,          /* "0": 0, anything else: 1 */
+    T_LEAK,            /* "0": 0, "error": 2, anything else: 1 */
+    T_TORCH_OOM        /* "null": 1, anything else: 0 (throw) */
+} opt_type_t;
+
+#define CFG(field) true, offsetof(gm_pool_config_t, field)
+#define PROC false, 0
+
+static const gm__option_t table[GM_OPT_COUNT] = {
+    [GM_OPT_BACKEND] = {"GPUMEM_BACKEND", T_BACKEND, "auto",
+                        "auto | sim | cuda (auto: cuda when a driver is installed, else sim)",
+                        CFG(backend)},
+    [GM_OPT_DEVICE] = {"GPUMEM_DEVICE", T_INT, "0", "device ordinal", CFG(device)},
+    [GM_OPT_LIMIT] = {"GPUMEM_LIMIT", T_SIZE, "0",
+                      "hard cap on reserved bytes, e.g. 8GiB (0: device memory)", CFG(limit)},
+    [GM_OPT_INITIAL_RESERVE] = {"GPUMEM_INITIAL_RESERVE", T_SIZE, "0",
+                                "bytes mapped when the pool is created", CFG(initial_reserve)},
+    [GM_OPT_RELEASE_THRESHOLD] = {"GPUMEM_RELEASE_THRESHOLD", T_SIZE_OR_MAX, "max",
+                                  "cached bytes kept after a free before giving memory back "
+                                  "(max: keep all)", CFG(release_threshold)},
+    [GM_OPT_SIM_CAPACITY] = {"GPUMEM_SIM_CAPACITY", T_SIZE, "80GiB",
+                             "device size of the sim backend", CFG(sim_capacity)},
+    [GM_OPT_SYSMEM_FALLBACK] = {"GPUMEM_SYSMEM_FALLBACK", T_SYSMEM_FLAG, "0",
+                                "1: serve allocations from mapped pinned host memory when device "
+                                "memory runs out", CFG(flags)},
+    [GM_OPT_COPY_THREADS] = {"GPUMEM_COPY_THREADS", T_INT, "0",
+                             "worker threads of staged host copies (0: min(12, 3*cores/4))",
+                             CFG(copy_threads)},
+    [GM_OPT_COPY_CHUNK] = {"GPUMEM_COPY_CHUNK", T_SIZE, "0",
+                           "staging buffer size of staged host copies (0: 2MiB)", CFG(copy_chunk)},
+    /* Read with the config rows (gm_config_from_env), so a bad value is an
+     * error there; it fills no field. */
+    [GM_OPT_MALLOC_FAIL_NTH] = {"GPUMEM_MALLOC_FAIL_NTH", T_MALLOC_FAIL_NTH, "0",
+                                "testing: the n-th host allocation of the library, counted from "
+                                "the first reading of the environment, fails (0: none)",
+                                true, 0},
+    [GM_OPT_TRACE] = {"GPUMEM_TRACE", T_PATH, "",
+                      "record every allocation of the process to this RMM CSV file (.gz: "
+                      "gzip'd), from the first pool on", PROC},
+    [GM_OPT_LEAK_CHECK] = {"GPUMEM_LEAK_CHECK", T_LEAK, "0",
+                           "1: record call stacks, report leaks at pool destruction and exit; "
+                           "error: also exit with status 23 after a leak", PROC},
+    [GM_OPT_MONITOR] = {"GPUMEM_MONITOR", T_SWITCH, "1",
+                        "0: no shared statistics file for gpumem top / metrics", PROC},
+    [GM_OPT_MONITOR_DIR] = {"GPUMEM_MONITOR_DIR", T_PATH, "/dev/shm",
+                            "directory of the shared statistics files (gpumem.<pid>)", PROC},
+    [GM_OPT_TORCH_OOM] = {"GPUMEM_TORCH_OOM", T_TORCH_OOM, "throw",
+                          "PyTorch plug-in out of memory: throw (std::runtime_error) | null "
+                          "(return NULL)", PROC},
+    [GM_OPT_PRELOAD_VERBOSE] = {"GPUMEM_PRELOAD_VERBOSE", T_SWITCH, "0",
+                                "1: the preload library says where it routes and sums up at exit",
+                                PROC},
+};
+
+const gm__option_t *gm__option(gm__opt_t o) { return &table[o]; }
+
+const char *gm__option_env(gm__opt_t o)
+{
+    const char *v = getenv(table[o].name);
+    return v && *v ? v : NULL;
+}
+
+/* ---- parsers -------------------------------------------------------------- */
+
+int gm__parse_backend(const char *s, gm_backend_kind_t *kind)
+{
+    if (!strcmp(s, "auto")) *kind = GM_BACKEND_AUTO;
+    else if (!strcmp(s, "sim")) *kind = GM_BACKEND_SIM;
+    else if (!strcmp(s, "cuda")) *kind = GM_BACKEND_CUDA;
+    else return GM_INVALID_ARGUMENT;
+    return GM_OK;
+}
+
+const char *gm__backend_kind_name(gm_backend_kind_t kind)
+{
+    switch (kind) {
+    case GM_BACKEND_AUTO: return "auto";
+    case GM_BACKEND_SIM: return "sim";
+    case GM_BACKEND_CUDA: return "cuda";
+    }
+    return "?";
+}
+
+/* v (never empty: the default stands in) as a number of row o's type.
+ * Config rows can fail; process rows never do. */
+static int parse(const gm__option_t *o, const char *v, uint64_t *out)
+{
+    switch ((opt_type_t)o->type) {
+    case T_BACKEND: {
+        gm_backend_kind_t k;
+        if (gm__parse_backend(v, &k) != GM_OK) return GM_INVALID_ARGUMENT;
+        *out = (uint64_t)k;
+        return GM_OK;
+    }
+    case T_INT: {
+        char *end;
+        errno = 0;
+        long x = strtol(v, &end, 10);
+        if (errno || *end || end == v || x < 0 || x > 1 << 20) return GM_INVALID_ARGUMENT;
+        *out = (uint64_t)x;
+        return GM_OK;
+    }
+    case T_SIZE_OR_MAX:
+        if (!strcmp(v, "max")) {
+            *out = SIZE_MAX;
+            return GM_OK;
+        }
+        /* fall through */
+    case T_SIZE: {
+        size_t s;
+        int rc = gm__parse_size(v, &s);
+        if (rc == GM_OK) *out = s;
+        return rc;
+    }
+    case T_MALLOC_FAIL_NTH: {
+        char *end;
+        errno = 0;
+        unsigned long long n = strtoull(v, &end, 10);
+        if (errno || *end || end == v || v[0] == '-') return GM_INVALID_ARGUMENT;
+        *out = n;
+        return GM_OK;
+    }
+    case T_SYSMEM_FLAG:
+        if (!strcmp(v, "1")) *out = 1;
+        else if (!strcmp(v, "0")) *out = 0;
+        else return GM_INVALID_ARGUMENT;
+        return GM_OK;
+    case T_PATH: *out = 0; return GM_OK;
+    case T_SWITCH: *out = strcmp(v, "0") != 0; return GM_OK;
+    case T_LEAK: *out = !strcmp(v, "0") ? 0 : !strcmp(v, "error") ? 2 : 1; return GM_OK;
+    case T_TORCH_OOM: *out = strcmp(v, "null") == 0; return GM_OK;
+    }
+    return GM_INVALID_ARGUMENT;
+}
+
+bool gm__option_valid(gm__opt_t o, const char *v)
+{
+    uint64_t x;
+    return parse(&table[o], v && *v ? v : table[o].def, &x) == GM_OK;
+}
+
+/* ---- gm_config_from_env: the config rows, read at each call ---------------- */
+
+/* Store the parsed value x of config row o into d. */
+static void apply(const gm__option_t *o, uint64_t x, gm_pool_config_t *d)
+{
+    char *base = (char *)d + o->offset;
+    switch ((opt_type_t)o->type) {
+    case T_BACKEND: *(gm_backend_kind_t *)(void *)base = (gm_backend_kind_t)x; break;
+    case T_INT: *(int *)(void *)base = (int)x; break;
+    case T_SIZE:
+    case T_SIZE_OR_MAX: *(size_t *)(void *)base = (size_t)x; break;
+    case T_SYSMEM_FLAG:
+        if (x) *(unsigned *)(void *)base |= GM_POOL_SYSMEM_FALLBACK;
+        else *(unsigned *)(void *)base &= ~GM_POOL_SYSMEM_FALLBACK;
+        break;
+    case T_MALLOC_FAIL_NTH: {
+        static atomic_flag armed = ATOMIC_FLAG_INIT;
+        if (x != 0 && !atomic_flag_test_and_set(&armed)) gm__malloc_fail_nth((unsigned long)x);
+        break;
+    }
+    default: break;
+    }
+}
+
+int gm_config_from_env(gm_pool_config_t *cfg)
+{
+    if (!cfg) return gm__set_error(GM_INVALID_ARGUMENT, "gm_config_from_env: cfg is NULL");
+    gm_pool_config_t d = GM_POOL_CONFIG_INIT;
+    for (int i = 0; i < GM_OPT_COUNT; i++) {
+        const gm__option_t *o = &table[i];
+        if (!o->config) continue;
+        const char *v = getenv(o->name);
+        if (!v || !*v) v = o->def;
+        uint64_t x;
+        if (parse(o, v, &x) != GM_OK)
+            return gm__set_error(GM_INVALID_ARGUMENT, "%s=\"%s\" is not valid: %s", o->name, v,
+                                 o->doc);
+        apply(o, x, &d);
+    }
+    *cfg = d;
+    return GM_OK;
+}
+
+/* ---- the process rows, read once ------------------------------------------- */
+
+/* Strings are copied (a later setenv may free the environment's), into
+ * buffers of PATH_MAX: a longer value, which no path can be, keeps the
+ * environment's own pointer. */
+#define STR_CAP 4096
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static uint64_t num[GM_OPT_COUNT];
+static const char *str[GM_OPT_COUNT];
+static char str_buf[GM_OPT_COUNT][STR_CAP];
+static size_t sim_capacity;
+
+static void read_once(void)
+{
+    for (int i = 0; i < GM_OPT_COUNT; i++) {
+        const gm__option_t *o = &table[i];
+        if (o->config) continue;
+        const char *v = getenv(o->name);
+        if (!v || !*v) v = o->def;
+        if (parse(o, v, &num[i]) != GM_OK) num[i] = 0;
+        size_t n = strlen(v);
+        if (n < STR_CAP) {
+            memcpy(str_buf[i], v, n + 1);
+            v = str_buf[i];
+        }
+        str[i] = *v ? v : NULL;
+    }
+    /* A config row, read here for configs that leave it 0: a bad or zero
+     * value falls back to the default quietly, as pool creation always did. */
+    const gm__option_t *o = &table[GM_OPT_SIM_CAPACITY];
+    uint64_t x = 0;
+    const char *v = getenv(o->name);
+    if (!v || parse(o, v, &x) != GM_OK || x == 0) parse(o, o->def, &x);
+    sim_capacity = (size_t)x;
+}
+
+const char *gm__option_str(gm__opt_t o)
+{
+    pthread_once(&once, read_once);
+    return str[o];
+}
+
+uint64_t gm__option_num(gm__opt_t o)
+{
+    pthread_once(&once, read_once);
+    return num[o];
+}
+
+size_t gm__option_sim_capacity(void)
+{
+    pthread_once(&once, read_once);
+    return sim_capacity;
+}
+
+void gm__options_atfork_child(void)
+{
+    pthread_once_t fresh = PTHREAD_ONCE_INIT;
+    once = fresh;
+}
