@@ -7,7 +7,10 @@
  * address (offset 0, as CUDA requires), set access, unmap exactly what one map
  * call mapped, release.  Events and stream sync carry the cross-stream reuse
  * rule; memcpy/memset serve tests and staging.  Backends are chosen through
- * gm__backend_table (backend.c), never by #ifdef in the core.
+ * the table in select.c, never by #ifdef in the core.  The contract holds
+ * what the library calls (plus export_fd/import_fd, kept for sharing); the
+ * core reaches phys_create/phys_release only through its page provider
+ * (src/core/provider.h), every other member through GM_BK below.
  *
  * Every member returns a gm status; on failure it has already set the
  * per-thread message with gm__set_error() (naming the driver's own error where
@@ -87,15 +90,16 @@ typedef struct gm__backend_ops {
      * which may span several handles. */
     int (*set_access)(void *ctx, uintptr_t va, size_t size);
 
-    /* Share a handle with another process as a file descriptor.  export_fd
-     * returns a new descriptor the caller owns (and closes); import_fd does
-     * not take ownership of fd.  size must equal the exporter's handle size. */
+    /* Share a handle with another process as a file descriptor.  Used by
+     * sharing (not yet by the core): the broker and share providers of
+     * src/core/provider.h will pass these descriptors over Unix sockets.
+     * export_fd: precondition h is live (from phys_create or import_fd); it
+     * returns a new descriptor the caller owns (and closes).  import_fd:
+     * precondition fd came from export_fd (here or in another process) and
+     * size equals the exporter's handle size; it does not take ownership of
+     * fd, and the handle it makes is released with phys_release. */
     int (*export_fd)(void *ctx, gm__phys_t h, int *fd);
     int (*import_fd)(void *ctx, int fd, size_t size, gm__phys_t *h);
-
-    /* Plain allocation path for a device without VMM support. */
-    int (*mem_alloc)(void *ctx, size_t size, uintptr_t *ptr);
-    int (*mem_free)(void *ctx, uintptr_t ptr);
 
     int (*event_create)(void *ctx, gm__event_t *ev);
     int (*event_destroy)(void *ctx, gm__event_t ev);

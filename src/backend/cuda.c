@@ -45,9 +45,9 @@
 #include "base/internal.h"
 #include "backend/cuda_driver.h"
 
-/* Page size reported when the device has no VMM support: the plain path
- * (cuMemAlloc) has no granularity of its own, and the layers above want one. */
-#define PLAIN_PATH_GRANULARITY ((size_t)2 << 20)
+/* Page size reported when the device has no VMM support: info fills every
+ * field, though the pool refuses such a device (it needs VMM). */
+#define NO_VMM_GRANULARITY ((size_t)2 << 20)
 
 /* ------------------------------------------------------------------------ */
 /* The driver, loaded once                                                  */
@@ -468,7 +468,7 @@ static int cuda_open(const gm__backend_config_t *cfg, void **ctx)
         goto fail_free;
     }
 
-    c->granularity = PLAIN_PATH_GRANULARITY;
+    c->granularity = NO_VMM_GRANULARITY;
     if (c->vmm) {
         CUmemAllocationProp prop = alloc_prop(c->ordinal, c->handle_type);
         CUcontext prev;
@@ -631,6 +631,8 @@ static int cuda_set_access(void *ctx, uintptr_t va, size_t size)
 /* Sharing between processes                                                */
 /* ------------------------------------------------------------------------ */
 
+/* Used by sharing (not yet by the core): see backend.h. */
+
 static int check_fd_sharing(const cuda_ctx_t *c, const char *what)
 {
     GM_CHECK(check_vmm(c, what));
@@ -670,31 +672,6 @@ static int cuda_import_fd(void *ctx, int fd, size_t size, gm__phys_t *h)
                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
             "cuMemImportFromShareableHandle(fd %d)", fd);
     *h = (gm__phys_t)handle;
-    return GM_OK;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Plain allocations                                                        */
-/* ------------------------------------------------------------------------ */
-
-/* Precondition: size > 0.  Works with or without VMM support. */
-static int cuda_mem_alloc(void *ctx, size_t size, uintptr_t *ptr)
-{
-    cuda_ctx_t *c = ctx;
-    if (size == 0) return gm__set_error(GM_INVALID_ARGUMENT, "cuda: mem_alloc of 0 bytes");
-    CUdeviceptr p = 0;
-    CU_CALL(c, mem_alloc, drv.cuMemAlloc(&p, size), "cuMemAlloc(%zu bytes, device %d)", size,
-            c->ordinal);
-    *ptr = (uintptr_t)p;
-    return GM_OK;
-}
-
-/* Precondition: ptr came from mem_alloc and no queued work touches it
- * (cuMemFree does not wait for other streams). */
-static int cuda_mem_free(void *ctx, uintptr_t ptr)
-{
-    cuda_ctx_t *c = ctx;
-    CU_CALL(c, mem_free, drv.cuMemFree((CUdeviceptr)ptr), "cuMemFree(%#lx)", (unsigned long)ptr);
     return GM_OK;
 }
 
@@ -912,8 +889,6 @@ const gm__backend_ops_t gm__backend_cuda = {
     .set_access = cuda_set_access,
     .export_fd = cuda_export_fd,
     .import_fd = cuda_import_fd,
-    .mem_alloc = cuda_mem_alloc,
-    .mem_free = cuda_mem_free,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,

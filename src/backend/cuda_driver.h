@@ -9,8 +9,11 @@
  *
  * Values and layouts were checked against the CUDA 13.0 toolkit header while
  * writing this; the static assertions at the end pin the layouts that cross
- * the ABI.  Only cuda.c includes this file.  Add a declaration here only when
- * the backend starts using it.
+ * the ABI.  Two files include it: src/backend/cuda.c, and preload/preload.c,
+ * which takes the types, status codes and cuGetProcAddress flags (CUresult,
+ * CUdeviceptr, CUstream, CU_GET_PROC_ADDRESS_* ...) for the driver entry
+ * points it interposes, never the function table.  Add a declaration here
+ * only when one of them starts using it.
  */
 #ifndef GM_CUDA_DRIVER_H
 #define GM_CUDA_DRIVER_H
@@ -171,8 +174,6 @@ typedef CUresult (*gm__pfn_cuGetProcAddress)(const char *symbol, void **pfn, int
     X(cuCtxGetCurrent, 1, (CUcontext *ctx))                                                        \
     X(cuCtxSetCurrent, 1, (CUcontext ctx))                                                         \
     X(cuMemGetInfo, 1, (size_t *free_bytes, size_t *total_bytes))                                  \
-    X(cuMemAlloc, 1, (CUdeviceptr *ptr, size_t size))                                              \
-    X(cuMemFree, 1, (CUdeviceptr ptr))                                                             \
     X(cuEventCreate, 1, (CUevent *event, unsigned int flags))                                      \
     X(cuEventDestroy, 1, (CUevent event))                                                          \
     X(cuEventRecord, 1, (CUevent event, CUstream stream))                                          \

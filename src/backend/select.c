@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * backend.c — the table of backends and the choice between them, plus the
- * names of backend call kinds.
+ * select.c — the table of backends and the choice between them.
  *
  * The one idea: the core never asks which device it runs on; it asks this
  * file for a gm__backend_ops_t once, at pool creation, and from then on only
@@ -20,26 +19,6 @@
 
 #include "backend/backend.h"
 #include "base/internal.h"
-
-static const char *const call_names[GM_CALL_COUNT] = {
-#define GM__CALL_NAME(name) #name,
-    GM_CALL_KINDS(GM__CALL_NAME)
-#undef GM__CALL_NAME
-};
-
-const char *gm_call_name(int kind)
-{
-    if (kind < 0 || kind >= GM_CALL_COUNT) return NULL;
-    return call_names[kind];
-}
-
-int gm_call_from_name(const char *name)
-{
-    if (name == NULL) return -1;
-    for (int k = 0; k < GM_CALL_COUNT; k++)
-        if (strcmp(call_names[k], name) == 0) return k;
-    return -1;
-}
 
 /* ---- fault injection shared by the backends ---- */
 

@@ -5,8 +5,7 @@
  * the backend contract runs and is tested for real on any Linux machine.
  *
  * It owns, per opened context: the virtual address reservations, the physical
- * handles, the mappings between them, the plain allocations of the non-VMM
- * path, events and the "held" state of streams, the modeled device time and
+ * handles, the mappings between them, events and the "held" state of streams, the modeled device time and
  * the fault-injection countdowns.
  *
  * The one idea: a physical handle is a memfd, a reservation is an
@@ -27,11 +26,7 @@
  * having waited (stream_wait_event) on an event recorded on that stream:
  * memory handed to a stream while another stream's work on it was pending.
  *
- * Environment: GPUMEM_SIM_NO_VMM=1 (any value other than "" and "0") makes
- * info() report vmm_supported = 0, so the pool's plain-allocation path
- * (mem_alloc/mem_free) can be tested; the VMM members keep working.
- *
- * Capacity: phys_create and mem_alloc count against the capacity; imported
+ * Capacity: phys_create counts against the capacity; imported
  * handles do not.  An imported handle is memory another context (usually
  * another process) created and already counted — on a real GPU too the
  * importer gets a reference to the exporter's physical allocation — so
@@ -84,8 +79,6 @@ static const uint64_t call_cost_ns[GM_CALL_COUNT] = {
     [GM_CALL_set_access] = 19200,   /* cuMemSetAccess, per handle in the range */
     [GM_CALL_export_fd] = 5000,     /* assumed (cuMemExportToShareableHandle) */
     [GM_CALL_import_fd] = 10000,    /* assumed (cuMemImportFromShareableHandle) */
-    [GM_CALL_mem_alloc] = 37814,    /* cudaMalloc: half a pair, + MEM_ALLOC_PER_MIB_NS */
-    [GM_CALL_mem_free] = 37814,     /* cudaFree: the other half (the even split is assumed) */
     [GM_CALL_event_create] = 1000,  /* assumed */
     [GM_CALL_event_destroy] = 1000, /* assumed */
     [GM_CALL_event_record] = 2000,  /* assumed */
@@ -112,9 +105,6 @@ static const uint64_t call_cost_ns[GM_CALL_COUNT] = {
 /* 64 MiB as one handle costs 47 us for create+map+access (DESIGN.md), so a
  * create grows by (47 - 0.5 - 19.2 - 7.4) us / 31 extra pages ~ 0.63 us. */
 #define PHYS_CREATE_PER_EXTRA_PAGE_NS 630u
-/* A cudaMalloc+cudaFree pair costs 77 us at 2 MiB and 778 us at 1 GiB: a line
- * of 75.6 us + 0.686 us per MiB, charged half to each side. */
-#define MEM_ALLOC_PER_MIB_NS 343u
 /* Device-to-device copies: 2.93 TB/s counting read + write, i.e. 2930 bytes
  * moved per ns, and a copy of n bytes moves 2n.  A device memset writes n. */
 #define DEVICE_BYTES_PER_NS 2930u
@@ -191,12 +181,11 @@ typedef struct stream {
     uint64_t hold_gen;
 } stream_t;
 
-/* A reservation (plain == 0) or a plain allocation (plain == 1). */
+/* A reservation of address space. */
 typedef struct region {
     uintptr_t start;
     size_t size;
-    int plain;
-    size_t mapped;      /* reservations: bytes mapped inside */
+    size_t mapped;      /* bytes mapped inside */
 } region_t;
 
 /* A host range made "pinned" by host_register: copies from/to it are charged
@@ -243,7 +232,7 @@ typedef struct waited {
 
 /* One simulated device.  Accounting, checked after every mutation in debug
  * builds:
- *   created == sum(size of live non-imported handles) + sum(size of plain regions)
+ *   created == sum(size of live non-imported handles)
  *   created <= capacity
  *   granules.count * granularity == mapped_total == sum(region.mapped)
  *                                == sum(size of live mappings)
@@ -255,7 +244,6 @@ typedef struct sim {
     size_t capacity;
     size_t granularity;
     size_t host_page;
-    int vmm_supported;
 
     size_t created;
     size_t mapped_total;
@@ -685,8 +673,6 @@ static int sim_open(const gm__backend_config_t *cfg, void **ctx)
     sim->granularity = SIM_GRANULARITY;
     long pg = sysconf(_SC_PAGESIZE);
     sim->host_page = pg > 0 ? (size_t)pg : 4096;
-    const char *novmm = getenv("GPUMEM_SIM_NO_VMM");
-    sim->vmm_supported = !(novmm != NULL && novmm[0] != '\0' && strcmp(novmm, "0") != 0);
     slots_init(&sim->handles, sizeof(handle_t));
     slots_init(&sim->mappings, sizeof(mapping_t));
     slots_init(&sim->events, sizeof(event_t));
@@ -715,10 +701,9 @@ static void sim_close(void *ctx)
     pthread_mutex_lock(&sim->lock);
     uint32_t live_handles = slots_live(&sim->handles);
     uint32_t live_mappings = slots_live(&sim->mappings);
-    size_t nres = 0, nplain = 0;
+    size_t nres = sim->nregions;
     for (size_t i = 0; i < sim->nregions; i++) {
         region_t *r = &sim->regions[i];
-        if (r->plain) nplain++; else nres++;
         munmap((void *)r->start, r->size); /* also drops mappings inside */
     }
     for (uint32_t i = 0; i < sim->handles.count; i++) {
@@ -726,13 +711,13 @@ static void sim_close(void *ctx)
         if (h->in_use) close(h->fd);
     }
 #if GM_DEBUG >= 1
-    if (live_handles || live_mappings || nres || nplain)
+    if (live_handles || live_mappings || nres)
         fprintf(stderr,
-                "gpumem sim: closed with %u handle(s), %u mapping(s), %zu reservation(s), "
-                "%zu plain allocation(s) still live; released them\n",
-                live_handles, live_mappings, nres, nplain);
+                "gpumem sim: closed with %u handle(s), %u mapping(s), %zu reservation(s) "
+                "still live; released them\n",
+                live_handles, live_mappings, nres);
 #else
-    (void)live_handles, (void)live_mappings, (void)nres, (void)nplain;
+    (void)live_handles, (void)live_mappings, (void)nres;
 #endif
     slots_fini(&sim->handles);
     slots_fini(&sim->mappings);
@@ -766,7 +751,7 @@ static int sim_info(void *ctx, gm__backend_info_t *out)
     out->total_memory = sim->capacity;
     out->free_memory = sim->capacity - sim->created;
     out->granularity = sim->granularity;
-    out->vmm_supported = sim->vmm_supported;
+    out->vmm_supported = 1;
     out->numa_node = -1;
     pthread_mutex_unlock(&sim->lock);
     return GM_OK;
@@ -823,7 +808,7 @@ static int sim_va_reserve(void *ctx, size_t size, size_t align, uintptr_t *va)
     if (head) munmap(p, head);
     if (tail) munmap((void *)(start + size), tail);
 
-    region_insert(sim, (region_t){.start = start, .size = size, .plain = 0, .mapped = 0});
+    region_insert(sim, (region_t){.start = start, .size = size, .mapped = 0});
     charge_locked(sim, call_cost_ns[GM_CALL_va_reserve]);
     *va = start;
 out:
@@ -838,7 +823,7 @@ static int sim_va_free(void *ctx, uintptr_t va, size_t size)
     GM_CHECK(enter(ctx, GM_CALL_va_free, &sim));
     int rc = GM_OK;
     region_t *r = region_containing(sim, va);
-    if (r == NULL || r->start != va || r->plain) {
+    if (r == NULL || r->start != va) {
         rc = gm__set_error(GM_INVALID_ARGUMENT,
                            "sim: va_free: %#" PRIxPTR " is not the start of a reservation", va);
     } else if (r->size != size) {
@@ -992,7 +977,7 @@ static int sim_map(void *ctx, uintptr_t va, size_t size, gm__phys_t h)
                            "(%zu)", va, sim->granularity);
         goto out;
     }
-    if (r == NULL || r->plain || size > r->start + r->size - va) {
+    if (r == NULL || size > r->start + r->size - va) {
         rc = gm__set_error(GM_INVALID_ARGUMENT,
                            "sim: map: [%#" PRIxPTR ", +%zu) is not inside one reservation",
                            va, size);
@@ -1121,6 +1106,8 @@ out:
 /* Contract: sharing                                                         */
 /* ------------------------------------------------------------------------ */
 
+/* Used by sharing (not yet by the core): see backend.h. */
+
 /* Preconditions: h live, fd != NULL.  *fd is a new descriptor (close-on-exec)
  * for the handle's memfd; the caller owns it. */
 static int sim_export_fd(void *ctx, gm__phys_t h, int *fd)
@@ -1199,72 +1186,6 @@ static int sim_import_fd(void *ctx, int fd, size_t size, gm__phys_t *h)
     charge_locked(sim, call_cost_ns[GM_CALL_import_fd]);
     *h = make_id(gen, slot);
 out:
-    return leave(sim, rc);
-}
-
-/* ------------------------------------------------------------------------ */
-/* Contract: plain allocations (devices without VMM)                         */
-/* ------------------------------------------------------------------------ */
-
-/* Preconditions: size > 0, ptr != NULL.  Counts size rounded up to the host
- * page against the capacity.  Memory is readable and writable at once. */
-static int sim_mem_alloc(void *ctx, size_t size, uintptr_t *ptr)
-{
-    sim_t *sim;
-    GM_CHECK(enter(ctx, GM_CALL_mem_alloc, &sim));
-    int rc = GM_OK;
-    size_t len = GM_ALIGN_UP(size, sim->host_page);
-    if (ptr == NULL) {
-        rc = gm__set_error(GM_INVALID_ARGUMENT, "sim: mem_alloc: NULL ptr out-parameter");
-        goto out;
-    }
-    if (size == 0 || len < size) {
-        rc = gm__set_error(GM_INVALID_ARGUMENT, "sim: mem_alloc: invalid size %zu", size);
-        goto out;
-    }
-    if (len > sim->capacity - sim->created) {
-        rc = gm__set_error(GM_OUT_OF_MEMORY,
-                           "sim: mem_alloc: out of device memory: requested %zu bytes, "
-                           "capacity %zu, used %zu, free %zu",
-                           size, sim->capacity, sim->created, sim->capacity - sim->created);
-        goto out;
-    }
-    GM_CHECK_GOTO(grow_array((void **)&sim->regions, &sim->regions_cap, sizeof(region_t),
-                             sim->nregions + 1), rc, out);
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) {
-        char eb[128];
-        rc = gm__set_error(GM_OUT_OF_MEMORY, "sim: mem_alloc: mmap of %zu bytes failed: %s",
-                           len, errstr(errno, eb, sizeof eb));
-        goto out;
-    }
-    region_insert(sim, (region_t){.start = (uintptr_t)p, .size = len, .plain = 1});
-    sim->created += len;
-    charge_locked(sim, call_cost_ns[GM_CALL_mem_alloc] + (len >> 20) * MEM_ALLOC_PER_MIB_NS);
-    *ptr = (uintptr_t)p;
-out:
-    return leave(sim, rc);
-}
-
-/* Precondition: ptr came from mem_alloc and was not freed. */
-static int sim_mem_free(void *ctx, uintptr_t ptr)
-{
-    sim_t *sim;
-    GM_CHECK(enter(ctx, GM_CALL_mem_free, &sim));
-    int rc = GM_OK;
-    region_t *r = region_containing(sim, ptr);
-    if (r == NULL || !r->plain || r->start != ptr) {
-        rc = gm__set_error(GM_INVALID_ARGUMENT,
-                           "sim: mem_free: %#" PRIxPTR " was not returned by mem_alloc "
-                           "(or was freed already)", ptr);
-    } else {
-        size_t len = r->size;
-        munmap((void *)ptr, len);
-        region_remove(sim, r);
-        sim->created -= len;
-        charge_locked(sim, call_cost_ns[GM_CALL_mem_free] + (len >> 20) * MEM_ALLOC_PER_MIB_NS);
-    }
     return leave(sim, rc);
 }
 
@@ -1657,7 +1578,6 @@ static int check_range_locked(sim_t *sim, const char *call, const char *side, ui
                              "device range [%#" PRIxPTR ", +%zu)",
                              call, side, addr, n, r->start, r->size);
     *device = 1;
-    if (r->plain) return GM_OK;
     uint64_t first = addr >> SIM_GRANULARITY_SHIFT;
     uint64_t last = (addr + n - 1) >> SIM_GRANULARITY_SHIFT;
     for (uint64_t g = first; g <= last; g++) {
@@ -1771,8 +1691,6 @@ const gm__backend_ops_t gm__backend_sim = {
     .set_access = sim_set_access,
     .export_fd = sim_export_fd,
     .import_fd = sim_import_fd,
-    .mem_alloc = sim_mem_alloc,
-    .mem_free = sim_mem_free,
     .event_create = sim_event_create,
     .event_destroy = sim_event_destroy,
     .event_record = sim_event_record,

@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * error.c — status names and descriptions, the per-thread last-error
- * message, the internal-assert handler and the version string.
+ * error.c — status names and descriptions, the names of backend call kinds,
+ * the per-thread last-error message, the internal-assert handler and the
+ * version string.
  *
  * The one idea: reporting an error must never fail or allocate, because it
  * is used on out-of-memory paths.  Names and descriptions are generated from
- * GM_ERRNO_MAP (one table, as libuv does), and the message lives in a fixed
- * thread-local buffer, like dlerror().  Nothing here takes a lock.
+ * GM_ERRNO_MAP (one table, as libuv does), call-kind names from
+ * GM_CALL_KINDS (so a backend names the call it fails without linking the
+ * backend selector), and the message lives in a fixed thread-local buffer,
+ * like dlerror().  Nothing here takes a lock.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -50,6 +53,26 @@ const char *gm_errname(int status)
     default:
         return "GM_UNKNOWN";
     }
+}
+
+static const char *const call_names[GM_CALL_COUNT] = {
+#define GM__CALL_NAME(name) #name,
+    GM_CALL_KINDS(GM__CALL_NAME)
+#undef GM__CALL_NAME
+};
+
+const char *gm_call_name(int kind)
+{
+    if (kind < 0 || kind >= GM_CALL_COUNT) return NULL;
+    return call_names[kind];
+}
+
+int gm_call_from_name(const char *name)
+{
+    if (name == NULL) return -1;
+    for (int k = 0; k < GM_CALL_COUNT; k++)
+        if (strcmp(call_names[k], name) == 0) return k;
+    return -1;
 }
 
 const char *gm_last_error(void)

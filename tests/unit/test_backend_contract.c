@@ -15,7 +15,7 @@
  * form one range with one set_access ("stitching") and a copy across the
  * seam lands in both; unmapping part of one map call is refused and leaves
  * the mapping intact; events record/query/sync; fd export/import sees the
- * same memory (where supported); the plain allocation path; clean release;
+ * same memory (where supported); clean release;
  * and a probe of a device that does not exist answers GM_NO_DEVICE.
  */
 #ifndef _POSIX_C_SOURCE
@@ -229,34 +229,6 @@ out:
     free(pat);
 }
 
-/* ---- the plain allocation path ------------------------------------------------ */
-
-static void test_plain(fixture_t *f)
-{
-    const gm__backend_ops_t *o = f->ops;
-    const size_t n = (size_t)1 << 20;
-    uint8_t *img = malloc(n), *buf = malloc(n);
-    uintptr_t p = 0;
-    if (!img || !buf) {
-        CHECK(!"host buffers");
-        free(img), free(buf);
-        return;
-    }
-    CHECK_OK(o->mem_alloc(f->ctx, n, &p));
-    if (p) {
-        CHECK(p % GM_ALIGNMENT == 0);
-        memset(img, 0x77, n);
-        fill_pattern(img + 100, 1000, 3);
-        CHECK_OK(o->memset(f->ctx, p, 0x77, n, NULL));
-        CHECK_OK(o->memcpy(f->ctx, p + 100, (uintptr_t)(img + 100), 1000, NULL));
-        CHECK_OK(read_back(f, buf, p, n));
-        check_bytes("plain allocation", buf, img, n);
-        CHECK_OK(o->mem_free(f->ctx, p));
-    }
-    free(img);
-    free(buf);
-}
-
 /* ---- a device that does not exist --------------------------------------------- */
 
 static void test_missing_device(void)
@@ -316,7 +288,6 @@ int main(void)
         test_vmm(&f);
     else
         printf("note: no virtual memory management on this device: VMM checks skipped\n");
-    test_plain(&f);
 
     f.ops->close(f.ctx);
     test_missing_device();
