@@ -28,10 +28,11 @@
 
 #include "cli.h"
 #include "gpumem.h"
+#include "observe/trace.h"
 
 #ifndef GM_SYNTH_GENERATOR_ONLY
 #include "base/internal.h"
-#include "observe/trace.h"
+#include "lib/trace_read.h"
 #ifdef GM_HAVE_ZLIB
 #include <zlib.h>
 #endif
@@ -42,9 +43,8 @@
 #define ROUND_BYTES 512u                 /* PyTorch rounds every block to 512 B */
 #define PTR_BASE 0x7f0000000000ull       /* pointer ids: base + n * PTR_STEP, */
 #define PTR_STEP 0x200ull                /* never reused, so unique while live */
-#define LINE_MAX_BYTES 128u              /* longest line we write, with margin */
 
-enum { OP_ALLOC, OP_FREE };
+enum { OP_ALLOC = GM__TRACE_ALLOC, OP_FREE = GM__TRACE_FREE }; /* trace.h's actions */
 
 /* A tensor's block: ptr 0 = none (freeing it is a no-op). */
 typedef struct tensor {
@@ -136,38 +136,13 @@ static void write_text(synth_t *s, const char *text)
     s->len += n;
 }
 
-/* Append n in decimal, at least `width` digits (zero-padded), or in hex. */
-static char *put_dec(char *p, uint64_t n, int width)
-{
-    char tmp[24];
-    int k = 0;
-    do {
-        tmp[k++] = (char)('0' + n % 10);
-        n /= 10;
-    } while (n || k < width);
-    while (k) *p++ = tmp[--k];
-    return p;
-}
-
-static char *put_hex(char *p, uint64_t n)
-{
-    char tmp[16];
-    int k = 0;
-    do {
-        tmp[k++] = "0123456789abcdef"[n & 15];
-        n >>= 4;
-    } while (n);
-    while (k) *p++ = tmp[--k];
-    return p;
-}
-
 /* Write one op: the clock moves on by the time the framework took to get
- * here (more for larger outputs: the kernel that fills them).  Formatted by
- * hand: this is the generator's hot loop, and printf would triple its time. */
+ * here (more for larger outputs: the kernel that fills them).  The row is
+ * trace.h's (a clock to the microsecond, decimal stream). */
 static void emit(synth_t *s, int action, uint64_t ptr, uint64_t size, unsigned stream,
                  unsigned thread)
 {
-    if (reserve(s, LINE_MAX_BYTES)) return;
+    if (reserve(s, GM__TRACE_ROW_MAX)) return;
     if (action == OP_ALLOC) {
         s->clock_us += 2 + mix(&s->time_rng) % 6 + (size >> 23);
         s->live += size;
@@ -177,26 +152,8 @@ static void emit(synth_t *s, int action, uint64_t ptr, uint64_t size, unsigned s
         s->live -= size;
     }
     s->ops++;
-    uint64_t t = s->clock_us;
-    char *p = s->buf + s->len;
-    p = put_dec(p, thread, 1);
-    *p++ = ',';
-    p = put_dec(p, t / 3600000000ull, 2); /* HH:MM:SS.micro */
-    *p++ = ':';
-    p = put_dec(p, t / 60000000ull % 60, 2);
-    *p++ = ':';
-    p = put_dec(p, t / 1000000 % 60, 2);
-    *p++ = '.';
-    p = put_dec(p, t % 1000000, 6);
-    const char *a = action == OP_ALLOC ? ",allocate,0x" : ",free,0x";
-    size_t n = strlen(a);
-    memcpy(p, a, n);
-    p = put_hex(p + n, ptr);
-    *p++ = ',';
-    p = put_dec(p, size, 1);
-    *p++ = ',';
-    p = put_dec(p, stream, 1);
-    *p++ = '\n';
+    char *p = gm__trace_format_row(s->buf + s->len, GM__TRACE_ROW_CLOCK, thread,
+                                   s->clock_us * 1000, action, ptr, size, stream);
     s->len = (size_t)(p - s->buf);
 }
 
@@ -1397,7 +1354,7 @@ int gm_cli_synth_generate(const char *kind, unsigned long long seed, double scal
     /* Different kinds draw from different streams even with one seed. */
     s.rng = seed ^ 0x5851f42d4c957f2dull * (uint64_t)(k - kinds + 1);
     s.time_rng = ~seed;
-    write_text(&s, "Thread,Time,Action,Pointer,Size,Stream\n");
+    write_text(&s, GM__TRACE_HEADER_LINE);
     k->generate(&s);
     if (s.nomem) {
         free(s.buf);

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_synth.c — the synthetic trace generator behind `gpumem synth`
- * (tools/synth.c): every kind parses back with the trace reader (src/trace.c)
+ * (tools/synth.c): every kind parses back with the trace reader (tools/lib/trace_read.c)
  * into a well-formed trace (no unknown or mismatched frees, everything freed
  * at the end, sizes rounded to 512 B, time never going back, the streams the
  * kind promises), the same seed gives the same bytes and another seed other
@@ -16,7 +16,7 @@
 
 #include "test.h"
 #include "base/internal.h"
-#include "observe/trace.h"
+#include "lib/trace_read.h"
 
 static int generate(const char *kind, unsigned long long seed, double scale, char **text,
                     size_t *len)
