@@ -31,7 +31,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gpumem.h"
-#include "observe/trace.h"
+#include "lib/trace_read.h"
 
 #define MAX_TRACES 32
 #define N_THREADS 16

@@ -33,15 +33,15 @@ cudalib="$cuda/lib64"
 
 echo "=== build gpumem ($BUILD_DIR)"
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$work/cmake.log" 2>&1 &&
-    cmake --build "$BUILD_DIR" -j "$(nproc)" --target gpumem_static >>"$work/cmake.log" 2>&1 ||
+    cmake --build "$BUILD_DIR" -j "$(nproc)" --target gpumem_tools >>"$work/cmake.log" 2>&1 ||
     { tail -n 40 "$work/cmake.log"; echo "build failed"; exit 1; }
 
 echo "=== build alloc_bench"
 bench="$BUILD_DIR/alloc_bench"
 zl=-lz
 grep -q 'GM_HAVE_ZLIB' "$BUILD_DIR/compile_commands.json" 2>/dev/null || zl=
-${CC:-cc} -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Iinclude -Isrc -I"$cuda/include" \
-    bench/alloc_bench.c "$BUILD_DIR/libgpumem.a" -L"$cudalib" -lcudart -Wl,-rpath,"$cudalib" \
+${CC:-cc} -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Iinclude -Isrc -Itools -I"$cuda/include" \
+    bench/alloc_bench.c "$BUILD_DIR/libgpumem_tools.a" "$BUILD_DIR/libgpumem.a" -L"$cudalib" -lcudart -Wl,-rpath,"$cudalib" \
     $zl -lpthread -ldl -lm -o "$bench" || { echo "alloc_bench build failed"; exit 1; }
 
 shim=""

@@ -24,7 +24,7 @@ void gm_cli_info_usage(FILE *out);
 int gm_cli_replay(int argc, char **argv);     /* replay.c */
 void gm_cli_replay_usage(FILE *out);
 int gm_cli_synth(int argc, char **argv);      /* synth.c */
-void gm_cli_synth_usage(FILE *out);
+void gm_cli_synth_usage(FILE *out);          /* synth/kinds.c, with the generator */
 /* Generate the synthetic trace KIND as RMM CSV text into a malloc'd buffer
  * (*text, *len bytes); deterministic for (kind, seed, scale).  0 ok, -1 an
  * unknown kind, -2 out of host memory.  gm_cli_synth_kinds: the kinds, NULL

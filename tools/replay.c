@@ -8,7 +8,7 @@
  * The one idea: measure the allocator, not the tool.  Every file is read
  * once before anything runs (a bad file fails fast with exit 2, and its trace
  * bugs are reported, or with --strict refused, before any replay); then each
- * pass reads it again through the streaming reader (src/observe/trace.h), a chunk of
+ * pass reads it again through the streaming reader (tools/lib/trace_read.h), a chunk of
  * ops at a time, so memory stays bounded however long the trace.  The ops
  * are already dense slot ids, so the timed loop over a chunk is array
  * indexing plus gm_alloc/gm_free, with one clock read on each side of the
@@ -25,7 +25,7 @@
 #include "cli.h"
 #include "gpumem.h"
 #include "base/internal.h"
-#include "observe/trace.h"
+#include "lib/trace_read.h"
 
 #define PROGRESS_MIN_OPS 100000u      /* show progress for longer replays ... */
 #define PROGRESS_MIN_NS 1000000000u   /* ... or ones running longer than 1 s */

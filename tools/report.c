@@ -28,7 +28,7 @@
 #include "base/internal.h"
 #include "core/pool.h"
 #include "report_page.h"
-#include "observe/trace.h"
+#include "lib/trace_read.h"
 
 #define MAX_POINTS 2000
 #define GAP_CAP ((uint64_t)64 << 20)

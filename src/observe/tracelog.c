@@ -2,7 +2,8 @@
 /*
  * tracelog.c — recording every allocate / free / allocate failure of the
  * process as an RMM logging CSV (Thread,Time,Action,Pointer,Size,Stream),
- * the format src/trace.c reads back, gzip'd when the path ends in ".gz".
+ * the format of observe/trace.h, whose row writer formats every row; gzip'd
+ * when the path ends in ".gz".
  *
  * The one idea: the allocation path only appends a 40-byte binary record to
  * its pool's buffer, under the pool lock it already holds (so a pool's
@@ -114,29 +115,6 @@ static void out_write(const char *s, size_t n)
     if (w != n && !write_error) write_error = errno ? errno : EIO;
 }
 
-/* Decimal and hex digits without printf: the writer formats millions of
- * rows, and snprintf with a double costs several hundred ns a row. */
-static char *put_dec(char *p, uint64_t x)
-{
-    char tmp[24];
-    int n = 0;
-    do tmp[n++] = (char)('0' + x % 10); while ((x /= 10));
-    while (n) *p++ = tmp[--n];
-    return p;
-}
-
-static char *put_hex(char *p, uint64_t x)
-{
-    static const char digits[] = "0123456789abcdef";
-    char tmp[20];
-    int n = 0;
-    do tmp[n++] = digits[x & 15]; while ((x >>= 4));
-    *p++ = '0';
-    *p++ = 'x';
-    while (n) *p++ = tmp[--n];
-    return p;
-}
-
 static void write_site(uint64_t row, uint64_t size, void *const *frames)
 {
     if (!sites_file) {
@@ -171,8 +149,6 @@ static void write_site(uint64_t row, uint64_t size, void *const *frames)
 
 static void format_buf(const struct gm__trace_buf *b)
 {
-    static const char *const names[] = {"allocate", "free", "allocate failure"};
-    static const size_t lens[] = {8, 4, 16};
     char text[64 * 1024];
     char *p = text;
     for (size_t i = 0; i < b->n; i++) {
@@ -181,25 +157,12 @@ static void format_buf(const struct gm__trace_buf *b)
                           ? (uint64_t)((double)(r->tick - start_tick) * ns_per_tick)
                           : 0;
         unsigned a = (r->action & ~SITE) < 3 ? r->action & ~SITE : 0;
-        p = put_dec(p, r->thread);
-        *p++ = ',';
-        p = put_dec(p, ns / 1000000000u); /* seconds.nanoseconds */
-        *p++ = '.';
-        uint64_t frac = ns % 1000000000u;
-        for (uint64_t d = 100000000u; d; d /= 10) *p++ = (char)('0' + frac / d % 10);
-        *p++ = ',';
-        memcpy(p, names[a], lens[a]);
-        p += lens[a];
-        *p++ = ',';
-        p = put_hex(p, r->ptr);
-        *p++ = ',';
-        p = put_dec(p, r->size);
-        *p++ = ',';
-        p = put_hex(p, r->stream);
-        *p++ = '\n';
+        /* The row format is trace.h's (seconds.nanoseconds, hex stream). */
+        p = gm__trace_format_row(p, GM__TRACE_ROW_SECONDS, r->thread, ns, (int)a, r->ptr,
+                                 r->size, r->stream);
         rows_written++;
         if ((r->action & SITE) && b->sites) write_site(rows_written, r->size, b->sites[i]);
-        if ((size_t)(text + sizeof text - p) < 160) {
+        if ((size_t)(text + sizeof text - p) < GM__TRACE_ROW_MAX) {
             out_write(text, (size_t)(p - text));
             p = text;
         }
@@ -446,7 +409,7 @@ int gm_trace_start(const char *path)
         return rc;
     }
     pthread_mutex_lock(&mu);
-    const char *header = "Thread,Time,Action,Pointer,Size,Stream\n";
+    const char *header = GM__TRACE_HEADER_LINE;
 #ifdef GM_HAVE_ZLIB
     if (gzip) {
         gz = gzopen(path, "wb1");

@@ -43,7 +43,7 @@
 #include "../test.h"
 #include "backend/backend.h"
 #include "base/internal.h"
-#include "observe/trace.h"
+#include "lib/trace_read.h"
 
 #define MiB ((size_t)1 << 20)
 #define NBLK 6

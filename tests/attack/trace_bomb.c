@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * trace_bomb.c — attacks the trace reader's promise (src/observe/trace.h) that a
+ * trace_bomb.c — attacks the trace reader's promise (tools/lib/trace_read.h) that a
  * hostile file cannot make it hold memory out of proportion to the trace:
  *   - a gzip bomb that inflates to one endless "line" is refused with a
  *     clear "line longer than 4096 bytes" error, in memory and from a file,
@@ -23,7 +23,7 @@
 
 #include "base/internal.h"
 #include "test.h"
-#include "observe/trace.h"
+#include "lib/trace_read.h"
 
 #ifdef GM_HAVE_ZLIB
 #include <zlib.h>

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "gpumem.h"
-#include "observe/trace.h"
+#include "lib/trace_read.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_observe_trace.c — the trace recorder (src/observe/tracelog.c) read back by the
- * library's own reader (src/trace.c): plain and gzip files, several threads
+ * tools' reader (tools/lib/trace_read.c): plain and gzip files, several threads
  * on several pools at once (each pool's rows must stay in its own order, so
  * the reader finds no unknown frees or duplicate allocations), buffers that
  * fill many times over, a restart of the trace, and the accounting the
@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "gpumem.h"
-#include "observe/trace.h"
+#include "lib/trace_read.h"
 #include "../test.h"
 
 #define THREADS 3

@@ -1,22 +1,23 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_synth.c — the synthetic trace generator behind `gpumem synth`
- * (tools/synth.c): every kind parses back with the trace reader (src/trace.c)
+ * (tools/synth/): every kind parses back with the trace reader (tools/lib/trace_read.c)
  * into a well-formed trace (no unknown or mismatched frees, everything freed
  * at the end, sizes rounded to 512 B, time never going back, the streams the
  * kind promises), the same seed gives the same bytes and another seed other
  * bytes, scale makes the trace larger, and at scale 1 each kind stays within
  * the documented bounds (20k..300k ops, 2..16 GB live peak).
  *
- * The generator is part of the CLI, not of the library, so it is compiled
- * into this test directly, without the command around it.
+ * The generator is a tool, not part of the library: this test links it from
+ * libgpumem_tools.a (tools/synth/), without the command around it.
  */
-#define GM_SYNTH_GENERATOR_ONLY 1
-#include "../../tools/synth.c"
+#include <stdlib.h>
+#include <string.h>
 
+#include "cli.h"
 #include "test.h"
 #include "base/internal.h"
-#include "observe/trace.h"
+#include "lib/trace_read.h"
 
 static int generate(const char *kind, unsigned long long seed, double scale, char **text,
                     size_t *len)

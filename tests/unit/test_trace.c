@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_trace.c — the RMM CSV trace reader (src/trace.c): good inputs in
+ * test_trace.c — the RMM CSV trace reader (tools/lib/trace_read.c): good inputs in
  * every accepted spelling, slot reuse and the peak accounting, trace bugs that
  * are counted rather than fatal, one malformed input per error (each must
  * name its line), gzip, and a round trip of the shipped data/sample.csv.gz.
@@ -16,7 +16,7 @@
 
 #include "test.h"
 #include "base/internal.h"
-#include "observe/trace.h"
+#include "lib/trace_read.h"
 
 #ifdef GM_HAVE_ZLIB
 #include <zlib.h>

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * trace.c — reads RMM logging CSV traces (plain or gzip) into gm__trace_t.
+ * trace_read.c — reads RMM logging CSV traces (plain or gzip) into
+ * gm__trace_t, for the tools (the library writes traces but never reads them).
  *
  * The input is read in bounded pieces (64 KiB of file, 64 KiB of inflated
  * text at a time; a line cut by a piece's end waits in a MAX_LINE buffer), so
@@ -15,7 +16,7 @@
  * slot count equal to the peak number of live allocations.  Nothing is kept
  * from a failed parse: every error path frees what was built.
  */
-#include "observe/trace.h"
+#include "lib/trace_read.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -30,16 +31,6 @@
 
 static const char header_names[6][8] = {"Thread", "Time", "Action",
                                         "Pointer", "Size", "Stream"};
-
-const char *gm__trace_action_name(int action)
-{
-    switch (action) {
-    case GM__TRACE_ALLOC: return "allocate";
-    case GM__TRACE_FREE: return "free";
-    case GM__TRACE_ALLOC_FAIL: return "allocate failure";
-    default: return "?";
-    }
-}
 
 /* ---- small helpers ---------------------------------------------------- */
 
@@ -190,6 +181,12 @@ static const char *parse_time(const char *s, size_t n, uint64_t *ns)
 }
 
 /* ---- u64 -> u32 hash map ---------------------------------------------- */
+
+/* Private, not the library's gm__hash: that table keeps key 0 for "empty",
+ * and here 0 is a real key (the default stream is Stream 0; a trace may log
+ * pointer 0); the parser also removes by cell after a find (one probe run
+ * per row, on the replay's load path), which gm__hash's take-by-key would
+ * make two. */
 
 #define MAP_EMPTY UINT32_MAX
 
