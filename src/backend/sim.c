@@ -60,6 +60,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "base/hash.h"
 #include "base/internal.h"
 
 /* ------------------------------------------------------------------------ */
@@ -196,19 +197,11 @@ typedef struct hostreg {
     unsigned flags;
 } hostreg_t;
 
-/* Granule index (va >> 21) -> granule-map value; open addressing with
- * linear probing and backward-shift deletion; key 0 marks an empty slot
- * (address 0 is never mapped). */
-typedef struct gslot {
-    uint64_t key;
-    uint32_t val;
-} gslot_t;
-
-typedef struct gmap {
-    gslot_t *slots;
-    size_t cap;   /* 0 or a power of two */
-    size_t count;
-} gmap_t;
+/* Granule index (va >> 21) -> granule-map value, in the library's address
+ * table (base/hash.h; key 0 is never used: address 0 is never mapped).  A
+ * value v is stored as the pointer-sized integer v + 1, never NULL. */
+typedef void *gslot_t;
+typedef gm__hash_t gmap_t;
 
 /* A copy or fill queued on a held stream, on device or registered host
  * memory: [lo, hi) is in flight until that stream's hold_gen moves on. */
@@ -375,68 +368,28 @@ static uint64_t make_id(uint32_t gen, uint32_t slot)
 
 /* ---- granule map ---------------------------------------------------------- */
 
-static size_t gmap_home(const gmap_t *m, uint64_t key)
-{
-    key ^= key >> 33;
-    key *= 0xff51afd7ed558ccdull;
-    key ^= key >> 33;
-    return (size_t)key & (m->cap - 1);
-}
+static inline uint32_t gslot_val(const gslot_t *slot) { return (uint32_t)((uintptr_t)*slot - 1); }
+static inline void gslot_set(gslot_t *slot, uint32_t val) { *slot = (void *)((uintptr_t)val + 1); }
 
 static gslot_t *gmap_find(const gmap_t *m, uint64_t key)
 {
-    if (m->cap == 0) return NULL;
-    for (size_t i = gmap_home(m, key);; i = (i + 1) & (m->cap - 1)) {
-        if (m->slots[i].key == key) return &m->slots[i];
-        if (m->slots[i].key == 0) return NULL;
-    }
+    return m->cap ? gm__hash_slot(m, (uintptr_t)key) : NULL;
 }
 
-/* Precondition: room reserved (load stays <= 1/2), key absent. */
+/* Precondition: room reserved, key absent. */
 static void gmap_insert(gmap_t *m, uint64_t key, uint32_t val)
 {
-    size_t i = gmap_home(m, key);
-    while (m->slots[i].key != 0) i = (i + 1) & (m->cap - 1);
-    m->slots[i].key = key;
-    m->slots[i].val = val;
-    m->count++;
+    int rc = gm__hash_put(m, (uintptr_t)key, (void *)((uintptr_t)val + 1));
+    gm_assert_internal(rc == GM_OK);
+    (void)rc;
 }
 
 /* Make room for `extra` more keys; the only gmap call that can fail. */
 static int gmap_reserve(gmap_t *m, size_t extra)
 {
-    size_t need = m->count + extra;
-    if (need < extra) return gm__set_error(GM_NO_HOST_MEMORY, "sim: granule map overflow");
-    if (need * 2 <= m->cap) return GM_OK;
-    size_t ncap = m->cap ? m->cap : 64;
-    while (ncap < need * 2) ncap *= 2;
-    gslot_t *slots = gm__calloc(ncap, sizeof *slots);
-    if (slots == NULL)
+    if (gm__hash_reserve_n(m, extra) != GM_OK)
         return gm__set_error(GM_NO_HOST_MEMORY, "sim: out of host memory for bookkeeping");
-    gmap_t n = {slots, ncap, 0};
-    for (size_t i = 0; i < m->cap; i++)
-        if (m->slots[i].key != 0) gmap_insert(&n, m->slots[i].key, m->slots[i].val);
-    gm__free(m->slots);
-    *m = n;
     return GM_OK;
-}
-
-static void gmap_erase(gmap_t *m, gslot_t *slot)
-{
-    size_t mask = m->cap - 1;
-    size_t i = (size_t)(slot - m->slots);
-    for (size_t j = i;;) {
-        j = (j + 1) & mask;
-        if (m->slots[j].key == 0) break;
-        size_t k = gmap_home(m, m->slots[j].key);
-        /* Entry j may stay if its home lies cyclically in (i, j]. */
-        int stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
-        if (stays) continue;
-        m->slots[i] = m->slots[j];
-        i = j;
-    }
-    m->slots[i].key = 0;
-    m->count--;
 }
 
 /* ---- regions ---------------------------------------------------------------- */
@@ -722,7 +675,7 @@ static void sim_close(void *ctx)
     slots_fini(&sim->handles);
     slots_fini(&sim->mappings);
     slots_fini(&sim->events);
-    gm__free(sim->granules.slots);
+    gm__hash_fini(&sim->granules);
     gm__free(sim->regions);
     gm__free(sim->streams);
 #if GM_DEBUG >= 1
@@ -1029,7 +982,7 @@ static int sim_unmap(void *ctx, uintptr_t va, size_t size)
                            "sim: unmap: nothing is mapped at %#" PRIxPTR, va);
         goto out;
     }
-    uint32_t m = gs->val & GRANULE_MAPPING_MASK;
+    uint32_t m = gslot_val(gs) & GRANULE_MAPPING_MASK;
     mapping_t *mp = slot_at(&sim->mappings, m);
     if (mp->va != va || mp->size != size) {
         rc = gm__set_error(GM_INVALID_ARGUMENT,
@@ -1046,7 +999,7 @@ static int sim_unmap(void *ctx, uintptr_t va, size_t size)
     for (size_t g = 0; g < ngran; g++) {
         gslot_t *s = gmap_find(&sim->granules, (va >> SIM_GRANULARITY_SHIFT) + g);
         gm_assert(s != NULL);
-        if (s) gmap_erase(&sim->granules, s);
+        if (s) gm__hash_take(&sim->granules, (uintptr_t)((va >> SIM_GRANULARITY_SHIFT) + g));
     }
     handle_t *hd = slot_at(&sim->handles, mp->handle);
     hd->map_count--;
@@ -1086,7 +1039,7 @@ static int sim_set_access(void *ctx, uintptr_t va, size_t size)
                                "not mapped", va + g * sim->granularity, va, size);
             goto out;
         }
-        uint32_t m = s->val & GRANULE_MAPPING_MASK;
+        uint32_t m = gslot_val(s) & GRANULE_MAPPING_MASK;
         if (m != prev) handles_in_range++;
         prev = m;
     }
@@ -1096,7 +1049,10 @@ static int sim_set_access(void *ctx, uintptr_t va, size_t size)
                            errstr(errno, eb, sizeof eb));
         goto out;
     }
-    for (size_t g = 0; g < ngran; g++) gmap_find(&sim->granules, first + g)->val |= GRANULE_ACCESS;
+    for (size_t g = 0; g < ngran; g++) {
+        gslot_t *s = gmap_find(&sim->granules, first + g);
+        gslot_set(s, gslot_val(s) | GRANULE_ACCESS);
+    }
     charge_locked(sim, call_cost_ns[GM_CALL_set_access] * handles_in_range);
 out:
     return leave(sim, rc);
@@ -1582,7 +1538,7 @@ static int check_range_locked(sim_t *sim, const char *call, const char *side, ui
     uint64_t last = (addr + n - 1) >> SIM_GRANULARITY_SHIFT;
     for (uint64_t g = first; g <= last; g++) {
         gslot_t *s = gmap_find(&sim->granules, g);
-        if (s == NULL || !(s->val & GRANULE_ACCESS))
+        if (s == NULL || !(gslot_val(s) & GRANULE_ACCESS))
             return gm__set_error(GM_INVALID_ARGUMENT,
                                  "sim: %s: %s address %#" PRIxPTR " is %s", call, side,
                                  (uintptr_t)(g << SIM_GRANULARITY_SHIFT),

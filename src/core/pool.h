@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "base/hash.h"
 #include "base/internal.h"
 #include "base/lock.h"
 
@@ -152,13 +153,6 @@ typedef struct gm__ppage {
 } gm__ppage_t;
 
 /* ---- the pool (pool.c) -------------------------------------------------- */
-
-typedef struct gm__hash {
-    uintptr_t *keys;             /* 0 = empty */
-    void **vals;
-    size_t cap;                  /* power of two */
-    size_t count;
-} gm__hash_t;
 
 /* Handle validation: a live pool has magic == GM_POOL_MAGIC.  The struct
  * lives in its own mapping that is never unmapped nor reused: destroying a
@@ -318,14 +312,5 @@ int gm__alloc_check_locked(gm_pool_t *pool);
 /* Largest mapped free run and total free mapped bytes, for stats. */
 void gm__alloc_free_summary_locked(gm_pool_t *pool, uint64_t *largest, uint64_t *free_blocks);
 void gm__alloc_fini(gm_pool_t *pool);
-
-/* ---- hash (alloc.c) ---- */
-int gm__hash_init(gm__hash_t *h, size_t cap);
-void gm__hash_fini(gm__hash_t *h);
-/* Room for one more key (a table of capacity 0 gets its first 1024 slots). */
-int gm__hash_reserve(gm__hash_t *h);
-int gm__hash_put(gm__hash_t *h, uintptr_t key, void *val);
-void *gm__hash_take(gm__hash_t *h, uintptr_t key);
-void *gm__hash_get(const gm__hash_t *h, uintptr_t key);
 
 #endif /* GM_POOL_H */

@@ -7,7 +7,7 @@
  * The one idea: pay for stacks only when asked (GPUMEM_LEAK_CHECK), capture
  * them with glibc's backtrace() before taking the pool lock (it walks the
  * unwind tables: about a microsecond, see docs/observability.md), keep the
- * raw return addresses in a per-pool open-addressing table, and turn them
+ * raw return addresses in a per-pool table (base/hash.h), and turn them
  * into names only when a report is printed (dladdr; addr2line for file:line
  * in the stderr reports when it is installed).  The sizes and addresses of a
  * report come from the pool's own live table, so gm_leak_report works with
@@ -29,15 +29,15 @@ atomic_int gm__leak_on;
 static int leak_mode;        /* 0 off, 1 report, 2 report and exit status */
 static atomic_int leaked_at_destroy; /* a pool destroyed with leaks (mode 2) */
 
+/* The stack of one live allocation, found by its address in the pool's
+ * table (base/hash.h). */
 typedef struct leak_entry {
-    uintptr_t key;           /* 0 empty */
     int n;
     void *frames[GM_LEAK_MAX_FRAMES];
 } leak_entry_t;
 
 struct gm__leak_table {
-    leak_entry_t *e;
-    size_t cap, count;       /* cap: power of two; count <= cap / 2 */
+    gm__hash_t stacks;       /* address -> leak_entry_t */
 };
 
 /* ---- capture and table ------------------------------------------------------ */
@@ -48,28 +48,7 @@ int gm__leak_capture(void **frames)
     return n > 0 ? n : 0;
 }
 
-static inline size_t slot_of(uintptr_t key, size_t cap)
-{
-    return (size_t)((key >> 8) * 0x9E3779B97F4A7C15ull >> 20) & (cap - 1);
-}
-
-static bool table_grow(struct gm__leak_table *t)
-{
-    size_t cap = t->cap ? t->cap * 2 : 1024;
-    leak_entry_t *e = gm__calloc(cap, sizeof *e);
-    if (!e) return false;
-    for (size_t i = 0; i < t->cap; i++) {
-        if (!t->e[i].key) continue;
-        size_t j = slot_of(t->e[i].key, cap);
-        while (e[j].key) j = (j + 1) & (cap - 1);
-        e[j] = t->e[i];
-    }
-    gm__free(t->e);
-    t->e = e;
-    t->cap = cap;
-    return true;
-}
-
+/* Out of host memory, the allocation simply goes untracked. */
 void gm__leak_add_locked(gm_pool_t *pool, uintptr_t ptr, void *const *frames, int n)
 {
     struct gm__leak_table *t = pool->leaks;
@@ -77,58 +56,42 @@ void gm__leak_add_locked(gm_pool_t *pool, uintptr_t ptr, void *const *frames, in
         t = pool->leaks = gm__calloc(1, sizeof *t);
         if (!t) return;
     }
-    if ((t->count + 1) * 2 > t->cap && !table_grow(t)) return;
-    size_t j = slot_of(ptr, t->cap);
-    while (t->e[j].key && t->e[j].key != ptr) j = (j + 1) & (t->cap - 1);
-    if (!t->e[j].key) t->count++;
-    t->e[j].key = ptr;
-    t->e[j].n = n;
-    memcpy(t->e[j].frames, frames, (size_t)n * sizeof frames[0]);
+    if (gm__hash_reserve(&t->stacks) != GM_OK) return;
+    leak_entry_t *e = gm__hash_get(&t->stacks, ptr);
+    if (!e) {
+        e = gm__malloc(sizeof *e);
+        if (!e) return;
+        (void)gm__hash_put(&t->stacks, ptr, e); /* cannot fail: room reserved */
+    }
+    e->n = n;
+    memcpy(e->frames, frames, (size_t)n * sizeof frames[0]);
 }
 
 void gm__leak_del_locked(gm_pool_t *pool, uintptr_t ptr)
 {
     struct gm__leak_table *t = pool->leaks;
-    if (!t || !t->count) return;
-    size_t mask = t->cap - 1, j = slot_of(ptr, t->cap);
-    while (t->e[j].key != ptr) {
-        if (!t->e[j].key) return;
-        j = (j + 1) & mask;
-    }
-    /* Backward-shift deletion keeps probe chains whole without tombstones. */
-    size_t hole = j;
-    for (size_t k = (j + 1) & mask; t->e[k].key; k = (k + 1) & mask) {
-        size_t home = slot_of(t->e[k].key, t->cap);
-        if (((k - home) & mask) >= ((k - hole) & mask)) {
-            t->e[hole] = t->e[k];
-            hole = k;
-        }
-    }
-    t->e[hole].key = 0;
-    t->count--;
+    if (!t || !t->stacks.count) return;
+    gm__free(gm__hash_take(&t->stacks, ptr));
 }
 
 void *const *gm__leak_stack_locked(gm_pool_t *pool, uintptr_t ptr, int *n)
 {
     struct gm__leak_table *t = pool->leaks;
     *n = 0;
-    if (!t || !t->count) return NULL;
-    size_t j = slot_of(ptr, t->cap);
-    while (t->e[j].key) {
-        if (t->e[j].key == ptr) {
-            *n = t->e[j].n;
-            return t->e[j].frames;
-        }
-        j = (j + 1) & (t->cap - 1);
-    }
-    return NULL;
+    if (!t || !t->stacks.count) return NULL;
+    leak_entry_t *e = gm__hash_get(&t->stacks, ptr);
+    if (!e) return NULL;
+    *n = e->n;
+    return e->frames;
 }
 
 void gm__leak_fini(gm_pool_t *pool)
 {
-    if (!pool->leaks) return;
-    gm__free(pool->leaks->e);
-    gm__free(pool->leaks);
+    struct gm__leak_table *t = pool->leaks;
+    if (!t) return;
+    for (size_t i = 0; i < t->stacks.cap; i++) gm__free(t->stacks.vals[i]);
+    gm__hash_fini(&t->stacks);
+    gm__free(t);
     pool->leaks = NULL;
 }
 
