@@ -29,15 +29,20 @@ atomic_int gm__leak_on;
 static int leak_mode;        /* 0 off, 1 report, 2 report and exit status */
 static atomic_int leaked_at_destroy; /* a pool destroyed with leaks (mode 2) */
 
-/* The stack of one live allocation, found by its address in the pool's
- * table (base/hash.h). */
+/* The stack of one live allocation.  The entries are kept densely in one
+ * array (grown by doubling, so tracking costs no host allocation per
+ * block); the pool's table (base/hash.h) maps an address to its entry's
+ * index + 1, and a deletion moves the last entry into the hole. */
 typedef struct leak_entry {
+    uintptr_t ptr;
     int n;
     void *frames[GM_LEAK_MAX_FRAMES];
 } leak_entry_t;
 
 struct gm__leak_table {
-    gm__hash_t stacks;       /* address -> leak_entry_t */
+    gm__hash_t index;        /* address -> (void *)(entry index + 1) */
+    leak_entry_t *e;
+    size_t count, cap;
 };
 
 /* ---- capture and table ------------------------------------------------------ */
@@ -48,6 +53,12 @@ int gm__leak_capture(void **frames)
     return n > 0 ? n : 0;
 }
 
+static leak_entry_t *entry_of(const struct gm__leak_table *t, uintptr_t ptr)
+{
+    uintptr_t i = (uintptr_t)gm__hash_get(&t->index, ptr);
+    return i ? &t->e[i - 1] : NULL;
+}
+
 /* Out of host memory, the allocation simply goes untracked. */
 void gm__leak_add_locked(gm_pool_t *pool, uintptr_t ptr, void *const *frames, int n)
 {
@@ -56,12 +67,20 @@ void gm__leak_add_locked(gm_pool_t *pool, uintptr_t ptr, void *const *frames, in
         t = pool->leaks = gm__calloc(1, sizeof *t);
         if (!t) return;
     }
-    if (gm__hash_reserve(&t->stacks) != GM_OK) return;
-    leak_entry_t *e = gm__hash_get(&t->stacks, ptr);
+    leak_entry_t *e = t->index.cap ? entry_of(t, ptr) : NULL;
     if (!e) {
-        e = gm__malloc(sizeof *e);
-        if (!e) return;
-        (void)gm__hash_put(&t->stacks, ptr, e); /* cannot fail: room reserved */
+        if (gm__hash_reserve(&t->index) != GM_OK) return;
+        if (t->count == t->cap) {
+            size_t cap = t->cap ? t->cap * 2 : 256;
+            leak_entry_t *grown = gm__realloc(t->e, cap * sizeof *grown);
+            if (!grown) return;
+            t->e = grown;
+            t->cap = cap;
+        }
+        e = &t->e[t->count++];
+        e->ptr = ptr;
+        /* cannot fail: room reserved */
+        (void)gm__hash_put(&t->index, ptr, (void *)(uintptr_t)t->count);
     }
     e->n = n;
     memcpy(e->frames, frames, (size_t)n * sizeof frames[0]);
@@ -70,16 +89,25 @@ void gm__leak_add_locked(gm_pool_t *pool, uintptr_t ptr, void *const *frames, in
 void gm__leak_del_locked(gm_pool_t *pool, uintptr_t ptr)
 {
     struct gm__leak_table *t = pool->leaks;
-    if (!t || !t->stacks.count) return;
-    gm__free(gm__hash_take(&t->stacks, ptr));
+    if (!t || !t->count) return;
+    uintptr_t i = (uintptr_t)gm__hash_take(&t->index, ptr);
+    if (!i) return;
+    leak_entry_t *last = &t->e[t->count - 1];
+    if (i != t->count) { /* move the last entry into the hole */
+        t->e[i - 1] = *last;
+        void **slot = gm__hash_slot(&t->index, last->ptr);
+        gm_assert_internal(slot != NULL);
+        *slot = (void *)i;
+    }
+    t->count--;
 }
 
 void *const *gm__leak_stack_locked(gm_pool_t *pool, uintptr_t ptr, int *n)
 {
     struct gm__leak_table *t = pool->leaks;
     *n = 0;
-    if (!t || !t->stacks.count) return NULL;
-    leak_entry_t *e = gm__hash_get(&t->stacks, ptr);
+    if (!t || !t->count) return NULL;
+    leak_entry_t *e = entry_of(t, ptr);
     if (!e) return NULL;
     *n = e->n;
     return e->frames;
@@ -89,8 +117,8 @@ void gm__leak_fini(gm_pool_t *pool)
 {
     struct gm__leak_table *t = pool->leaks;
     if (!t) return;
-    for (size_t i = 0; i < t->stacks.cap; i++) gm__free(t->stacks.vals[i]);
-    gm__hash_fini(&t->stacks);
+    gm__hash_fini(&t->index);
+    gm__free(t->e);
     gm__free(t);
     pool->leaks = NULL;
 }
