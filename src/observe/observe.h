@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * observe.h — private declarations of the observability files: the registry
- * of pools and process statistics (stats.c), the trace recorder
+ * observe.h — private declarations of the observability files: pool and
+ * process statistics (stats.c; the registry of pools they walk is
+ * src/core/process.c), the trace recorder
  * (tracelog.c), the leak tracker (leak.c), the out-of-memory report
  * (oom.c) and the shared statistics segment read by `gpumem top` and
  * `gpumem metrics` (monitor.c).
@@ -27,20 +28,6 @@ struct gm__mon_slot;
 
 /* ---- defined in src/observe/stats.c ---------------------------------------------- */
 
-/* Called at the end of a successful gm_pool_create (no lock held): registers
- * the pool, and at the first pool applies GPUMEM_TRACE, GPUMEM_LEAK_CHECK and
- * the monitor segment, and installs the exit handler. */
-void gm__observe_pool_created(gm_pool_t *pool);
-/* Called first thing in gm_pool_destroy (no lock held): leak report when leak
- * checking is on, trace flush, monitor slot release, unregistration.  A pool
- * that was never registered is fine. */
-void gm__observe_pool_destroying(gm_pool_t *pool);
-/* Call fn on every registered pool, holding the registry lock (not the pools'
- * locks).  Lock order: registry, then a pool's lock, then the trace lock. */
-void gm__registry_foreach(void (*fn)(gm_pool_t *pool, void *arg), void *arg);
-/* In a child of fork() (pool.c's handler): an empty registry with a fresh
- * lock; the parent's pools are not the child's to report. */
-void gm__registry_atfork_child(void);
 /* Fill *s from pool (lock held): the counters plus the derived fields. */
 void gm__stats_snapshot_locked(gm_pool_t *pool, gm_stats_t *s);
 
