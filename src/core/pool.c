@@ -13,12 +13,14 @@
  * anything but backend calls, which only growth, trim and stream draining
  * make.
  *
- * Observability hooks are one call each into the files of src/observe/observe.h:
- * pool creation and destruction tell the process layer (which registers the
- * pool and starts the observers the environment asks for), the allocation and free
- * paths record into the trace, the leak table and the monitor slot, and a
- * failed allocation goes through one slow path (alloc_slow_locked) that ends
- * in the out-of-memory report of src/observe/oom.c.
+ * Observers are reached through one inline call per event, defined in
+ * src/observe/observe.h (gm__observe_alloc_locked, gm__observe_free_locked,
+ * gm__observe_alloc_failure_locked ...), so gm_alloc and gm_free read "lock,
+ * allocate, observe, unlock" and adding an observer never edits this file.
+ * Pool creation and destruction tell the process layer (which registers the
+ * pool and starts the observers the environment asks for); a failed
+ * allocation goes through one slow path (alloc_slow_locked) that ends in the
+ * out-of-memory report.
  *
  * Handles are checked before anything is touched (gm__pool_resolve: one
  * compare of pool->magic); a pool's struct is a mapping of its own, never
@@ -29,7 +31,6 @@
  */
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,8 +91,7 @@ static void pool_teardown(gm_pool_t *pool)
     gm__sysmem_fini(pool);
     gm__host_fini(pool);
     gm__lock(&pool->lock);
-    gm__leak_fini(pool);
-    gm__trace_pool_fini(pool);
+    gm__observe_pool_fini_locked(pool);
     gm__pages_fini(pool);
     for (int c = 0; c < GM_CLASS_COUNT; c++) gm__arena_fini(pool, &pool->arena[c]);
     gm__alloc_fini(pool);
@@ -235,8 +235,7 @@ static bool oom_handlers_running(const gm_pool_t *pool)
  * `alloc_failures` the entries here, `oom_count` (in oom.c) the failures. */
 static int alloc_slow_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr, int rc)
 {
-    pool->st.alloc_failures++;
-    gm__monitor_invalidate_locked(pool);
+    gm__observe_alloc_retry_locked(pool);
     char reason[256];
     snprintf(reason, sizeof reason, "%s", gm_last_error());
 
@@ -280,7 +279,7 @@ static int alloc_slow_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, v
         snprintf(reason, sizeof reason, "%s", gm_last_error());
     }
 
-    return gm__oom_report_locked(pool, size, stream, rc, reason);
+    return gm__observe_alloc_failure_locked(pool, size, stream, rc, reason);
 served:
     pool->st.retries++;
     gm__clear_error();
@@ -294,9 +293,7 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
     GM_CHECK(resolve(&pool));
     if (GM_UNLIKELY(size == 0)) return GM_OK;
     void *frames[GM_LEAK_MAX_FRAMES];
-    int n_frames = 0;
-    if (GM_UNLIKELY(atomic_load_explicit(&gm__leak_on, memory_order_relaxed)))
-        n_frames = gm__leak_capture(frames); /* before the lock: unwinding is slow */
+    int n_frames = gm__observe_alloc_begin(frames);
     gm__lock(&pool->lock);
     int rc;
     if (GM_UNLIKELY(size > pool->limit || size > GM_MAX_REQUEST)) {
@@ -305,8 +302,8 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
         size_t cap = over_device ? pool->info.total_memory : pool->limit;
         snprintf(why, sizeof why, "%zu bytes is more than the %s (%s)", size,
                  over_device ? "device's memory" : "pool limit", gm__fmt_bytes(cap, a, sizeof a));
-        rc = gm__oom_report_locked(pool, size, stream, over_device ? GM_OUT_OF_MEMORY : GM_LIMIT,
-                                   why);
+        rc = gm__observe_alloc_failure_locked(pool, size, stream,
+                                              over_device ? GM_OUT_OF_MEMORY : GM_LIMIT, why);
         gm__unlock(&pool->lock);
         return rc;
     }
@@ -315,16 +312,7 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
            : gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
     if (GM_UNLIKELY(rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT))
         rc = alloc_slow_locked(pool, size, stream, ptr, rc);
-    if (GM_LIKELY(rc == GM_OK)) {
-        pool->st.allocated_total += size;
-        gm__trace_record_locked(pool, GM__TRACE_ALLOC, (uintptr_t)*ptr, size, stream);
-        if (GM_UNLIKELY(n_frames)) {
-            gm__leak_add_locked(pool, (uintptr_t)*ptr, frames, n_frames);
-            if (atomic_load_explicit(&gm__trace_on, memory_order_relaxed))
-                gm__trace_site_locked(pool, frames, n_frames);
-        }
-    }
-    gm__monitor_publish_locked(pool);
+    gm__observe_alloc_locked(pool, rc, *ptr, size, stream, frames, n_frames);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);
     return rc;
@@ -389,18 +377,14 @@ int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
         rc = wrong_entry_locked(pool, ptr, "gm_free", rc, &owner, &size);
         if (owner == GM__OWNER_SYSMEM) rc = gm__sysmem_free_locked(pool, ptr, s, rc);
     }
-    if (GM_LIKELY(rc == GM_OK)) {
-        pool->st.freed_total += size;
-        gm__trace_record_locked(pool, GM__TRACE_FREE, (uintptr_t)ptr, size, stream);
-        if (GM_UNLIKELY(pool->leaks != NULL)) gm__leak_del_locked(pool, (uintptr_t)ptr);
-    }
+    gm__observe_free_locked(pool, rc, ptr, size, stream);
     if (rc == GM_OK && pool->cfg.release_threshold != SIZE_MAX &&
         pool->st.reserved - pool->st.active > pool->cfg.release_threshold) {
         /* Giving memory back is best effort: the free itself succeeded. */
         if (gm__pages_trim_locked(pool, pool->cfg.release_threshold, NULL) != GM_OK)
             gm__clear_error();
+        gm__observe_trimmed_locked(pool);
     }
-    gm__monitor_publish_locked(pool);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);
     return rc;
@@ -458,8 +442,7 @@ int gm_trim(gm_pool_t *pool, size_t keep, size_t *released)
     GM_CHECK(resolve(&pool));
     gm__lock(&pool->lock);
     int rc = gm__pages_trim_locked(pool, keep, released);
-    gm__monitor_invalidate_locked(pool);
-    gm__monitor_publish_locked(pool);
+    gm__observe_trimmed_locked(pool);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);
     return rc;
