@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * pool.c — pools: configuration, the environment table, creation and
- * teardown, the public allocation entry points, limits, trim, statistics.
+ * pool.c — one pool: its configuration, creation and teardown (which start
+ * its host pool, copy engine and sysmem fallback), the public allocation
+ * entry points, limits, trim.  What spans pools (the default and per-device
+ * pools, the registry, fork, exit) is src/core/process.c; statistics are
+ * src/observe/stats.c.
  *
  * A pool owns one backend context, two arenas of reserved address space
  * (small requests packed apart from large ones), the free indexes and the
@@ -10,22 +13,24 @@
  * anything but backend calls, which only growth, trim and stream draining
  * make.
  *
- * Observability hooks are one call each into the files of src/observe/observe.h:
- * pool creation and destruction register the pool, the allocation and free
- * paths record into the trace, the leak table and the monitor slot, and a
- * failed allocation goes through one slow path (alloc_slow_locked) that ends
- * in the out-of-memory report of src/observe/oom.c.
+ * Observers are reached through one inline call per event, defined in
+ * src/observe/observe.h (gm__observe_alloc_locked, gm__observe_free_locked,
+ * gm__observe_alloc_failure_locked ...), so gm_alloc and gm_free read "lock,
+ * allocate, observe, unlock" and adding an observer never edits this file.
+ * Pool creation and destruction tell the process layer (which registers the
+ * pool and starts the observers the environment asks for); a failed
+ * allocation goes through one slow path (alloc_slow_locked) that ends in the
+ * out-of-memory report.
  *
  * Handles are checked before anything is touched (gm__pool_resolve: one
  * compare of pool->magic); a pool's struct is a mapping of its own, never
  * unmapped, so a destroyed handle stays readable and never names a later
- * pool.  After fork() the child marks the parent's pools dead (atfork_child).
+ * pool.  After fork() the child marks the parent's pools dead (process.c).
  * Which entry point owns a pointer is decided in one place,
  * gm__owner_locked.
  */
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,71 +67,6 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
     return GM_OK;
 }
 
-/* ---- the pools of the process, handles, fork ------------------------------- */
-
-/* Every pool created and not destroyed, in a list under pools_mu (taken
- * alone, briefly; never with a pool lock held).  The list lets the fork
- * handler mark the parent's pools dead in the child. */
-static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
-static gm_pool_t *pools_head;
-static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
-
-static void pools_link(gm_pool_t *pool)
-{
-    pthread_mutex_lock(&pools_mu);
-    pool->all_prev = NULL;
-    pool->all_next = pools_head;
-    if (pools_head) pools_head->all_prev = pool;
-    pools_head = pool;
-    pthread_mutex_unlock(&pools_mu);
-}
-
-static void pools_unlink(gm_pool_t *pool)
-{
-    pthread_mutex_lock(&pools_mu);
-    if (pool->all_prev) pool->all_prev->all_next = pool->all_next;
-    else if (pools_head == pool) pools_head = pool->all_next;
-    if (pool->all_next) pool->all_next->all_prev = pool->all_prev;
-    pool->all_prev = pool->all_next = NULL;
-    pthread_mutex_unlock(&pools_mu);
-}
-
-static void reset_library_pools_in_child(void);
-
-/* fork(): the prepare handler holds pools_mu so that the child gets a whole
- * list; the child marks every pool on it dead (GM_POOL_FORKED) without
- * touching their locks, which other threads of the parent may have held, and
- * forgets the library's own pools, the registry and the monitor segment, so
- * that pools it creates are its own.  The dead pools stay on the list (the
- * child never frees them: their memory is the parent's picture). */
-static void atfork_prepare(void) { pthread_mutex_lock(&pools_mu); }
-static void atfork_parent(void) { pthread_mutex_unlock(&pools_mu); }
-static void atfork_child(void)
-{
-    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
-    pools_mu = fresh;
-    for (gm_pool_t *p = pools_head; p; p = p->all_next) p->magic = GM_POOL_FORKED;
-    reset_library_pools_in_child();
-    gm__registry_atfork_child();
-    gm__monitor_atfork_child();
-    gm__options_atfork_child();
-}
-
-static void atfork_install(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
-
-int gm__pool_resolve_slow(gm_pool_t **pool, const char *fn)
-{
-    if (!*pool) return gm_default_pool(pool);
-    uint64_t m = (*pool)->magic;
-    if (m == GM_POOL_MAGIC) return GM_OK;
-    if (m == GM_POOL_FORKED)
-        return gm__set_error(GM_INVALID_STATE, "%s: pool %p belongs to the parent process (this "
-                             "process is a child of fork()); create a new pool here", fn,
-                             (void *)*pool);
-    return gm__set_error(GM_INVALID_ARGUMENT, "%s: %p is not a live pool (destroyed, or not a "
-                         "pool)", fn, (void *)*pool);
-}
-
 /* LeakSanitizer scans globals, stacks and heap blocks, not anonymous
  * mappings: a pool's mapping is declared a root so that what it points to
  * (and what the process keeps at exit: the library's own pools) is not
@@ -146,13 +86,12 @@ static size_t pool_map_size(void)
  * are given back and read as zeros, magic 0. */
 static void pool_teardown(gm_pool_t *pool)
 {
-    gm__observe_pool_destroying(pool);
+    gm__process_pool_destroying(pool);
     gm__copy_fini(pool);
     gm__sysmem_fini(pool);
     gm__host_fini(pool);
     gm__lock(&pool->lock);
-    gm__leak_fini(pool);
-    gm__trace_pool_fini(pool);
+    gm__observe_pool_fini_locked(pool);
     gm__pages_fini(pool);
     for (int c = 0; c < GM_CLASS_COUNT; c++) gm__arena_fini(pool, &pool->arena[c]);
     gm__alloc_fini(pool);
@@ -171,7 +110,6 @@ void gm_pool_destroy(gm_pool_t *pool)
     size_t sn = 0, sbytes = 0;
     if (pool->sysmem) gm__sysmem_count_locked(pool, &sn, &sbytes);
     gm__unlock(&pool->lock);
-    pools_unlink(pool);
     pool_teardown(pool);
     if (n + sn)
         gm__set_error(GM_OK, "gm_pool_destroy: %llu live allocations (%llu bytes) released with "
@@ -184,7 +122,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     int rc;
     if (!out) return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: pool is NULL");
     *out = NULL;
-    pthread_once(&atfork_once, atfork_install);
+    gm__process_init();
     /* A mapping of its own, never unmapped: see pool_teardown. */
     void *mem = mmap(NULL, pool_map_size(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                      -1, 0);
@@ -225,6 +163,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     GM_CHECK_GOTO(gm__hash_init(&pool->live, 1024), rc, fail);
     GM_CHECK_GOTO(gm__hash_init(&pool->stream_of, 16), rc, fail);
     GM_CHECK_GOTO(gm__host_init(pool), rc, fail);
+    GM_CHECK_GOTO(gm__copy_init(pool), rc, fail);
     if (!gm__stream_get_locked(pool, NULL)) {
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
         goto fail;
@@ -246,8 +185,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
         }
     }
     pool->magic = GM_POOL_MAGIC;
-    pools_link(pool);
-    gm__observe_pool_created(pool);
+    gm__process_pool_created(pool);
     gm__clear_error();
     *out = pool;
     return GM_OK;
@@ -255,98 +193,6 @@ fail:
     pool_teardown(pool);
     munmap(pool, pool_map_size()); /* never handed out: no stale handle can exist */
     return rc;
-}
-
-/* ---- per-device pools ------------------------------------------------------ */
-
-/* One pool per device ordinal, created on first use from the environment
- * with `device` set, and kept for the life of the process: plug-ins (PyTorch,
- * CuPy, the preload library) and the default pool all share it.  Readers
- * take the fast path (one acquire load); creation runs under device_mutex, so
- * two threads asking for a new device at once create one pool.  A failed
- * creation is not remembered: the next call tries again. */
-#define GM_MAX_DEVICE_POOLS 64
-static gm_pool_t *_Atomic device_pools[GM_MAX_DEVICE_POOLS];
-static pthread_mutex_t device_mutex = PTHREAD_MUTEX_INITIALIZER;
-
-int gm_device_pool(int device, gm_pool_t **pool)
-{
-    if (!pool) return gm__set_error(GM_INVALID_ARGUMENT, "gm_device_pool: pool is NULL");
-    *pool = NULL;
-    if (device < 0 || device >= GM_MAX_DEVICE_POOLS)
-        return gm__set_error(GM_INVALID_ARGUMENT, "gm_device_pool: device %d is not in [0, %d)",
-                             device, GM_MAX_DEVICE_POOLS);
-    gm_pool_t *p = atomic_load_explicit(&device_pools[device], memory_order_acquire);
-    if (GM_LIKELY(p != NULL)) {
-        *pool = p;
-        return GM_OK;
-    }
-    int rc = GM_OK;
-    pthread_mutex_lock(&device_mutex);
-    p = atomic_load_explicit(&device_pools[device], memory_order_relaxed);
-    if (!p) {
-        gm_pool_config_t cfg;
-        rc = gm_config_from_env(&cfg);
-        if (rc == GM_OK) {
-            cfg.device = device;
-            rc = gm_pool_create(&cfg, &p);
-        }
-        if (rc == GM_OK) atomic_store_explicit(&device_pools[device], p, memory_order_release);
-    }
-    pthread_mutex_unlock(&device_mutex);
-    if (rc != GM_OK) return rc;
-    *pool = p;
-    return GM_OK;
-}
-
-gm_pool_t *gm__device_pool_peek(int device)
-{
-    if (device < 0 || device >= GM_MAX_DEVICE_POOLS) return NULL;
-    return atomic_load_explicit(&device_pools[device], memory_order_acquire);
-}
-
-int gm__device_pool_count(void)
-{
-    return GM_MAX_DEVICE_POOLS;
-}
-
-/* The default pool is the pool of GPUMEM_DEVICE (0 when unset).  Its
- * outcome, success or failure, is decided once. */
-static pthread_once_t default_once = PTHREAD_ONCE_INIT;
-static gm_pool_t *default_pool;
-static int default_rc;
-static char default_msg[256];
-
-static void default_create(void)
-{
-    gm_pool_config_t cfg;
-    default_rc = gm_config_from_env(&cfg);
-    if (default_rc == GM_OK) default_rc = gm_device_pool(cfg.device, &default_pool);
-    if (default_rc != GM_OK) snprintf(default_msg, sizeof default_msg, "%s", gm_last_error());
-}
-
-int gm_default_pool(gm_pool_t **pool)
-{
-    if (!pool) return gm__set_error(GM_INVALID_ARGUMENT, "gm_default_pool: pool is NULL");
-    pthread_once(&default_once, default_create);
-    *pool = default_pool;
-    if (default_rc != GM_OK)
-        return gm__set_error(default_rc, "the default pool could not be created: %s", default_msg);
-    return GM_OK;
-}
-
-/* In a child of fork(): the library's pools are the parent's; the child
- * gets its own on first use. */
-static void reset_library_pools_in_child(void)
-{
-    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
-    device_mutex = fresh;
-    for (int i = 0; i < GM_MAX_DEVICE_POOLS; i++)
-        atomic_store_explicit(&device_pools[i], NULL, memory_order_relaxed);
-    pthread_once_t once = PTHREAD_ONCE_INIT;
-    default_once = once;
-    default_pool = NULL;
-    default_rc = GM_OK;
 }
 
 #define resolve(pool) gm__pool_resolve((pool), __func__)
@@ -389,8 +235,7 @@ static bool oom_handlers_running(const gm_pool_t *pool)
  * `alloc_failures` the entries here, `oom_count` (in oom.c) the failures. */
 static int alloc_slow_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr, int rc)
 {
-    pool->st.alloc_failures++;
-    gm__monitor_invalidate_locked(pool);
+    gm__observe_alloc_retry_locked(pool);
     char reason[256];
     snprintf(reason, sizeof reason, "%s", gm_last_error());
 
@@ -434,7 +279,7 @@ static int alloc_slow_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, v
         snprintf(reason, sizeof reason, "%s", gm_last_error());
     }
 
-    return gm__oom_report_locked(pool, size, stream, rc, reason);
+    return gm__observe_alloc_failure_locked(pool, size, stream, rc, reason);
 served:
     pool->st.retries++;
     gm__clear_error();
@@ -448,9 +293,7 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
     GM_CHECK(resolve(&pool));
     if (GM_UNLIKELY(size == 0)) return GM_OK;
     void *frames[GM_LEAK_MAX_FRAMES];
-    int n_frames = 0;
-    if (GM_UNLIKELY(atomic_load_explicit(&gm__leak_on, memory_order_relaxed)))
-        n_frames = gm__leak_capture(frames); /* before the lock: unwinding is slow */
+    int n_frames = gm__observe_alloc_begin(frames);
     gm__lock(&pool->lock);
     int rc;
     if (GM_UNLIKELY(size > pool->limit || size > GM_MAX_REQUEST)) {
@@ -459,8 +302,8 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
         size_t cap = over_device ? pool->info.total_memory : pool->limit;
         snprintf(why, sizeof why, "%zu bytes is more than the %s (%s)", size,
                  over_device ? "device's memory" : "pool limit", gm__fmt_bytes(cap, a, sizeof a));
-        rc = gm__oom_report_locked(pool, size, stream, over_device ? GM_OUT_OF_MEMORY : GM_LIMIT,
-                                   why);
+        rc = gm__observe_alloc_failure_locked(pool, size, stream,
+                                              over_device ? GM_OUT_OF_MEMORY : GM_LIMIT, why);
         gm__unlock(&pool->lock);
         return rc;
     }
@@ -469,16 +312,7 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
            : gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
     if (GM_UNLIKELY(rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT))
         rc = alloc_slow_locked(pool, size, stream, ptr, rc);
-    if (GM_LIKELY(rc == GM_OK)) {
-        pool->st.allocated_total += size;
-        gm__trace_record_locked(pool, GM__TRACE_ALLOC, (uintptr_t)*ptr, size, stream);
-        if (GM_UNLIKELY(n_frames)) {
-            gm__leak_add_locked(pool, (uintptr_t)*ptr, frames, n_frames);
-            if (atomic_load_explicit(&gm__trace_on, memory_order_relaxed))
-                gm__trace_site_locked(pool, frames, n_frames);
-        }
-    }
-    gm__monitor_publish_locked(pool);
+    gm__observe_alloc_locked(pool, rc, *ptr, size, stream, frames, n_frames);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);
     return rc;
@@ -543,18 +377,14 @@ int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
         rc = wrong_entry_locked(pool, ptr, "gm_free", rc, &owner, &size);
         if (owner == GM__OWNER_SYSMEM) rc = gm__sysmem_free_locked(pool, ptr, s, rc);
     }
-    if (GM_LIKELY(rc == GM_OK)) {
-        pool->st.freed_total += size;
-        gm__trace_record_locked(pool, GM__TRACE_FREE, (uintptr_t)ptr, size, stream);
-        if (GM_UNLIKELY(pool->leaks != NULL)) gm__leak_del_locked(pool, (uintptr_t)ptr);
-    }
+    gm__observe_free_locked(pool, rc, ptr, size, stream);
     if (rc == GM_OK && pool->cfg.release_threshold != SIZE_MAX &&
         pool->st.reserved - pool->st.active > pool->cfg.release_threshold) {
         /* Giving memory back is best effort: the free itself succeeded. */
         if (gm__pages_trim_locked(pool, pool->cfg.release_threshold, NULL) != GM_OK)
             gm__clear_error();
+        gm__observe_trimmed_locked(pool);
     }
-    gm__monitor_publish_locked(pool);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);
     return rc;
@@ -612,8 +442,7 @@ int gm_trim(gm_pool_t *pool, size_t keep, size_t *released)
     GM_CHECK(resolve(&pool));
     gm__lock(&pool->lock);
     int rc = gm__pages_trim_locked(pool, keep, released);
-    gm__monitor_invalidate_locked(pool);
-    gm__monitor_publish_locked(pool);
+    gm__observe_trimmed_locked(pool);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);
     return rc;

@@ -225,10 +225,10 @@ struct gm_pool {
     struct gm__trace_buf *trace_buf;
     struct gm__mon_slot *mon;
     bool registered;
-    struct gm_pool *all_prev, *all_next; /* every pool of the process (pool.c) */
+    struct gm_pool *all_prev, *all_next; /* every pool of the process (process.c) */
 };
 
-/* ---- defined in src/core/pool.c -------------------------------------------- */
+/* ---- defined in src/core/process.c ------------------------------------------ */
 
 /* The pool of `device` if it was created already (gm_device_pool), else
  * NULL; never creates one.  Ordinals run from 0 to gm__device_pool_count(). */
@@ -244,6 +244,21 @@ static inline int gm__pool_resolve(gm_pool_t **pool, const char *fn)
     if (GM_LIKELY(*pool != NULL && (*pool)->magic == GM_POOL_MAGIC)) return GM_OK;
     return gm__pool_resolve_slow(pool, fn);
 }
+/* First thing in gm_pool_create: installs the fork handlers (once). */
+void gm__process_init(void);
+/* At the end of a successful gm_pool_create (no lock held): lists and
+ * registers the pool, and at the first pool applies GPUMEM_TRACE,
+ * GPUMEM_LEAK_CHECK and the monitor segment and installs the exit handler. */
+void gm__process_pool_created(gm_pool_t *pool);
+/* First thing in a pool's teardown (no lock held): unlisted; when it was
+ * registered, its leak report (leak checking on), trace flush, monitor slot
+ * release, unregistration.  A pool never registered is fine. */
+void gm__process_pool_destroying(gm_pool_t *pool);
+/* Call fn on every registered pool, holding the registry lock (not the pools'
+ * locks).  Lock order: registry, then a pool's lock, then the trace lock. */
+void gm__registry_foreach(void (*fn)(gm_pool_t *pool, void *arg), void *arg);
+
+/* ---- defined in src/core/pool.c -------------------------------------------- */
 
 /* Who owns a pointer, decided in one place for every free-like entry point
  * (gm_free, gm_host_free, gm_block_size, gm_record_stream, and the plug-ins

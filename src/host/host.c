@@ -520,7 +520,7 @@ int gm__host_init(gm_pool_t *pool)
     h->numa_node = pool->info.numa_node;
     h->numa_nodes = online_nodes();
     pool->host = h;
-    return gm__copy_init(pool);
+    return GM_OK;
 }
 
 void gm__host_fini(gm_pool_t *pool)

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * observe.h — private declarations of the observability files: the registry
- * of pools and process statistics (stats.c), the trace recorder
+ * observe.h — private declarations of the observability files: pool and
+ * process statistics (stats.c; the registry of pools they walk is
+ * src/core/process.c), the trace recorder
  * (tracelog.c), the leak tracker (leak.c), the out-of-memory report
  * (oom.c) and the shared statistics segment read by `gpumem top` and
  * `gpumem metrics` (monitor.c).
@@ -27,20 +28,6 @@ struct gm__mon_slot;
 
 /* ---- defined in src/observe/stats.c ---------------------------------------------- */
 
-/* Called at the end of a successful gm_pool_create (no lock held): registers
- * the pool, and at the first pool applies GPUMEM_TRACE, GPUMEM_LEAK_CHECK and
- * the monitor segment, and installs the exit handler. */
-void gm__observe_pool_created(gm_pool_t *pool);
-/* Called first thing in gm_pool_destroy (no lock held): leak report when leak
- * checking is on, trace flush, monitor slot release, unregistration.  A pool
- * that was never registered is fine. */
-void gm__observe_pool_destroying(gm_pool_t *pool);
-/* Call fn on every registered pool, holding the registry lock (not the pools'
- * locks).  Lock order: registry, then a pool's lock, then the trace lock. */
-void gm__registry_foreach(void (*fn)(gm_pool_t *pool, void *arg), void *arg);
-/* In a child of fork() (pool.c's handler): an empty registry with a fresh
- * lock; the parent's pools are not the child's to report. */
-void gm__registry_atfork_child(void);
 /* Fill *s from pool (lock held): the counters plus the derived fields. */
 void gm__stats_snapshot_locked(gm_pool_t *pool, gm_stats_t *s);
 
@@ -153,5 +140,85 @@ int gm__monitor_scan(void (*fn)(const gm__mon_proc_view_t *v, void *arg), void *
 /* The value of field `name` in a pool view (0 when the field is unknown). */
 uint64_t gm__monitor_value(const gm__mon_proc_view_t *v, const gm__mon_pool_view_t *p,
                            const char *name);
+
+/* ---- one call per event ----------------------------------------------------------- */
+
+/* What pool.c calls, one inline per event, so that gm_alloc and gm_free read
+ * "lock, allocate, observe, unlock" and a new observer edits this section
+ * and its own file, never pool.c.  Each costs what the calls it replaces
+ * cost: a predictable branch per feature that is off (a relaxed load of
+ * gm__trace_on, a NULL test of pool->leaks or pool->mon). */
+
+/* Before the pool lock is taken for an allocation: the caller's stack when
+ * leak tracking is on (unwinding is slow), else 0 frames. */
+static inline int gm__observe_alloc_begin(void **frames)
+{
+    if (GM_UNLIKELY(atomic_load_explicit(&gm__leak_on, memory_order_relaxed)))
+        return gm__leak_capture(frames);
+    return 0;
+}
+
+/* gm_alloc's outcome rc (ptr: the block when rc == GM_OK), pool lock held:
+ * the counter, the trace row, the leak stack (and its trace site), the
+ * monitor slot (after a failure too). */
+static inline void gm__observe_alloc_locked(gm_pool_t *pool, int rc, void *ptr, size_t size,
+                                            gm_stream_t stream, void *const *frames, int n_frames)
+{
+    if (GM_LIKELY(rc == GM_OK)) {
+        pool->st.allocated_total += size;
+        gm__trace_record_locked(pool, GM__TRACE_ALLOC, (uintptr_t)ptr, size, stream);
+        if (GM_UNLIKELY(n_frames)) {
+            gm__leak_add_locked(pool, (uintptr_t)ptr, frames, n_frames);
+            if (atomic_load_explicit(&gm__trace_on, memory_order_relaxed))
+                gm__trace_site_locked(pool, frames, n_frames);
+        }
+    }
+    gm__monitor_publish_locked(pool);
+}
+
+/* A first allocation attempt failed and the slow path starts (pool lock
+ * held): counted, and the monitor slot will be copied whole. */
+static inline void gm__observe_alloc_retry_locked(gm_pool_t *pool)
+{
+    pool->st.alloc_failures++;
+    gm__monitor_invalidate_locked(pool);
+}
+
+/* The allocation failed for good: the out-of-memory report (oom.c), whose
+ * status is returned.  Pool lock held. */
+static inline int gm__observe_alloc_failure_locked(gm_pool_t *pool, size_t size,
+                                                   gm_stream_t stream, int rc, const char *reason)
+{
+    return gm__oom_report_locked(pool, size, stream, rc, reason);
+}
+
+/* gm_free's outcome rc (size: the caller's size of the freed block), pool
+ * lock held: the counter, the trace row, the leak stack, the monitor slot. */
+static inline void gm__observe_free_locked(gm_pool_t *pool, int rc, void *ptr, size_t size,
+                                           gm_stream_t stream)
+{
+    if (GM_LIKELY(rc == GM_OK)) {
+        pool->st.freed_total += size;
+        gm__trace_record_locked(pool, GM__TRACE_FREE, (uintptr_t)ptr, size, stream);
+        if (GM_UNLIKELY(pool->leaks != NULL)) gm__leak_del_locked(pool, (uintptr_t)ptr);
+    }
+    gm__monitor_publish_locked(pool);
+}
+
+/* Pages went back to the device (a trim), pool lock held: the monitor slot
+ * is copied whole. */
+static inline void gm__observe_trimmed_locked(gm_pool_t *pool)
+{
+    gm__monitor_invalidate_locked(pool);
+    gm__monitor_publish_locked(pool);
+}
+
+/* The pool is being torn down, pool lock held, after the process layer's
+ * flush (gm__process_pool_destroying): the per-pool state of the observers. */
+static inline void gm__observe_pool_fini_locked(gm_pool_t *pool)
+{
+    gm__leak_fini(pool);
+    gm__trace_pool_fini(pool);
+}
 
 #endif /* GM_OBSERVE_H */

@@ -1,117 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * stats.c — statistics of a pool and of the process, the JSON form of them,
- * and the process-wide registry of pools that the observability features
- * walk (process stats, leak reports, trace flushes, the exit handler).
+ * stats.c — statistics of a pool and of the process, and the JSON form of
+ * them.  The process figures walk the registry of src/core/process.c.
  *
  * The one idea: counters are plain fields kept under the pool lock by the
  * code that changes them; everything derived (cached, largest free block,
  * fragmentation, inactive split) is computed only when someone asks, so the
- * allocation path never pays for a statistic.  The registry is a small array
- * under its own mutex, taken before any pool lock.
+ * allocation path never pays for a statistic.
  */
-#include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "core/options.h"
 #include "host/host.h"
 #include "observe/observe.h"
-
-/* ---- the registry ------------------------------------------------------------ */
-
-static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
-static gm_pool_t **registry;
-static size_t n_registry, cap_registry;
-static bool exit_handler_installed;
-static pid_t owner_pid; /* the process that installed the exit handler */
-
-/* At exit: the leak report (which may end the process with
- * GM_LEAK_EXIT_STATUS, so the segment goes first), the trace's last rows.
- * A child forked without exec runs the same handler: it leaves the
- * parent's segment, trace and leaks alone. */
-static void at_exit(void)
-{
-    if (getpid() != owner_pid) return;
-    gm__monitor_unlink();
-    gm_trace_stop();
-    gm__leak_at_exit();
-}
-
-void gm__observe_pool_created(gm_pool_t *pool)
-{
-    bool first = false;
-    pthread_mutex_lock(&registry_mu);
-    if (n_registry == cap_registry) {
-        size_t cap = cap_registry ? cap_registry * 2 : 8;
-        gm_pool_t **r = gm__realloc(registry, cap * sizeof *r);
-        if (r) {
-            registry = r;
-            cap_registry = cap;
-        }
-    }
-    if (n_registry < cap_registry) { /* else: an unlisted pool, observed less */
-        registry[n_registry++] = pool;
-        pool->registered = true;
-    }
-    if (!exit_handler_installed) {
-        exit_handler_installed = true;
-        owner_pid = getpid();
-        first = true;
-        atexit(at_exit);
-    }
-    pthread_mutex_unlock(&registry_mu);
-    if (first) {
-        gm__leak_init_env();
-        const char *t = gm__option_str(GM_OPT_TRACE);
-        if (t && gm_trace_start(t) != GM_OK)
-            fprintf(stderr, "gpumem: GPUMEM_TRACE=%s: %s\n", t, gm_last_error());
-    }
-    gm__monitor_attach(pool);
-    gm__lock(&pool->lock);
-    gm__monitor_publish_locked(pool);
-    gm__unlock(&pool->lock);
-    gm__clear_error();
-}
-
-void gm__observe_pool_destroying(gm_pool_t *pool)
-{
-    if (!pool->registered) return;
-    if (gm__leak_reporting()) {
-        uint64_t bytes = 0, count = 0;
-        gm__leak_report_stderr(pool, &bytes, &count);
-    }
-    gm__trace_pool_flush(pool);
-    gm__monitor_detach(pool);
-    bool last;
-    pthread_mutex_lock(&registry_mu);
-    for (size_t i = 0; i < n_registry; i++) {
-        if (registry[i] == pool) {
-            registry[i] = registry[--n_registry];
-            break;
-        }
-    }
-    pool->registered = false;
-    last = n_registry == 0;
-    pthread_mutex_unlock(&registry_mu);
-    if (last) gm__monitor_unlink();
-}
-
-void gm__registry_atfork_child(void)
-{
-    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
-    registry_mu = fresh;
-    n_registry = 0;
-}
-
-void gm__registry_foreach(void (*fn)(gm_pool_t *pool, void *arg), void *arg)
-{
-    pthread_mutex_lock(&registry_mu);
-    for (size_t i = 0; i < n_registry; i++) fn(registry[i], arg);
-    pthread_mutex_unlock(&registry_mu);
-}
 
 /* ---- one pool ------------------------------------------------------------------ */
 
