@@ -31,6 +31,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gpumem.h"
+#include "lib/replay_step.h"
 #include "lib/trace_read.h"
 
 #define MAX_TRACES 32
@@ -599,6 +600,18 @@ static const char *base_name(const char *path)
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+/* The allocator under test, for replay_step (ctx: the trace's streams).  A
+ * is a table of pointers: one indirect call per op, as before. */
+static inline int bench_alloc(void *ctx, uint64_t size, uint16_t stream, void **p)
+{
+    return A.alloc(size, ((cudaStream_t *)ctx)[stream], p);
+}
+
+static inline int bench_free(void *ctx, void *p, uint64_t size, uint16_t stream)
+{
+    return A.free(p, size, ((cudaStream_t *)ctx)[stream]);
+}
+
 /* Replay t `passes` times; the reserved peak covers every pass, the call
  * counter passes 2..N.  0 on success. */
 static int replay(const gm__trace_t *t, int passes, uint64_t *res_peak, double *steady, uint64_t deadline_s,
@@ -610,6 +623,7 @@ static int replay(const gm__trace_t *t, int passes, uint64_t *res_peak, double *
     uint16_t *pst = calloc(t->n_slots ? t->n_slots : 1, sizeof *pst);
     cudaStream_t *st = calloc(t->n_streams ? t->n_streams : 1, sizeof *st);
     if (!ptr || !psz || !pst || !st) die("out of host memory");
+    const replay_slots_t slots = {ptr, psz, pst};
     for (uint32_t i = 0; i < t->n_streams; i++)
         if (t->streams[i]) CK(cudaStreamCreateWithFlags(&st[i], cudaStreamNonBlocking));
     A.reset();
@@ -623,20 +637,13 @@ static int replay(const gm__trace_t *t, int passes, uint64_t *res_peak, double *
         }
         for (size_t i = 0; i < t->n_ops; i++) {
             const gm__trace_op_t *op = &t->ops[i];
-            if (op->slot == GM__TRACE_NO_SLOT) continue; /* failures, unknown frees */
-            if (op->action == GM__TRACE_ALLOC) {
-                if (A.alloc(op->size, st[op->stream], &ptr[op->slot])) {
+            if (replay_step(&slots, op, bench_alloc, bench_free, st) != 0) {
+                rc = 1;
+                if (op->action == GM__TRACE_ALLOC) {
                     fprintf(stderr, "%s: %s: allocation of %llu bytes failed (op %zu)\n", A.name, t->name,
                             (unsigned long long)op->size, i);
-                    ptr[op->slot] = NULL;
-                    rc = 1;
                     break;
                 }
-                psz[op->slot] = op->size;
-                pst[op->slot] = op->stream;
-            } else if (op->action == GM__TRACE_FREE && ptr[op->slot]) {
-                if (A.free(ptr[op->slot], psz[op->slot], st[op->stream])) rc = 1;
-                ptr[op->slot] = NULL;
             }
             if ((i & 1023) == 0 && (now_ns() - start) / 1000000000u > deadline_s) {
                 fprintf(stderr, "%s: %s: over %llu s, stopped\n", A.name, t->name, (unsigned long long)deadline_s);

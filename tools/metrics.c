@@ -22,7 +22,7 @@
 
 #include "cli.h"
 #include "base/internal.h"
-#include "observe/observe.h"
+#include "lib/monitor_read.h"
 
 void gm_cli_metrics_usage(FILE *out)
 {

@@ -25,6 +25,7 @@
 #include "cli.h"
 #include "gpumem.h"
 #include "base/internal.h"
+#include "lib/replay_step.h"
 #include "lib/trace_read.h"
 
 #define PROGRESS_MIN_OPS 100000u      /* show progress for longer replays ... */
@@ -125,30 +126,21 @@ static void note_failure(result_t *r, const char *what, int rc)
                  gm_last_error());
 }
 
-/* The ops of one chunk through the pool: the timed loop. */
-static void replay_chunk(gm_pool_t *pool, const gm__trace_op_t *ops, size_t n, void **ptrs,
-                         uint16_t *slot_stream, gm_stream_t *streams, result_t *r)
+/* The ops of one chunk through the pool: the timed loop (replay_step and
+ * the pool's two calls inline into it). */
+static void replay_chunk(replay_pool_t *tg, const gm__trace_op_t *ops, size_t n,
+                         const replay_slots_t *sl, result_t *r)
 {
     for (size_t i = 0; i < n; i++) {
-        const gm__trace_op_t *op = &ops[i];
-        int rc;
-        if (op->slot == GM__TRACE_NO_SLOT) continue; /* unknown free, failure row */
-        if (op->action == GM__TRACE_ALLOC) {
-            void *p = NULL;
-            rc = gm_alloc(pool, (size_t)op->size, streams[op->stream], &p);
-            if (rc != GM_OK) {
+        int rc = replay_step(sl, &ops[i], replay_pool_alloc, replay_pool_free, tg);
+        if (GM_UNLIKELY(rc != GM_OK)) {
+            if (ops[i].action == GM__TRACE_ALLOC) {
                 r->failed_allocs++;
                 note_failure(r, "allocate", rc);
-            }
-            ptrs[op->slot] = p;
-            slot_stream[op->slot] = op->stream;
-        } else if (ptrs[op->slot]) { /* a free; its allocate may have failed */
-            rc = gm_free(pool, ptrs[op->slot], streams[op->stream]);
-            if (rc != GM_OK) {
+            } else {
                 r->failed_frees++;
                 note_failure(r, "free", rc);
             }
-            ptrs[op->slot] = NULL;
         }
     }
 }
@@ -174,11 +166,14 @@ static int replay_trace(const gm__trace_t *t, const options_t *o, result_t *r)
 
     size_t n_slots = t->n_slots ? t->n_slots : 1;
     void **ptrs = calloc(n_slots, sizeof *ptrs);            /* live block per slot */
+    uint64_t *slot_size = calloc(n_slots, sizeof *slot_size);
     uint16_t *slot_stream = calloc(n_slots, sizeof *slot_stream);
     gm_stream_t *streams = calloc(t->n_streams ? t->n_streams : 1, sizeof *streams);
     gm__trace_reader_t *reader = NULL;
     int rc = 1;
-    if (!ptrs || !slot_stream || !streams) {
+    const replay_slots_t slots = {ptrs, slot_size, slot_stream};
+    replay_pool_t target = {pool, streams};
+    if (!ptrs || !slot_size || !slot_stream || !streams) {
         fprintf(stderr, "error: %s: out of host memory\n", t->name);
         goto done;
     }
@@ -218,7 +213,7 @@ static int replay_trace(const gm__trace_t *t, const options_t *o, result_t *r)
                 goto done;
             }
             uint64_t t0 = gm__now_ns();
-            replay_chunk(pool, ops, n, ptrs, slot_stream, streams, r);
+            replay_chunk(&target, ops, n, &slots, r);
             wall += gm__now_ns() - t0;
             done_ops += n;
             if (done_ops < t->n_ops && progress_due(&pg, total_ops))
@@ -269,6 +264,7 @@ done:
     for (uint32_t s = 0; streams && s < t->n_streams; s++)
         if (streams[s]) gm_stream_destroy(pool, streams[s]);
     free(ptrs);
+    free(slot_size);
     free(slot_stream);
     free(streams);
     gm_pool_destroy(pool);

@@ -7,7 +7,7 @@
  * The one idea: nothing to connect to.  Each process publishes its pools'
  * counters in a small shared segment (src/observe/monitor.c); this command only
  * reads those files, like top reads /proc, and refreshes.  The files may be
- * hostile: the reader (gm__monitor_scan) hands over only printable ASCII
+ * hostile: the reader (lib/monitor_read.h) hands over only printable ASCII
  * strings and checked field names, and JSON strings are quoted here.
  */
 #include <errno.h>
@@ -22,7 +22,7 @@
 
 #include "cli.h"
 #include "base/internal.h"
-#include "observe/observe.h"
+#include "lib/monitor_read.h"
 
 void gm_cli_top_usage(FILE *out)
 {

@@ -111,35 +111,8 @@ static inline void gm__monitor_publish_locked(gm_pool_t *pool)
     if (GM_LIKELY(pool->mon != NULL)) gm__monitor_publish_slow_locked(pool);
 }
 
-/* Readers (the CLI): one process's view, read from its segment.  Its
- * strings are printable ASCII (others replaced by '?'), field names match
- * [a-z0-9_]+: safe to print on a terminal, in JSON or Prometheus labels
- * with the usual quoting. */
-#define GM_MON_MAX_FIELDS 64
-#define GM_MON_NAME 32
-typedef struct gm__mon_pool_view {
-    int slot;                    /* the pool's slot in its process's file */
-    int device;
-    char backend[16];
-    uint64_t values[GM_MON_MAX_FIELDS];
-} gm__mon_pool_view_t;
-typedef struct gm__mon_proc_view {
-    int pid;
-    char command[64];
-    unsigned n_fields;
-    char names[GM_MON_MAX_FIELDS][GM_MON_NAME];
-    unsigned n_pools;
-    gm__mon_pool_view_t pools[16];
-} gm__mon_proc_view_t;
-/* Read every live process's segment in the monitor directory; remove stale
- * ones of this user (dead pid, or a pid reused by another process).  Only
- * regular files owned by this user or root are read.  Calls fn per
- * process.  Returns the number of processes, or -1 with errno when the
- * directory cannot be read. */
-int gm__monitor_scan(void (*fn)(const gm__mon_proc_view_t *v, void *arg), void *arg);
-/* The value of field `name` in a pool view (0 when the field is unknown). */
-uint64_t gm__monitor_value(const gm__mon_proc_view_t *v, const gm__mon_pool_view_t *p,
-                           const char *name);
+/* The segment's layout is observe/monitor_seg.h; its reader (gpumem top,
+ * gpumem metrics) is tools/lib/monitor_read.h, outside the library. */
 
 /* ---- one call per event ----------------------------------------------------------- */
 

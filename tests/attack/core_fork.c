@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "gpumem.h"
-#include "observe/observe.h"
+#include "lib/monitor_read.h"
 #include "../test.h"
 
 #define MiB ((size_t)1 << 20)
