@@ -59,6 +59,36 @@ static inline int test_summary(void)
 }
 
 
+/* The stress tests' command line: [threads] [scale] [iterations] [seed], each
+ * optional (more are ignored), the defaults being what the caller put in the
+ * variables: threads 1-256, scale >= 1, iterations >= min_iterations, seed any
+ * number (0x.. too).  Both stress tests read their arguments this way.
+ * Returns 0, or 2 after printing the usage on stderr: main returns it. */
+static inline int stress_args(int argc, char **argv, int *threads, int *scale, int *iterations,
+                              unsigned long *seed, int min_iterations)
+{
+    int *ints[3] = {threads, scale, iterations};
+    int bad = 0;
+    for (int i = 1; i < argc && i <= 4; i++) {
+        char *end;
+        if (i < 4) {
+            long v = strtol(argv[i], &end, 10);
+            if (v < 0 || v > 1000000000L) bad = 1;
+            else *ints[i - 1] = (int)v;
+        } else {
+            *seed = strtoul(argv[i], &end, 0);
+        }
+        if (end == argv[i] || *end) bad = 1;
+    }
+    if (bad || *threads < 1 || *threads > 256 || *scale < 1 ||
+        *iterations < min_iterations) {
+        fprintf(stderr, "usage: %s [threads 1-256] [scale >=1] [iterations >=%d] [seed]\n",
+                argc ? argv[0] : "stress", min_iterations);
+        return 2;
+    }
+    return 0;
+}
+
 /* Helpers for tests of the public API (include gpumem.h before this file). */
 #ifdef GPUMEM_H
 /* A pool made from cfg; NULL, with the reason on stderr, when it cannot be. */
@@ -83,11 +113,33 @@ static inline gm_pool_t *sim_pool(size_t capacity, unsigned flags)
     return pool_from(&cfg);
 }
 
-/* The pool's stats (all zero when they cannot be read). */
+/* The backend the tests run on: GPUMEM_TEST_BACKEND=cuda, else the sim. */
+static inline gm_backend_kind_t test_backend(void)
+{
+    const char *b = getenv("GPUMEM_TEST_BACKEND");
+    return b && !strcmp(b, "cuda") ? GM_BACKEND_CUDA : GM_BACKEND_SIM;
+}
+
+/* A pool on the test backend of `capacity` bytes: the sim's device size; on a
+ * GPU the device is the device, so a limit stands in for it.  limit: the
+ * pool limit (0: none on the sim, `capacity` on a GPU).  NULL, with the
+ * reason on stderr, when it cannot be made. */
+static inline gm_pool_t *test_pool(size_t capacity, size_t limit)
+{
+    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
+    cfg.backend = test_backend();
+    cfg.sim_capacity = capacity;
+    cfg.limit = limit ? limit : (cfg.backend == GM_BACKEND_SIM ? 0 : capacity);
+    return pool_from(&cfg);
+}
+
+/* The pool's stats; a failure to read them is a failed CHECK (and all zero). */
 static inline gm_stats_t pool_stats_of(gm_pool_t *pool)
 {
     gm_stats_t st = GM_STATS_INIT;
-    if (gm_pool_stats(pool, &st) != GM_OK) memset(&st, 0, sizeof st);
+    int rc = gm_pool_stats(pool, &st);
+    CHECK_OK(rc);
+    if (rc != GM_OK) memset(&st, 0, sizeof st);
     return st;
 }
 #endif

@@ -22,14 +22,22 @@
  * stays within a small budget over the live peak (or a slightly larger one
  * for a page whose physical page a range live at the same time has taken); a
  * free physical page, mapped here as well (see pick_free for which); a free
- * page after draining the streams; a new page up to the limit.  A mapping whose physical page another range
- * owns is unmapped first.  Mappings are capped (a page mapped at too many
- * places is thinned out), so the address space never fills with stale ones.
+ * page after draining the streams; a new page up to the limit.  A mapping
+ * whose physical page another range owns is unmapped first.  Mappings are
+ * capped (a page mapped at too many places is thinned out), so the address
+ * space never fills with stale ones.
  *
  * A page may be unmapped only when it is not owned: an owned page may hold
  * live data or be touched by queued work.  Pages become unowned only inside
  * free blocks of the global index, which blocks reach only after the stream
  * that freed them was synchronized or passed an event (alloc.c).
+ *
+ * Physical pages are obtained from and given back to the pool's page
+ * provider (provider.h; today the local backend, one call per page), and
+ * nowhere else.  This file keeps reserved memory's books and is the one
+ * place that applies the pool limit (gm__pages_limit_allows) and words the
+ * refusal that ends an allocation (gm__pages_refuse_locked); docs/pages.md
+ * has the contract.
  *
  * Costs (H100): create 7.4 µs, map 0.5 µs, set access ~19 µs per handle in
  * the range, unmap 13.9 µs, release 9.3 µs.  One set_access covers each run
@@ -131,11 +139,12 @@ static void lru_remove(gm_pool_t *pool, uint32_t id)
 
 /* ---- physical pages ------------------------------------------------------ */
 
-/* Create a physical page; it starts free, mapped nowhere. */
+/* Obtain a physical page from the provider; it starts free, mapped nowhere.
+ * Past the pool limit: GM_LIMIT with no message (see gm__pages_limit_allows). */
 static int phys_create(gm_pool_t *pool, uint32_t *out)
 {
     int rc;
-    if (pool->st.reserved + pool->page > pool->limit) return GM_LIMIT;
+    if (!gm__pages_limit_allows(pool, pool->st.reserved, pool->page)) return GM_LIMIT;
     uint32_t id;
     if (pool->n_dead) {
         id = pool->dead_ids[pool->n_dead - 1];
@@ -152,8 +161,10 @@ static int phys_create(gm_pool_t *pool, uint32_t *out)
         id = pool->n_phys_ids;
     }
     gm__phys_t h;
-    GM_BK(rc, pool, phys_create, (pool->bk, pool->page, &h));
+    size_t got = 0;
+    rc = pool->provider.ops->obtain(pool->provider.ctx, pool->page, 1, &h, &got);
     if (rc != GM_OK) return rc;
+    gm_assert_internal(got == 1);
     if (pool->n_dead) pool->n_dead--;
     else pool->n_phys_ids++;
     gm__ppage_t *pp = &pool->phys[id];
@@ -169,11 +180,33 @@ static int phys_create(gm_pool_t *pool, uint32_t *out)
     return GM_OK;
 }
 
-/* Map physical page id at VA page p of a (not owned, not mapped). */
+int gm__pages_refuse_locked(gm_pool_t *pool, int rc, size_t size)
+{
+    /* A provider with its own reason (a tenant's quota, a broker that is
+     * gone) says it in place of the pool's two. */
+    char why[160] = "";
+    if (pool->provider.ops->describe)
+        pool->provider.ops->describe(pool->provider.ctx, why, sizeof why);
+    char a[32], r[32], l[32], f[32];
+    return gm__set_error(rc == GM_LIMIT ? GM_LIMIT : GM_OUT_OF_MEMORY,
+                         "gm_alloc: cannot allocate %zu bytes: %s; allocated %s, reserved %s, "
+                         "limit %s, device free %s",
+                         size,
+                         why[0] ? why
+                         : rc == GM_LIMIT && pool->cfg.limit ? "the pool limit is reached"
+                                                             : "out of device memory",
+                         gm__fmt_bytes(pool->st.allocated, a, sizeof a),
+                         gm__fmt_bytes(pool->st.reserved, r, sizeof r),
+                         gm__fmt_bytes(pool->limit, l, sizeof l),
+                         gm__fmt_bytes(pool->info.total_memory - pool->st.reserved, f, sizeof f));
+}
+
+/* Map physical page id at VA page p of a. */
 static int va_map(gm_pool_t *pool, gm__arena_t *a, size_t p, uint32_t id)
 {
     int rc;
     gm__ppage_t *pp = &pool->phys[id];
+    gm_assert_internal(pp->live && !bit_get(a->mapped, p) && !bit_get(a->owned, p));
     GM_BK(rc, pool, map, (pool->bk, a->base + (p << pool->page_shift), pool->page, pp->handle));
     if (rc != GM_OK) return rc;
     uint32_t gid = a->gid_base + (uint32_t)p;
@@ -194,10 +227,11 @@ static int va_map(gm_pool_t *pool, gm__arena_t *a, size_t p, uint32_t id)
     return GM_OK;
 }
 
-/* Unmap VA page p of a.  Precondition: mapped and not owned. */
+/* Unmap VA page p of a: an owned page may hold live data or queued work. */
 static int va_unmap(gm_pool_t *pool, gm__arena_t *a, size_t p)
 {
     int rc;
+    gm_assert_internal(bit_get(a->mapped, p) && !bit_get(a->owned, p));
     GM_BK(rc, pool, unmap, (pool->bk, a->base + (p << pool->page_shift), pool->page));
     if (rc != GM_OK) return rc;
     gm__ppage_t *pp = &pool->phys[a->pid[p]];
@@ -215,18 +249,21 @@ static int va_unmap(gm_pool_t *pool, gm__arena_t *a, size_t p)
     return GM_OK;
 }
 
-/* Release a free physical page: unmap it everywhere, then give it back.
- * On a failed unmap it stays (free, partly mapped) and the error returns. */
+/* Release a free physical page: unmap it everywhere, then give it back to
+ * the provider.  On a failed unmap or give-back it stays (free, perhaps
+ * partly mapped) and the error returns. */
 static int phys_release(gm_pool_t *pool, uint32_t id)
 {
     int rc;
     gm__ppage_t *pp = &pool->phys[id];
+    gm_assert_internal(pp->live && pp->owner == GM_NONE);
     while (pp->first_va != GM_NONE) {
         size_t q;
         gm__arena_t *b = arena_of(pool, pp->first_va, &q);
         GM_CHECK(va_unmap(pool, b, q));
     }
-    GM_BK(rc, pool, phys_release, (pool->bk, pp->handle));
+    size_t done = 0;
+    rc = pool->provider.ops->give_back(pool->provider.ctx, &pp->handle, 1, &done);
     if (rc != GM_OK) return rc;
     lru_remove(pool, id);
     pp->live = 0;
@@ -235,9 +272,12 @@ static int phys_release(gm_pool_t *pool, uint32_t id)
     return GM_OK;
 }
 
+/* VA page p of a takes the free physical page mapped there. */
 static inline void own(gm_pool_t *pool, gm__arena_t *a, size_t p)
 {
     uint32_t id = a->pid[p];
+    gm_assert_internal(bit_get(a->mapped, p) && !bit_get(a->owned, p) &&
+                       pool->phys[id].owner == GM_NONE);
     lru_remove(pool, id);
     pool->phys[id].owner = a->gid_base + (uint32_t)p;
     bit_set(a->owned, p);
@@ -382,11 +422,6 @@ bool gm__pages_ready_locked(const gm__arena_t *a, uintptr_t addr, size_t size, s
 
 /* ---- serving a range -------------------------------------------------------- */
 
-/* A physical page for a range being mapped: a new one while reserved stays
- * within `allow` (or within the conflict cap, for a page that lost its own
- * physical page to a range live at the same time: the step needs one more
- * page than the pool has), else a free one, after draining the streams if
- * need be, else a new one up to the limit. */
 /* Which free physical page to map somewhere else: one freed recently, so that
  * in a repeating step the range it came from is the furthest from wanting it
  * back (it was just given up) — but not among the very last few, which a
@@ -402,6 +437,11 @@ static uint32_t pick_free(const gm_pool_t *pool)
     return id;
 }
 
+/* A physical page for a range being mapped: a new one while reserved stays
+ * within `allow` (or within the conflict cap, for a page that lost its own
+ * physical page to a range live at the same time: the step needs one more
+ * page than the pool has), else a free one, after draining the streams if
+ * need be, else a new one up to the limit. */
 static int take_phys(gm_pool_t *pool, uint32_t *id, uint64_t allow, uint64_t cap, bool *drained,
                      bool conflict)
 {
@@ -474,17 +514,18 @@ static void thin_mappings(gm_pool_t *pool)
 }
 
 int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
-                                   size_t requested)
+                                   size_t asked)
 {
     size_t shift = pool->page_shift;
     size_t p0 = (addr - a->base) >> shift;
     size_t p1 = ((addr + size - 1 - a->base) >> shift) + 1;
+    gm_assert_internal(range_all_set(a->used, p0, p1));
     if (GM_LIKELY(p1 - p0 == 1) && bit_get(a->owned, p0)) return GM_OK;
     if (range_all_set(a->owned, p0, p1)) return GM_OK;
 
     /* Pages that may be created before streams are drained for free ones: a
      * budget over the larger of the live bytes and their peak so far. */
-    uint64_t live = pool->st.allocated + requested;
+    uint64_t live = pool->st.allocated + asked;
     if (pool->st.allocated_peak > live) live = pool->st.allocated_peak;
     uint64_t allow = live + live / GROW_SLACK_DIV + (uint64_t)GROW_SLACK_PAGES * pool->page;
     uint64_t cap = live + live / CONFLICT_SLACK_DIV + (uint64_t)GROW_SLACK_PAGES * pool->page;
@@ -537,6 +578,7 @@ int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
     }
     /* On failure the caller frees the block again, which hands the pages it
      * took back to the free list (or to its stream's care). */
+    if (rc == GM_LIMIT || rc == GM_OUT_OF_MEMORY) return gm__pages_refuse_locked(pool, rc, asked);
     if (rc != GM_OK) return rc;
     if (GM_UNLIKELY(pool->n_maps > (size_t)MAP_SLACK_MUL * (pool->st.reserved >> shift) + MAP_SLACK_MIN))
         thin_mappings(pool);

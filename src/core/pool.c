@@ -157,6 +157,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
         goto fail;
     }
     pool->page_shift = (unsigned)__builtin_ctzll(pool->page);
+    gm__provider_local_init(&pool->provider, pool);
     pool->limit = pool->info.total_memory;
     if (pool->cfg.limit && pool->cfg.limit < pool->limit) pool->limit = pool->cfg.limit;
 

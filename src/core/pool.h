@@ -22,6 +22,7 @@
 #include "base/hash.h"
 #include "base/internal.h"
 #include "base/lock.h"
+#include "core/provider.h"
 
 /* ---- size classes (alloc.c) ------------------------------------------- */
 
@@ -177,7 +178,9 @@ struct gm_pool {
     gm__backend_info_t info;
     size_t page;                 /* granularity */
     unsigned page_shift;
-    size_t limit;                /* effective hard limit on reserved */
+    size_t limit;                /* effective hard limit on reserved (see
+                                    gm__pages_limit_allows) */
+    gm__page_provider_t provider; /* where physical pages come from (provider.h) */
 
     gm__arena_t arena[GM_CLASS_COUNT];
 
@@ -279,6 +282,24 @@ const char *gm__owner_name(gm__owner_t o);
 
 /* ---- defined in src/core/pages.c -------------------------------------------- */
 
+/* The pool limit, one rule decided here: may reserved memory grow from
+ * `reserved` by `more` bytes?  The page layer asks it before every page it
+ * obtains (with pool->st.reserved); a request larger than the limit can never
+ * fit (ask with reserved 0).  No message: a page refused here is often
+ * served another way (a free page); the refusal that ends an allocation gets
+ * its message from gm__pages_refuse_locked. */
+static inline bool gm__pages_limit_allows(const gm_pool_t *pool, uint64_t reserved, size_t more)
+{
+    return more <= pool->limit && reserved <= pool->limit - more;
+}
+/* An allocation of the caller's `size` ends without pages: rc GM_LIMIT (the
+ * pool limit or a provider's quota) or GM_OUT_OF_MEMORY (device or provider
+ * full).  Sets the message (what is allocated and reserved, the limit, the
+ * device's free memory, and the provider's word on it) and returns the
+ * status: GM_LIMIT for GM_LIMIT, else GM_OUT_OF_MEMORY.  (alloc.c's
+ * oom_error still rewrites the same text after it; it is to go, so that a
+ * provider's word reaches the caller.) */
+int gm__pages_refuse_locked(gm_pool_t *pool, int rc, size_t size);
 int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size, uint32_t gid_base);
 void gm__arena_fini(gm_pool_t *pool, gm__arena_t *a);
 /* Mark pages overlapping [addr, addr+size) used. Lock held. */
@@ -290,9 +311,12 @@ void gm__pages_mark_unused_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t add
 bool gm__pages_ready_locked(const gm__arena_t *a, uintptr_t addr, size_t size, size_t shift);
 /* Make every page overlapping [addr, addr+size) mapped, accessible and owned,
  * taking free physical pages (mapped here too), or new ones.  The range's
- * pages must already be marked used.  Lock held. */
+ * pages must already be marked used.  asked: the caller's size (what
+ * gm_alloc was asked for), which only feeds the growth budget and the
+ * refusal message.  GM_LIMIT / GM_OUT_OF_MEMORY come with the message of
+ * gm__pages_refuse_locked.  Lock held. */
 int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
-                                   size_t requested);
+                                   size_t asked);
 /* Release free physical pages until cached <= keep. Lock held. */
 int gm__pages_trim_locked(gm_pool_t *pool, size_t keep, size_t *released);
 /* Create and map `bytes` of pages at the start of the large arena. */

@@ -18,33 +18,7 @@
 
 #define MiB ((size_t)1 << 20)
 
-static gm_backend_kind_t test_backend(void)
-{
-    const char *b = getenv("GPUMEM_TEST_BACKEND");
-    return b && !strcmp(b, "cuda") ? GM_BACKEND_CUDA : GM_BACKEND_SIM;
-}
-
 static int is_sim(void) { return test_backend() == GM_BACKEND_SIM; }
-
-static gm_pool_t *make_pool(size_t capacity, size_t limit)
-{
-    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = test_backend();
-    cfg.sim_capacity = capacity;
-    /* On a real GPU the capacity is the device's: a limit stands in for it. */
-    cfg.limit = limit ? limit : (is_sim() ? 0 : capacity);
-    gm_pool_t *pool = NULL;
-    int rc = gm_pool_create(&cfg, &pool);
-    if (rc != GM_OK) fprintf(stderr, "gm_pool_create: %s: %s\n", gm_errname(rc), gm_last_error());
-    return pool;
-}
-
-static gm_stats_t stats_of(gm_pool_t *pool)
-{
-    gm_stats_t st = GM_STATS_INIT;
-    CHECK_OK(gm_pool_stats(pool, &st));
-    return st;
-}
 
 static uint64_t total_calls(const gm_stats_t *st)
 {
@@ -75,7 +49,7 @@ static int has_pattern(gm_pool_t *pool, const void *dev, size_t n, unsigned seed
 
 static void test_basics(void)
 {
-    gm_pool_t *pool = make_pool(256 * MiB, 0);
+    gm_pool_t *pool = test_pool(256 * MiB, 0);
     if (!pool) { CHECK(pool != NULL); return; }
     void *p = (void *)1, *q = NULL;
     CHECK_OK(gm_alloc(pool, 0, NULL, &p));
@@ -93,18 +67,18 @@ static void test_basics(void)
         put_pattern(pool, ptrs[i], sizes[i], (unsigned)i);
     }
     for (int i = 0; i < 9; i++) CHECK(has_pattern(pool, ptrs[i], sizes[i], (unsigned)i));
-    gm_stats_t st = stats_of(pool);
+    gm_stats_t st = pool_stats_of(pool);
     size_t total = 0;
     for (int i = 0; i < 9; i++) total += sizes[i];
     CHECK(st.allocated == total && st.live_blocks == 9 && st.alloc_count == 9);
     CHECK(st.reserved >= st.active && st.active >= st.allocated);
     CHECK_OK(gm_pool_check(pool));
     for (int i = 0; i < 9; i++) CHECK_OK(gm_free(pool, ptrs[i], NULL));
-    st = stats_of(pool);
+    st = pool_stats_of(pool);
     CHECK(st.allocated == 0 && st.active == 0 && st.live_blocks == 0 && st.free_count == 9);
     CHECK(st.allocated_peak == total);
     CHECK_OK(gm_pool_reset_peaks(pool));
-    st = stats_of(pool);
+    st = pool_stats_of(pool);
     CHECK(st.allocated_peak == 0);
     /* JSON has every field. */
     char buf[4096];
@@ -126,7 +100,7 @@ static void test_basics(void)
 
 static void test_bad_input(void)
 {
-    gm_pool_t *pool = make_pool(64 * MiB, 0);
+    gm_pool_t *pool = test_pool(64 * MiB, 0);
     if (!pool) { CHECK(pool != NULL); return; }
     void *p, *q;
     int host, rc;
@@ -155,7 +129,7 @@ static void test_bad_input(void)
     while (n < 40 && (rc = gm_alloc(pool, 3 * MiB, NULL, &big[n])) == GM_OK) n++;
     CHECK(rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT);
     CHECK(n >= 15 && n < 40);
-    gm_stats_t st = stats_of(pool);
+    gm_stats_t st = pool_stats_of(pool);
     CHECK(st.oom_count >= 1 && st.reserved <= 64 * MiB);
     CHECK_OK(gm_pool_check(pool));
     for (int i = 0; i < n; i++) CHECK_OK(gm_free(pool, big[i], NULL));
@@ -182,23 +156,23 @@ static void test_bad_input(void)
 
 static void test_limit_and_trim(void)
 {
-    gm_pool_t *pool = make_pool(256 * MiB, 16 * MiB);
+    gm_pool_t *pool = test_pool(256 * MiB, 16 * MiB);
     if (!pool) { CHECK(pool != NULL); return; }
     void *p[8];
     for (int i = 0; i < 7; i++) CHECK_OK(gm_alloc(pool, 2 * MiB, NULL, &p[i]));
     CHECK_RC(gm_alloc(pool, 4 * MiB, NULL, &p[7]), GM_LIMIT);
     CHECK(strstr(gm_last_error(), "limit") != NULL);
     CHECK_RC(gm_alloc(pool, 17 * MiB, NULL, &p[7]), GM_LIMIT);
-    gm_stats_t st = stats_of(pool);
+    gm_stats_t st = pool_stats_of(pool);
     CHECK(st.reserved <= 16 * MiB);
     CHECK_OK(gm_pool_set_limit(pool, 32 * MiB));
     CHECK_OK(gm_alloc(pool, 4 * MiB, NULL, &p[7]));
     for (int i = 0; i < 8; i++) CHECK_OK(gm_free(pool, p[i], NULL));
-    st = stats_of(pool);
+    st = pool_stats_of(pool);
     CHECK(st.reserved > 0 && st.cached == st.reserved);
     size_t released = 0;
     CHECK_OK(gm_trim(pool, 0, &released));
-    st = stats_of(pool);
+    st = pool_stats_of(pool);
     CHECK(st.reserved == 0 && released > 0 && st.mapped == 0);
     CHECK_OK(gm_pool_check(pool));
     /* Usable after trim. */
@@ -216,7 +190,7 @@ static void test_limit_and_trim(void)
     CHECK_OK(gm_pool_create(&cfg, &pool));
     CHECK_OK(gm_alloc(pool, 20 * MiB, NULL, &p[0]));
     CHECK_OK(gm_free(pool, p[0], NULL));
-    st = stats_of(pool);
+    st = pool_stats_of(pool);
     CHECK(st.cached <= 4 * MiB);
     gm_pool_destroy(pool);
 
@@ -224,11 +198,11 @@ static void test_limit_and_trim(void)
     cfg.release_threshold = SIZE_MAX;
     cfg.initial_reserve = 32 * MiB;
     CHECK_OK(gm_pool_create(&cfg, &pool));
-    st = stats_of(pool);
+    st = pool_stats_of(pool);
     CHECK(st.reserved == 32 * MiB);
     uint64_t calls = total_calls(&st);
     CHECK_OK(gm_alloc(pool, 20 * MiB, NULL, &p[0]));
-    st = stats_of(pool);
+    st = pool_stats_of(pool);
     CHECK(total_calls(&st) == calls);
     CHECK_OK(gm_free(pool, p[0], NULL));
     gm_pool_destroy(pool);
@@ -238,7 +212,7 @@ static void test_limit_and_trim(void)
  * do the live blocks around those holes. */
 static void test_stitching_keeps_data(void)
 {
-    gm_pool_t *pool = make_pool(64 * MiB, 0);
+    gm_pool_t *pool = test_pool(64 * MiB, 0);
     if (!pool) { CHECK(pool != NULL); return; }
     void *p[16];
     for (int i = 0; i < 16; i++) {
@@ -249,7 +223,7 @@ static void test_stitching_keeps_data(void)
         if (i % 4 != 3) CHECK_OK(gm_free(pool, p[i], NULL));
     void *big;
     CHECK_OK(gm_alloc(pool, 20 * MiB, NULL, &big));
-    gm_stats_t st = stats_of(pool);
+    gm_stats_t st = pool_stats_of(pool);
     CHECK(st.pages_stolen > 0);
     CHECK(st.reserved <= 64 * MiB);
     put_pattern(pool, big, 20 * MiB, 77);
@@ -264,7 +238,7 @@ static void test_stitching_keeps_data(void)
 /* A repeating step reaches a state with no backend call at all. */
 static void test_steady_state(void)
 {
-    gm_pool_t *pool = make_pool(1024 * MiB, 0);
+    gm_pool_t *pool = test_pool(1024 * MiB, 0);
     if (!pool) { CHECK(pool != NULL); return; }
     uint64_t calls[6];
     unsigned seed = 12345;
@@ -285,7 +259,7 @@ static void test_steady_state(void)
             }
         }
         while (n) CHECK_OK(gm_free(pool, live[--n], NULL));
-        gm_stats_t st = stats_of(pool);
+        gm_stats_t st = pool_stats_of(pool);
         calls[step] = total_calls(&st);
         if (getenv("GM_TEST_VERBOSE")) {
             for (int k = 0; k < GM_CALL_COUNT; k++)
@@ -310,7 +284,7 @@ static void test_streams(void)
         printf("test_streams: held streams need the sim backend; skipped\n");
         return;
     }
-    gm_pool_t *pool = make_pool(256 * MiB, 8 * MiB);
+    gm_pool_t *pool = test_pool(256 * MiB, 8 * MiB);
     if (!pool) { CHECK(pool != NULL); return; }
     gm_stream_t S = (gm_stream_t)(uintptr_t)0x51, T = (gm_stream_t)(uintptr_t)0x52;
     void *p, *q, *r;
@@ -359,7 +333,7 @@ static void test_streams(void)
  * everyone's, and no event is recorded on that stream afterwards. */
 static void test_stream_forget(void)
 {
-    gm_pool_t *pool = make_pool(256 * MiB, 8 * MiB);
+    gm_pool_t *pool = test_pool(256 * MiB, 8 * MiB);
     if (!pool) { CHECK(pool != NULL); return; }
     gm_stream_t S, T;
     CHECK_OK(gm_stream_create(pool, &S));
@@ -401,14 +375,14 @@ static void test_fault_injection(void)
         printf("test_fault_injection: needs the sim backend; skipped\n");
         return;
     }
-    gm_pool_t *probe = make_pool(64 * MiB, 0);
+    gm_pool_t *probe = test_pool(64 * MiB, 0);
     if (probe) {
         CHECK_RC(gm_sim_fail_nth(probe, 999, 1), GM_INVALID_ARGUMENT);
         gm_pool_destroy(probe);
     }
     for (int kind = 0; kind < GM_CALL_COUNT; kind++) {
         for (unsigned long nth = 1; nth <= 3; nth++) {
-            gm_pool_t *pool = make_pool(64 * MiB, 24 * MiB);
+            gm_pool_t *pool = test_pool(64 * MiB, 24 * MiB);
             if (!pool) { CHECK(pool != NULL); return; }
             CHECK_OK(gm_sim_fail_nth(pool, kind, nth));
             void *p[12] = {0};
@@ -436,7 +410,7 @@ static void test_fault_injection(void)
             CHECK_OK(gm_pool_check(pool));
             CHECK_OK(gm_sim_fail_nth(pool, kind, 0));
             CHECK_OK(gm_trim(pool, 0, NULL));
-            gm_stats_t st = stats_of(pool);
+            gm_stats_t st = pool_stats_of(pool);
             CHECK(st.reserved == 0 && st.allocated == 0 && st.live_blocks == 0);
             void *q;
             CHECK_OK(gm_alloc(pool, 10 * MiB, NULL, &q));
@@ -452,7 +426,7 @@ static void test_fault_injection(void)
 
 static void test_device_info(void)
 {
-    gm_pool_t *pool = make_pool(128 * MiB, 0);
+    gm_pool_t *pool = test_pool(128 * MiB, 0);
     if (!pool) { CHECK(pool != NULL); return; }
     gm_device_info_t info = GM_DEVICE_INFO_INIT;
     CHECK_OK(gm_pool_device_info(pool, &info));

@@ -25,37 +25,11 @@
 
 static const char *self_path;
 
-static gm_backend_kind_t test_backend(void)
-{
-    const char *b = getenv("GPUMEM_TEST_BACKEND");
-    return b && !strcmp(b, "cuda") ? GM_BACKEND_CUDA : GM_BACKEND_SIM;
-}
-
-/* A pool of `capacity` bytes: the sim's device size, or a limit on a GPU. */
-static gm_pool_t *make_pool(size_t capacity)
-{
-    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = test_backend();
-    cfg.sim_capacity = capacity;
-    if (cfg.backend != GM_BACKEND_SIM) cfg.limit = capacity;
-    gm_pool_t *pool = NULL;
-    int rc = gm_pool_create(&cfg, &pool);
-    if (rc != GM_OK) fprintf(stderr, "gm_pool_create: %s: %s\n", gm_errname(rc), gm_last_error());
-    return pool;
-}
-
-static gm_stats_t stats_of(gm_pool_t *pool)
-{
-    gm_stats_t st = GM_STATS_INIT;
-    CHECK_OK(gm_pool_stats(pool, &st));
-    return st;
-}
-
 /* ---- stats ------------------------------------------------------------------ */
 
 static void test_stats(void)
 {
-    gm_pool_t *a = make_pool(256 * MiB), *b = make_pool(256 * MiB);
+    gm_pool_t *a = test_pool(256 * MiB, 0), *b = test_pool(256 * MiB, 0);
     if (!a || !b) {
         CHECK(!"pools");
         gm_pool_destroy(a);
@@ -68,7 +42,7 @@ static void test_stats(void)
     CHECK_OK(gm_alloc(a, 1000, NULL, &x));       /* small: 1024 active, shares a page */
     CHECK_OK(gm_alloc(a, 3 * MiB, NULL, &y));
     CHECK_OK(gm_alloc(b, 5 * MiB, NULL, &z));
-    gm_stats_t sa = stats_of(a), sb = stats_of(b);
+    gm_stats_t sa = pool_stats_of(a), sb = pool_stats_of(b);
     CHECK(sa.allocated == 1000 + 3 * MiB);
     CHECK(sa.active == 1024 + 3 * MiB);
     CHECK(sa.allocated_total == 1000 + 3 * MiB);
@@ -83,11 +57,11 @@ static void test_stats(void)
     CHECK(p.largest_free_block >= sa.largest_free_block);
 
     CHECK_OK(gm_free(a, y, NULL));
-    sa = stats_of(a);
+    sa = pool_stats_of(a);
     CHECK(sa.freed_total == 3 * MiB);
     CHECK(sa.allocated_peak == 1000 + 3 * MiB);
     CHECK_OK(gm_process_reset_peaks());
-    sa = stats_of(a);
+    sa = pool_stats_of(a);
     CHECK(sa.allocated_peak == 1000);
 
     char json[4096];
@@ -143,7 +117,7 @@ static int count_only(gm_pool_t *pool, size_t size, gm_stream_t stream, void *us
 
 static void test_oom(void)
 {
-    gm_pool_t *pool = make_pool(64 * MiB);
+    gm_pool_t *pool = test_pool(64 * MiB, 0);
     if (!pool) {
         CHECK(!"pool");
         return;
@@ -173,7 +147,7 @@ static void test_oom(void)
     for (const char *p = m; (p = strstr(p, "4.00 MiB at 0x")); p++) listed++;
     CHECK(listed == 5);
     if (listed != 5) fprintf(stderr, "report:\n%s\n", m);
-    gm_stats_t st = stats_of(pool);
+    gm_stats_t st = pool_stats_of(pool);
     CHECK(st.oom_count == 1);
     CHECK(st.alloc_failures == 1);
 
@@ -191,7 +165,7 @@ static void test_oom(void)
     CHECK(big != NULL);
     CHECK(f.calls == 1 && f.n == 7);
     CHECK(counted == 2); /* the first handler ran first and declined */
-    st = stats_of(pool);
+    st = pool_stats_of(pool);
     CHECK(st.retries == 1);
     CHECK(st.oom_count == 2);
     CHECK(st.oom_handler_calls == 3);
@@ -224,7 +198,7 @@ static __attribute__((noinline)) void *plant_leak(gm_pool_t *pool, size_t n)
 
 static void test_leak_report(void)
 {
-    gm_pool_t *pool = make_pool(64 * MiB);
+    gm_pool_t *pool = test_pool(64 * MiB, 0);
     if (!pool) {
         CHECK(!"pool");
         return;
@@ -290,7 +264,7 @@ static int run_child(const char *mode, const char *check, char *err, size_t cap)
 
 static int child_leak(void)
 {
-    gm_pool_t *pool = make_pool(64 * MiB);
+    gm_pool_t *pool = test_pool(64 * MiB, 0);
     if (!pool) return 3;
     void *keep = plant_leak(pool, 4096);
     void *gone = plant_leak(pool, 8192);
@@ -325,7 +299,7 @@ static void test_leak_child(void)
 
 static int child_clean(void)
 {
-    gm_pool_t *pool = make_pool(64 * MiB);
+    gm_pool_t *pool = test_pool(64 * MiB, 0);
     if (!pool) return 3;
     void *p = plant_leak(pool, 4096);
     gm_free(pool, p, NULL);
@@ -343,7 +317,7 @@ static void test_trace_rows(void)
     CHECK_RC(gm_trace_start(""), GM_INVALID_ARGUMENT);
     CHECK_RC(gm_trace_start("/nonexistent-dir/x.csv"), GM_IO);
     CHECK_OK(gm_trace_start(path));
-    gm_pool_t *pool = make_pool(64 * MiB);
+    gm_pool_t *pool = test_pool(64 * MiB, 0);
     if (!pool) {
         CHECK(!"pool");
         gm_trace_stop();
@@ -394,7 +368,7 @@ static void test_trace_rows(void)
     /* With leak tracking on, call sites go to PATH.sites, one per allocate row. */
     CHECK_OK(gm_leak_tracking(1));
     CHECK_OK(gm_trace_start(path));
-    pool = make_pool(64 * MiB);
+    pool = test_pool(64 * MiB, 0);
     if (!pool) {
         CHECK(!"pool");
         gm_trace_stop();
@@ -434,7 +408,7 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "child-leak")) return child_leak();
     if (argc > 1 && !strcmp(argv[1], "child-clean")) return child_clean();
     if (argc > 1 && !strcmp(argv[1], "hold")) {
-        gm_pool_t *pool = make_pool(256 * MiB);
+        gm_pool_t *pool = test_pool(256 * MiB, 0);
         void *a = NULL, *b = NULL;
         if (!pool || gm_alloc(pool, 3 * MiB, NULL, &a) || gm_alloc(pool, 5 * MiB, NULL, &b))
             return 3;

@@ -143,14 +143,8 @@ static void *worker(void *arg)
 
 int main(int argc, char **argv)
 {
-    if (argc > 1) n_threads = atoi(argv[1]);
-    if (argc > 2) scale = atoi(argv[2]);
-    if (argc > 3) iterations = atoi(argv[3]);
-    if (argc > 4) seed = strtoul(argv[4], NULL, 0);
-    if (n_threads < 1 || n_threads > 256 || scale < 1 || iterations < 0) {
-        fprintf(stderr, "usage: test_copy_stress [threads] [scale] [iterations] [seed]\n");
-        return 2;
-    }
+    int rc = stress_args(argc, argv, &n_threads, &scale, &iterations, &seed, 0);
+    if (rc) return rc;
     dev_size = (size_t)scale * 3 * MiB;
     src_size = dev_size + 12345;
     gm_pool_config_t cfg;

@@ -172,18 +172,11 @@ static void *worker(void *arg)
 
 int main(int argc, char **argv)
 {
-    if (argc > 1) n_threads = atoi(argv[1]);
-    if (argc > 2) scale = atoi(argv[2]);
-    if (argc > 3) iterations = atoi(argv[3]);
-    if (argc > 4) seed = strtoul(argv[4], NULL, 0);
-    if (n_threads < 1 || n_threads > 256 || scale < 1 || iterations < 1) {
-        fprintf(stderr, "usage: %s [threads 1-256] [scale >=1] [iterations] [seed]\n", argv[0]);
-        return 2;
-    }
+    int rc = stress_args(argc, argv, &n_threads, &scale, &iterations, &seed, 1);
+    if (rc) return rc;
     max_size = (size_t)scale << 22;
-    const char *b = getenv("GPUMEM_TEST_BACKEND");
     gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = b && !strcmp(b, "cuda") ? GM_BACKEND_CUDA : GM_BACKEND_SIM;
+    cfg.backend = test_backend();
     cfg.sim_capacity = (size_t)n_threads * SLOTS * max_size / 2 + ((size_t)64 << 20);
     /* A limit under the worst case keeps the pool under pressure. */
     cfg.limit = (size_t)n_threads * SLOTS * max_size / 10 + ((size_t)32 << 20);

@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * provider.h — the page-provider seam: where a pool's physical pages come
+ * from and where they go back.
+ *
+ * The one idea: the page layer (pages.c) decides *when* it needs a physical
+ * page and what to do with it (map, own, alias, thin, trim); a provider only
+ * decides *whether* it can have one and hands over a handle.  pages.c calls
+ * nothing else to get or return pages, so a different source of pages is a
+ * different provider, chosen once at pool creation, and nothing above it
+ * changes.  The whole contract is in docs/pages.md; in short:
+ *
+ *   - pages.c keeps the books: it counts reserved memory (one page per handle
+ *     obtained, minus one per handle given back) and enforces the pool limit
+ *     before asking (gm__pages_limit_allows); a provider enforces only what
+ *     it alone knows (a tenant's quota, a device's capacity);
+ *   - a refusal is a status (GM_LIMIT for a quota, GM_OUT_OF_MEMORY for a
+ *     full device, anything else for a failure) with a message set; pages.c
+ *     turns a refusal into the allocation's OOM message, adding what
+ *     `describe` says (e.g. "tenant 'ci' over quota: 40 GiB of 40 GiB");
+ *   - every member is called with the pool lock held and must not call back
+ *     into the pool; a provider keeps its own state thread-safe.
+ *
+ * Providers:
+ *   - local (provider.c, the only one today): the pool's own backend, one
+ *     phys_create / phys_release per page through GM_BK, so the backend call
+ *     counts and the fault injection (fail_nth on phys_create/phys_release)
+ *     are exactly those of the page layer before the seam existed.
+ *   - broker (planned, issue 13): ctx holds a Unix socket to the machine's
+ *     broker and a local stock of leased handles; obtain serves from the
+ *     stock and leases many pages per round trip when it runs dry (import_fd
+ *     of each descriptor received), give_back returns handles to the stock
+ *     and gives whole leases back past a watermark; a quota refusal is
+ *     GM_LIMIT and describe names the tenant.  The broker's requests to give
+ *     cached pages back arrive on the provider's own thread, which takes the
+ *     pool lock and trims (gm__pages_trim_locked) like gm_trim does.
+ *   - share (planned, issue 12): pages imported from another process are
+ *     not obtained through obtain at all but adopted by the sharing code as
+ *     pinned pages that trim, thinning and offload never release or unmap.
+ * Selecting one will be a pool-config field or GPUMEM_BROKER read where the
+ * pool is created; today gm_pool_create installs the local provider.
+ */
+#ifndef GM_PROVIDER_H
+#define GM_PROVIDER_H
+
+#include <stddef.h>
+
+#include "backend/backend.h"
+
+typedef struct gm__page_provider_ops {
+    const char *name; /* "local"; for messages */
+
+    /* Obtain n pages of page_size bytes each (page_size: the pool's
+     * granularity): handles[0..n).  GM_OK with *got == n; on failure a status
+     * with its message set, and *got < n pages that were obtained all the
+     * same (the caller owns them).  The pool limit was checked by the caller
+     * for all n; a provider refuses only for its own reasons.  Each handle is
+     * mapped nowhere, and the caller maps and releases it through the pool's
+     * backend (map/unmap/set_access as usual). */
+    int (*obtain)(void *ctx, size_t page_size, size_t n, gm__phys_t *handles, size_t *got);
+    /* Give back n pages.  Precondition: each is mapped nowhere and holds no
+     * data anyone needs.  GM_OK with *done == n; on failure the status with
+     * its message set, handles[0..*done) were given back and the others are
+     * still the caller's. */
+    int (*give_back)(void *ctx, const gm__phys_t *handles, size_t n, size_t *done);
+    /* Optional (NULL: nothing to add): one line on why the last refusal
+     * happened, for the OOM message ("tenant 'ci' over quota ..."), into
+     * buf[cap]; "" when there is nothing to say. */
+    void (*describe)(void *ctx, char *buf, size_t cap);
+} gm__page_provider_ops_t;
+
+/* A provider and its context, held by value in the pool. */
+typedef struct gm__page_provider {
+    const gm__page_provider_ops_t *ops;
+    void *ctx;
+} gm__page_provider_t;
+
+/* ---- defined in src/core/provider.c ---- */
+/* The local provider: the pool's own backend, one call per page; ctx is the
+ * pool (its ops, bk and bk_calls), which must outlive the provider. */
+void gm__provider_local_init(gm__page_provider_t *p, gm_pool_t *pool);
+
+#endif /* GM_PROVIDER_H */
