@@ -56,7 +56,7 @@ static const gm__fm_policy_t DEVICE = {
     .freed_global = freed_global,
 };
 
-static inline gm__block_t *release_block(gm_pool_t *pool, gm__block_t *b, gm__stream_t *owner)
+static gm__block_t *release_block(gm_pool_t *pool, gm__block_t *b, gm__stream_t *owner)
 {
     return gm__fm_release(pool, &DEVICE, &pool->blocks, b, owner);
 }
@@ -115,14 +115,23 @@ static void streams_sweep_locked(gm_pool_t *pool)
 
 size_t gm__stream_count_locked(gm_pool_t *pool) { return pool->streams.n; }
 
-gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle)
+/* Past the cache: kept apart so that the cache check inlines into callers. */
+__attribute__((noinline)) static gm__stream_t *stream_get_slow_locked(gm_pool_t *pool,
+                                                                      gm_stream_t handle)
 {
-    gm__stream_t *s = gm__streams_find(&pool->streams, handle);
-    if (GM_LIKELY(s != NULL)) return s;
+    gm__stream_t *s = gm__streams_lookup(&pool->streams, handle);
+    if (s) return s;
     if (pool->streams.n >= pool->streams_sweep_at) streams_sweep_locked(pool);
     s = gm__streams_add(&pool->streams, handle);
     if (s) s->pinned = handle == NULL;
     return s;
+}
+
+gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle)
+{
+    gm__stream_t *s = pool->streams.last;
+    if (GM_LIKELY(s && s->handle == handle)) return s;
+    return stream_get_slow_locked(pool, handle);
 }
 
 /* ---- pending blocks (gm_record_stream) ------------------------------------------ */
@@ -308,6 +317,7 @@ static int oom_error(gm_pool_t *pool, int rc, size_t size)
 
 int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
 {
+    gm_assert_internal(size > 0 && size <= GM_MAX_REQUEST && s != NULL && !s->is_global);
     size_t asize = GM_ALIGN_UP(size, GM_ALIGNMENT);
     int cls = asize <= GM_SMALL_MAX ? GM_CLASS_SMALL : GM_CLASS_LARGE;
 
@@ -381,6 +391,7 @@ static int bad_free(gm_pool_t *pool, void *ptr)
 
 int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed)
 {
+    gm_assert_internal(s != NULL && !s->is_global);
     gm__block_t *b = gm__hash_take(&pool->live, (uintptr_t)ptr);
     if (GM_UNLIKELY(!b)) return bad_free(pool, ptr);
     *freed = b->requested;
@@ -405,6 +416,7 @@ int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed)
 
 int gm__record_stream_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s)
 {
+    gm_assert_internal(s != NULL && !s->is_global);
     gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
     if (!b) {
         int rc = bad_free(pool, ptr);

@@ -48,6 +48,15 @@ void gm__slab_fini(gm__slab_t *sl)
 
 /* ---- stream states --------------------------------------------------------------- */
 
+gm__stream_t *gm__streams_lookup(gm__streams_t *r, gm_stream_t handle)
+{
+    gm__stream_t *s;
+    if (!handle) s = r->null_state;
+    else s = r->of.cap ? gm__hash_get(&r->of, (uintptr_t)handle) : NULL;
+    if (s) r->last = s;
+    return s;
+}
+
 gm__stream_t *gm__streams_add(gm__streams_t *r, gm_stream_t handle)
 {
     gm_assert_internal(gm__streams_find(r, handle) == NULL);
@@ -82,6 +91,7 @@ static void event_drop(gm_pool_t *pool, gm__stream_t *s)
 
 void gm__streams_forget(gm_pool_t *pool, gm__streams_t *r, gm__stream_t *s)
 {
+    gm_assert_internal(s->slot < r->n && r->all[s->slot] == s);
     event_drop(pool, s);
     if (s->handle) gm__hash_take(&r->of, (uintptr_t)s->handle);
     else r->null_state = NULL;
@@ -193,6 +203,7 @@ static int event_done(gm_pool_t *pool, gm__stream_t *s)
 size_t gm__fm_reclaim(gm_pool_t *pool, const gm__fm_policy_t *pol, gm__slab_t *slab,
                       gm__stream_t *s, gm__stream_t *global)
 {
+    gm_assert_internal(!s->is_global && global->is_global);
     size_t moved = 0;
     if (!pol->reclaim_eager && !gm__fm_held(s)) return 0;
     if (s->ev_pending) {
@@ -214,6 +225,7 @@ size_t gm__fm_reclaim(gm_pool_t *pool, const gm__fm_policy_t *pol, gm__slab_t *s
 int gm__fm_sync_migrate(gm_pool_t *pool, const gm__fm_policy_t *pol, gm__slab_t *slab,
                         gm__stream_t *s, gm__stream_t *global)
 {
+    gm_assert_internal(!s->is_global && global->is_global);
     int rc;
     GM_BK(rc, pool, stream_sync, (pool->bk, s->handle));
     if (rc == GM_OK) gm__fm_migrate(pool, pol, slab, s, global, UINT64_MAX);

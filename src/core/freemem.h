@@ -33,6 +33,11 @@
 #include "base/hash.h"
 #include "base/internal.h"
 
+/* The policy-dependent functions of the allocation path are inlined into
+ * every caller, so each side's wrapper, passing its constant policy, gets
+ * a copy with the policy folded away (the callbacks become direct calls). */
+#define GM_FM_INLINE static inline __attribute__((always_inline))
+
 /* ---- size classes -------------------------------------------------------- */
 
 #define GM_UNIT_SHIFT 8 /* block sizes are multiples of 256 B (GM_ALIGNMENT) */
@@ -157,6 +162,7 @@ static inline unsigned gm__log2_floor(uint64_t x) { return 63u - (unsigned)__bui
  * block of class (fl, sl) has at least its floor. */
 static inline void gm__fm_class(uint64_t u, unsigned slb, unsigned *fl, unsigned *sl)
 {
+    gm_assert_internal(u >= 1 && slb >= 1 && slb <= GM_SL_BITS);
     if (u < (1u << slb)) {
         *fl = 0;
         *sl = (unsigned)u;
@@ -176,8 +182,10 @@ static inline uint32_t gm__fm_bucket(size_t size, unsigned slb)
     return fl * GM_SL_COUNT + sl;
 }
 
+/* Put free block b (not in any index) at the head of its bucket. */
 static inline void gm__fm_insert(gm__freeidx_t *idx, gm__block_t *b, unsigned slb)
 {
+    gm_assert_internal(b->free && b->size >= GM_ALIGNMENT && b->size % GM_ALIGNMENT == 0);
     uint32_t bk = gm__fm_bucket(b->size, slb);
     unsigned fl = bk / GM_SL_COUNT, sl = bk % GM_SL_COUNT;
     b->bucket = bk;
@@ -293,7 +301,7 @@ void gm__slab_fini(gm__slab_t *sl);
  * index always; with take_global, a stream's block also absorbs global
  * blocks (memory anyone may use), except a region's last block, whose
  * untouched address space is left to the global index. */
-static inline bool gm__fm_mergeable(const gm__fm_policy_t *pol, const gm__block_t *n,
+GM_FM_INLINE bool gm__fm_mergeable(const gm__fm_policy_t *pol, const gm__block_t *n,
                                     const gm__stream_t *owner)
 {
     if (!n || !n->free) return false;
@@ -301,7 +309,7 @@ static inline bool gm__fm_mergeable(const gm__fm_policy_t *pol, const gm__block_
     return pol->take_global && !owner->is_global && n->owner->is_global && n->next != NULL;
 }
 
-static inline void gm__fm_absorb(gm_pool_t *pool, const gm__fm_policy_t *pol, gm__block_t *n,
+GM_FM_INLINE void gm__fm_absorb(gm_pool_t *pool, const gm__fm_policy_t *pol, gm__block_t *n,
                                  const gm__stream_t *owner)
 {
     gm__fm_remove(&n->owner->idx[n->cls], n);
@@ -312,9 +320,10 @@ static inline void gm__fm_absorb(gm_pool_t *pool, const gm__fm_policy_t *pol, gm
  * owner's index, merged with its neighbours as gm__fm_mergeable allows; a
  * stream's merged block counts as its newest free.  Returns the merged
  * block (b's record may have gone back to the slab). */
-static inline gm__block_t *gm__fm_release(gm_pool_t *pool, const gm__fm_policy_t *pol,
+GM_FM_INLINE gm__block_t *gm__fm_release(gm_pool_t *pool, const gm__fm_policy_t *pol,
                                           gm__slab_t *slab, gm__block_t *b, gm__stream_t *owner)
 {
+    gm_assert_internal(owner != NULL && b->cls < GM_CLASS_COUNT);
     uintptr_t lo = b->addr, hi = b->addr + b->size;
     /* Absorbing a global neighbour can bring the next block of this index
      * alongside: keep going until neither side merges. */
@@ -378,15 +387,15 @@ static inline int gm__fm_take(gm__slab_t *slab, unsigned slb, gm__block_t *b, si
 
 /* ---- stream states --------------------------------------------------------------- */
 
-/* The state of handle, or NULL; a hit becomes the lookup cache. */
+/* The state of handle, or NULL, past the lookup cache; a hit becomes it. */
+gm__stream_t *gm__streams_lookup(gm__streams_t *r, gm_stream_t handle);
+/* The state of handle, or NULL.  The cache check is all that is inlined, so
+ * callers on the allocation path stay small. */
 static inline gm__stream_t *gm__streams_find(gm__streams_t *r, gm_stream_t handle)
 {
     gm__stream_t *s = r->last;
     if (GM_LIKELY(s && s->handle == handle)) return s;
-    if (!handle) s = r->null_state;
-    else s = r->of.cap ? gm__hash_get(&r->of, (uintptr_t)handle) : NULL;
-    if (s) r->last = s;
-    return s;
+    return gm__streams_lookup(r, handle);
 }
 /* A new state for handle (not known yet), or NULL (out of host memory). */
 gm__stream_t *gm__streams_add(gm__streams_t *r, gm_stream_t handle);

@@ -221,6 +221,8 @@ void gm__pages_fini(gm_pool_t *pool);
 
 /* ---- defined in src/core/alloc.c -------------------------------------------- */
 
+/* Allocate size bytes (0 < size <= GM_MAX_REQUEST, checked by gm_alloc) on
+ * stream state s; an OOM status with a message when nothing fits. */
 int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr);
 /* Free the live block at ptr on stream s; *freed: its caller's size.  A
  * pointer that is not a live block: GM_INVALID_POINTER or GM_DOUBLE_FREE
