@@ -300,8 +300,7 @@ int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size, uint32
     a->pid = gm__malloc(a->npages * sizeof(uint32_t));
     a->alias_next = gm__malloc(a->npages * sizeof(uint32_t));
     a->alias_prev = gm__malloc(a->npages * sizeof(uint32_t));
-    gm__block_t *b = gm__block_new_locked(pool);
-    if (!a->mapped || !a->used || !a->owned || !a->pid || !a->alias_next || !a->alias_prev || !b ||
+    if (!a->mapped || !a->used || !a->owned || !a->pid || !a->alias_next || !a->alias_prev ||
         (uint64_t)gid_base + a->npages >= GM_NONE) {
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory for page tables");
         goto fail;
@@ -312,17 +311,8 @@ int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size, uint32
         a->base = 0;
         goto fail;
     }
-    /* The whole arena starts as one free block of the global index. */
-    b->addr = a->base;
-    b->size = a->size;
-    b->arena = a;
-    b->free = 1;
-    b->owner = &pool->global;
-    a->first = b;
-    gm__freeidx_insert(&pool->global.idx[cls], b);
-    return GM_OK;
+    return GM_OK; /* its first block: gm__alloc_arena_ready_locked */
 fail:
-    if (b) gm__block_release_locked(pool, b);
     gm__arena_fini(pool, a);
     return rc;
 }
@@ -430,7 +420,7 @@ static uint32_t pick_free(const gm_pool_t *pool)
 {
     /* Blocks handed between streams come back quickly: there the oldest
      * free page is the one least likely to be wanted again soon. */
-    if (pool->n_streams > 1) return pool->lru_head;
+    if (pool->streams.n > 1) return pool->lru_head;
     uint32_t id = pool->lru_tail;
     for (int k = 0; k < RECENT_SKIP && pool->phys[id].lru_prev != GM_NONE; k++)
         id = pool->phys[id].lru_prev;

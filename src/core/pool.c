@@ -162,7 +162,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     if (pool->cfg.limit && pool->cfg.limit < pool->limit) pool->limit = pool->cfg.limit;
 
     GM_CHECK_GOTO(gm__hash_init(&pool->live, 1024), rc, fail);
-    GM_CHECK_GOTO(gm__hash_init(&pool->stream_of, 16), rc, fail);
+    GM_CHECK_GOTO(gm__hash_init(&pool->streams.of, 16), rc, fail);
     GM_CHECK_GOTO(gm__host_init(pool), rc, fail);
     GM_CHECK_GOTO(gm__copy_init(pool), rc, fail);
     if (!gm__stream_get_locked(pool, NULL)) {
@@ -177,6 +177,8 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     GM_CHECK_GOTO(gm__arena_init(pool, &pool->arena[GM_CLASS_LARGE], GM_CLASS_LARGE, total * 4,
                                  (uint32_t)pool->arena[GM_CLASS_SMALL].npages),
                   rc, fail);
+    for (int c = 0; c < GM_CLASS_COUNT; c++)
+        GM_CHECK_GOTO(gm__alloc_arena_ready_locked(pool, &pool->arena[c]), rc, fail);
     if (pool->cfg.initial_reserve) {
         rc = gm__pages_prefault_locked(pool, pool->cfg.initial_reserve);
         if (rc != GM_OK) {

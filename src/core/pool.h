@@ -19,17 +19,16 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "base/hash.h"
 #include "base/internal.h"
 #include "base/lock.h"
+#include "core/freemem.h"
 #include "core/provider.h"
 
-/* ---- size classes (alloc.c) ------------------------------------------- */
+/* ---- blocks, free indexes, streams (freemem.h) ----------------------------
+ * Block records, the size classes (GM_UNIT_SHIFT, GM_SL_BITS, GM_FL_COUNT),
+ * the classes GM_CLASS_SMALL / GM_CLASS_LARGE and stream states are the
+ * free-memory engine's, shared with the pinned host pool. */
 
-#define GM_UNIT_SHIFT 8 /* sizes are multiples of 256 B (GM_ALIGNMENT) */
-#define GM_SL_BITS 5    /* 32 second-level buckets per power of two */
-#define GM_SL_COUNT (1u << GM_SL_BITS)
-#define GM_FL_COUNT 40  /* covers sizes up to 2^(39+8) bytes */
 /* Requests up to this size live in the small arena, packed densely, so they
  * never pin pages inside the holes of large blocks. */
 #ifndef GM_SMALL_MAX
@@ -39,31 +38,6 @@
  * aligned arithmetic cannot overflow. */
 #define GM_MAX_REQUEST ((size_t)1 << 46)
 
-enum { GM_CLASS_SMALL = 0, GM_CLASS_LARGE = 1, GM_CLASS_COUNT = 2 };
-
-struct gm__stream;
-struct gm__arena;
-
-/* A block is a range of an arena's address space.  The blocks of an arena
- * tile it exactly, in address order (prev/next).  A block is live (handed
- * out) or free; a free block sits in exactly one free index, that of the
- * stream that freed it or the global one.  Adjacent free blocks of the same
- * index are always merged. */
-typedef struct gm__block {
-    uintptr_t addr;
-    size_t size;                 /* bytes of address space, multiple of 256 */
-    size_t requested;            /* live: the caller's size */
-    struct gm__block *prev, *next;   /* address order in the arena */
-    struct gm__block *fprev, *fnext; /* free index list (free blocks) */
-    struct gm__arena *arena;
-    struct gm__stream *owner;    /* free: whose index; live: alloc stream */
-    struct gm__recorded *recorded; /* live: extra streams (gm_record_stream) */
-    uint64_t free_seq;           /* free in a stream's index: its free_seq then */
-    uint32_t bucket;             /* free: fl * GM_SL_COUNT + sl */
-    uint8_t free;
-    uint8_t pending;             /* freed, waiting for recorded streams */
-} gm__block_t;
-
 /* Streams a live block was declared used on (gm_record_stream). */
 typedef struct gm__recorded {
     struct gm__stream *stream;
@@ -71,40 +45,6 @@ typedef struct gm__recorded {
     bool unordered;              /* pending: neither event nor sync worked yet */
     struct gm__recorded *next;
 } gm__recorded_t;
-
-/* A two-level segregated-fit index of free blocks.
- * Invariant: bit (fl) of fl_bits set <=> sl_bits[fl] != 0;
- *            bit (sl) of sl_bits[fl] set <=> heads[fl][sl] != NULL. */
-typedef struct gm__freeidx {
-    uint64_t fl_bits;
-    uint32_t sl_bits[GM_FL_COUNT];
-    gm__block_t *heads[GM_FL_COUNT][GM_SL_COUNT];
-    size_t count;                /* blocks in the index */
-    size_t bytes;                /* bytes in the index */
-} gm__freeidx_t;
-
-/* Per-stream state.  Blocks freed on a stream are reusable at once on that
- * stream (its queue orders the reuse after the earlier work) and by others
- * only after the stream has been synchronized ("drained" into global). */
-typedef struct gm__stream {
-    gm_stream_t handle;
-    gm__freeidx_t idx[GM_CLASS_COUNT];
-    bool is_global;
-    bool pinned;                /* never forgotten (the default stream) */
-    size_t slot;                /* index in pool->streams */
-    /* References that keep the record alive besides its free blocks: live
-     * blocks allocated on it (b->owner), pending blocks freed on it, and
-     * gm_record_stream entries naming it.  A record with users == 0, empty
-     * indexes and no pending event is idle: streams_sweep_locked frees it. */
-    size_t users;
-    /* Cross-stream reuse without waiting: when another stream needs memory,
-     * an event is recorded here; once it has completed, blocks freed on this
-     * stream up to free_seq == ev_seq move to the global index. */
-    uint64_t free_seq;          /* counts frees into this index */
-    uint64_t ev_seq;            /* free_seq when event was recorded */
-    gm__event_t event;          /* 0 until first needed */
-    bool ev_pending;
-} gm__stream_t;
 
 /* ---- arenas and pages (pages.c) --------------------------------------- */
 
@@ -185,20 +125,14 @@ struct gm_pool {
     gm__arena_t arena[GM_CLASS_COUNT];
 
     gm__stream_t global;         /* blocks reusable by every stream */
-    gm__stream_t **streams;      /* per-stream states, in no order */
-    size_t n_streams, cap_streams;
-    gm__stream_t *last_stream;   /* lookup cache */
-    gm__hash_t stream_of;        /* non-NULL handle -> its state */
-    gm__stream_t *null_stream;   /* the state of the NULL handle (key 0 is "empty") */
-    size_t streams_sweep_at;     /* n_streams that triggers the next sweep */
+    gm__streams_t streams;       /* per-stream states */
+    size_t streams_sweep_at;     /* streams.n that triggers the next sweep */
 
     gm__hash_t live;             /* addr -> live block */
 
     gm__block_t *pending;        /* freed blocks waiting on recorded streams */
 
-    gm__block_t *block_freelist; /* recycled descriptors */
-    void **slabs;                /* descriptor slabs, freed at destroy */
-    size_t n_slabs, cap_slabs;
+    gm__slab_t blocks;           /* block records, freed at destroy */
 
     gm__ppage_t *phys;           /* physical pages by id */
     uint32_t n_phys_ids, cap_phys; /* ids handed out (live or dead) */
@@ -326,6 +260,8 @@ void gm__pages_fini(gm_pool_t *pool);
 
 /* ---- defined in src/core/alloc.c -------------------------------------------- */
 
+/* Allocate size bytes (0 < size <= GM_MAX_REQUEST, checked by gm_alloc) on
+ * stream state s; an OOM status with a message when nothing fits. */
 int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr);
 /* Free the live block at ptr on stream s; *freed: its caller's size.  A
  * pointer that is not a live block: GM_INVALID_POINTER or GM_DOUBLE_FREE
@@ -344,9 +280,9 @@ size_t gm__drain_streams_locked(gm_pool_t *pool);
 /* Before a stream is destroyed: wait for it if it holds free blocks and move
  * them to the global index.  GM_NOT_READY etc. from the sync. */
 int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle);
-gm__block_t *gm__block_new_locked(gm_pool_t *pool);
-void gm__block_release_locked(gm_pool_t *pool, gm__block_t *b);
-void gm__freeidx_insert(gm__freeidx_t *idx, gm__block_t *b);
+/* After gm__arena_init: the whole arena becomes one free block of the
+ * global index.  GM_NO_HOST_MEMORY when no block record can be had. */
+int gm__alloc_arena_ready_locked(gm_pool_t *pool, gm__arena_t *a);
 int gm__alloc_check_locked(gm_pool_t *pool);
 /* Largest mapped free run and total free mapped bytes, for stats. */
 void gm__alloc_free_summary_locked(gm_pool_t *pool, uint64_t *largest, uint64_t *free_blocks);

@@ -6,14 +6,16 @@
  * a 4 KiB pair; registering touched memory: 46.7 ms per GiB), so the pool
  * registers large chunks (>= HOST_CHUNK_MIN, huge-page backed when the system
  * allows, placed on the device's NUMA node when there are several) once, and
- * carves them with a two-level segregated-fit index, like the device
- * allocator: an allocation and a free are a few list operations under one
- * lock, no system call.
+ * carves them through the free-memory engine (core/freemem.h) the device
+ * allocator uses too: an allocation and a free are a few list operations
+ * under one lock, no system call.  This file keeps only the host's policy:
+ * chunks, huge pages, NUMA, registration, carving, giving chunks back.
  *
- * Streams: a block freed on stream S goes to S's own free index and is reused
- * at once by allocations on S (S's queue orders the reuse after the earlier
- * copies); other streams get it only after an event recorded on S, after the
- * free, has completed ("reclaim"), which moves it to the global index.
+ * The host's engine policy: 8 buckets per power of two, searched "good fit"
+ * (the request rounded up to a bucket whose every block fits); only blocks
+ * of the same index merge.  Streams follow the engine's stream rule: a block
+ * freed on stream S is reused at once by allocations on S and by others once
+ * an event recorded on S after the free has completed ("reclaim").
  *
  * Waste: requests of HOST_LARGE and more get a chunk of their own (64 KiB
  * rounding), reused whole only by requests it fits within 1/32; smaller ones
@@ -31,7 +33,7 @@
  *   allocated == sum of live blocks' requested sizes
  *   the blocks of a chunk tile it in address order; a free block sits in
  *   exactly one index (that of its owner), and no two adjacent free blocks
- *   have the same owner (they are merged).
+ *   have the same owner (they are merged); a large chunk is one block.
  *
  * Locking: one lock per pool's host side (host->lock), taken by every entry
  * point here; backend calls made under it are growth, trim and reclaim only.
@@ -54,303 +56,77 @@
 #define HOST_LARGE_ALIGN ((size_t)64 << 10)     /* sizes of dedicated chunks */
 #define HOST_UNUSED_DIV 40                      /* growth keeps unused <= in_use / 40 */
 #define HOST_LARGE_FIT 32                       /* a large block serves requests within 1/32 */
-enum { CLS_SMALL = 0, CLS_LARGE = 1 };
-#define HFL 40                                  /* first-level classes */
-#define HSL_BITS 3
-#define HSL (1u << HSL_BITS)                    /* second-level classes */
-#define OWNER_GLOBAL 0u
+#define HOST_SL_BITS 3                          /* second-level buckets: 8 per power of two */
 #define SLAB_BLOCKS 256
 
 #ifndef MPOL_PREFERRED
 #define MPOL_PREFERRED 1
 #endif
 
-typedef struct hchunk {
+/* A registered chunk: GM_CLASS_SMALL chunks are carved, a GM_CLASS_LARGE one
+ * is one block, never split. */
+typedef struct gm__hchunk {
     uintptr_t base;
     size_t size;
-    int cls;                     /* CLS_SMALL: carved; CLS_LARGE: one block, never split */
+    int cls;
     uintptr_t dev;               /* device address of base */
-    struct hblk *first;
-    struct hchunk *next;
+    gm__block_t *first;
+    struct gm__hchunk *next;
 } hchunk_t;
-
-typedef struct hblk {
-    uintptr_t addr;
-    size_t size;                 /* multiple of HOST_UNIT */
-    size_t requested;            /* live: the caller's size */
-    struct hblk *prev, *next;    /* address order in the chunk */
-    struct hblk *fprev, *fnext;  /* free list */
-    hchunk_t *chunk;
-    uint64_t seq;                /* free in a stream index: that stream's free_seq then */
-    uint32_t owner;              /* free: index of the owning stream (0: global) */
-    uint32_t bucket;
-    uint8_t free;
-    uint8_t kind;                /* live: GM__HOST_USER / _STAGING / _SYSMEM (host.h) */
-} hblk_t;
-
-/* Invariant: bit fl of fl_bits <=> sl_bits[fl] != 0; bit sl of sl_bits[fl]
- * <=> heads[fl][sl] != NULL. */
-typedef struct hidx {
-    uint64_t fl_bits;
-    uint8_t sl_bits[HFL];
-    hblk_t *heads[HFL][HSL];
-    size_t count, bytes;
-} hidx_t;
-
-typedef struct hstream {
-    gm_stream_t handle;
-    hidx_t idx[2];               /* by chunk class */
-    uint64_t free_seq;           /* frees into idx so far */
-    uint64_t ev_seq;             /* free_seq when ev was recorded */
-    gm__event_t ev;              /* 0 until first needed */
-    bool ev_pending;
-} hstream_t;
 
 struct gm__host {
     gm__lock_t lock;
     hchunk_t *chunks;
-    hstream_t **streams;         /* [0] is the global index */
-    uint32_t n_streams, cap_streams;
-    uint32_t last;               /* lookup cache */
+    gm__stream_t global;         /* blocks reusable by every stream */
+    gm__streams_t streams;       /* per-stream states, never forgotten */
     gm__hash_t live;             /* addr -> live block (sized at the first allocation) */
-    hblk_t *spare;               /* recycled descriptors */
-    void **slabs;
-    size_t n_slabs, cap_slabs;
+    gm__slab_t blocks;           /* block records */
     int numa_node;               /* device's node, or -1 */
     int numa_nodes;              /* online nodes */
     uint64_t reserved, reserved_peak, allocated, allocated_peak, alloc_count;
     uint64_t in_use;             /* sum of live block sizes */
 };
 
-/* ---- size classes ------------------------------------------------------------- */
+static const gm__fm_policy_t HOST = {
+    .sl_bits = HOST_SL_BITS,
+    .take_global = false,
+    .migrate_reversed = false,
+    .reclaim_eager = false,
+};
 
-static inline unsigned log2z(size_t x)
-{
-    return 63u - (unsigned)__builtin_clzll((unsigned long long)x);
-}
+/* ---- the live table ----------------------------------------------------------------- */
 
-/* Bucket of a block of u units (u >= 1): every block in it has >= its floor. */
-static inline void bucket_of(size_t u, unsigned *fl, unsigned *sl)
-{
-    if (u < HSL) {
-        *fl = 0;
-        *sl = (unsigned)u;
-        return;
-    }
-    unsigned l = log2z(u);
-    *fl = l - HSL_BITS + 1;
-    *sl = (unsigned)(u >> (l - HSL_BITS)) & (HSL - 1);
-}
-
-static void idx_insert(hidx_t *x, hblk_t *b)
-{
-    unsigned fl, sl;
-    bucket_of(b->size / HOST_UNIT, &fl, &sl);
-    b->bucket = fl * HSL + sl;
-    b->fprev = NULL;
-    b->fnext = x->heads[fl][sl];
-    if (b->fnext) b->fnext->fprev = b;
-    x->heads[fl][sl] = b;
-    x->sl_bits[fl] |= (uint8_t)(1u << sl);
-    x->fl_bits |= 1ull << fl;
-    x->count++;
-    x->bytes += b->size;
-}
-
-static void idx_remove(hidx_t *x, hblk_t *b)
-{
-    unsigned fl = b->bucket / HSL, sl = b->bucket % HSL;
-    if (b->fprev) b->fprev->fnext = b->fnext;
-    else x->heads[fl][sl] = b->fnext;
-    if (b->fnext) b->fnext->fprev = b->fprev;
-    if (!x->heads[fl][sl]) {
-        x->sl_bits[fl] &= (uint8_t)~(1u << sl);
-        if (!x->sl_bits[fl]) x->fl_bits &= ~(1ull << fl);
-    }
-    x->count--;
-    x->bytes -= b->size;
-}
-
-/* A free block of at least u units, or NULL.  Looks in the class that holds
- * only blocks big enough, and above. */
-static hblk_t *idx_find(const hidx_t *x, size_t u)
-{
-    if (!x->count) return NULL;
-    size_t r = u < HSL ? u : u + ((size_t)1 << (log2z(u) - HSL_BITS)) - 1;
-    unsigned fl, sl;
-    bucket_of(r, &fl, &sl);
-    if (fl >= HFL) return NULL;
-    unsigned sbits = x->sl_bits[fl] & (unsigned)(~0u << sl);
-    if (!sbits) {
-        uint64_t fbits = fl + 1 < 64 ? x->fl_bits & (~0ull << (fl + 1)) : 0;
-        if (!fbits) {
-            /* The exact class may still hold one that fits. */
-            bucket_of(u, &fl, &sl);
-            for (hblk_t *b = x->heads[fl][sl]; b; b = b->fnext)
-                if (b->size >= u * HOST_UNIT) return b;
-            return NULL;
-        }
-        fl = (unsigned)__builtin_ctzll(fbits);
-        sbits = x->sl_bits[fl];
-    }
-    return x->heads[fl][__builtin_ctz(sbits)];
-}
-
-/* ---- descriptors and the live table ---------------------------------------------- */
-
-static hblk_t *blk_new(struct gm__host *h)
-{
-    if (!h->spare) {
-        if (h->n_slabs == h->cap_slabs) {
-            size_t nc = h->cap_slabs ? h->cap_slabs * 2 : 16;
-            void **ns = gm__realloc(h->slabs, nc * sizeof *ns);
-            if (!ns) return NULL;
-            h->slabs = ns;
-            h->cap_slabs = nc;
-        }
-        hblk_t *slab = gm__calloc(SLAB_BLOCKS, sizeof *slab);
-        if (!slab) return NULL;
-        h->slabs[h->n_slabs++] = slab;
-        for (int i = SLAB_BLOCKS - 1; i >= 0; i--) {
-            slab[i].fnext = h->spare;
-            h->spare = &slab[i];
-        }
-    }
-    hblk_t *b = h->spare;
-    h->spare = b->fnext;
-    memset(b, 0, sizeof *b);
-    return b;
-}
-
-static void blk_release(struct gm__host *h, hblk_t *b)
-{
-    b->fnext = h->spare;
-    h->spare = b;
-}
-
-/* The pool's hash table (alloc.c); empty until the first allocation. */
-static hblk_t *table_get(struct gm__host *h, uintptr_t key)
+/* Empty until the first allocation. */
+static gm__block_t *table_get(struct gm__host *h, uintptr_t key)
 {
     return h->live.cap ? gm__hash_get(&h->live, key) : NULL;
 }
 
-static hblk_t *table_take(struct gm__host *h, uintptr_t key)
+static gm__block_t *table_take(struct gm__host *h, uintptr_t key)
 {
     return h->live.cap ? gm__hash_take(&h->live, key) : NULL;
 }
 
 /* ---- streams ------------------------------------------------------------------------ */
 
-/* The index of stream `handle`'s state, made on first use; 0 only for none
- * (out of memory). */
-static uint32_t stream_slot(struct gm__host *h, gm_stream_t handle)
+/* The state of stream `handle`, made on first use; NULL only when out of
+ * memory. */
+static gm__stream_t *host_stream(struct gm__host *h, gm_stream_t handle)
 {
-    if (h->last && h->streams[h->last]->handle == handle) return h->last;
-    for (uint32_t i = 1; i < h->n_streams; i++)
-        if (h->streams[i]->handle == handle) return h->last = i;
-    if (h->n_streams == h->cap_streams) {
-        uint32_t nc = h->cap_streams * 2;
-        hstream_t **ns = gm__realloc(h->streams, nc * sizeof *ns);
-        if (!ns) return 0;
-        h->streams = ns;
-        h->cap_streams = nc;
-    }
-    hstream_t *s = gm__calloc(1, sizeof *s);
-    if (!s) return 0;
-    s->handle = handle;
-    h->streams[h->n_streams] = s;
-    return h->last = h->n_streams++;
-}
-
-/* Insert free block b into the index of `owner`, merged with free neighbours
- * of the same owner. */
-static void free_insert(struct gm__host *h, hblk_t *b, uint32_t owner, uint64_t seq)
-{
-    hidx_t *x = &h->streams[owner]->idx[b->chunk->cls];
-    b->free = 1;
-    b->owner = owner;
-    b->seq = seq;
-    hblk_t *p = b->prev, *n = b->next;
-    if (p && p->free && p->owner == owner) {
-        idx_remove(x, p);
-        p->size += b->size;
-        p->next = n;
-        if (n) n->prev = p;
-        if (b->seq > p->seq) p->seq = b->seq;
-        blk_release(h, b);
-        b = p;
-    }
-    if (n && n->free && n->owner == owner) {
-        idx_remove(x, n);
-        b->size += n->size;
-        b->next = n->next;
-        if (n->next) n->next->prev = b;
-        if (n->seq > b->seq) b->seq = n->seq;
-        blk_release(h, n);
-    }
-    idx_insert(x, b);
-}
-
-/* Move the free blocks of s freed up to sequence `upto` to the global index.
- * Host lock held.  Returns blocks moved. */
-static size_t migrate_locked(struct gm__host *h, hstream_t *s, uint64_t upto)
-{
-    size_t moved = 0;
-    for (unsigned fl = 0; fl < HFL * 2; fl++) {
-        hidx_t *x = &s->idx[fl / HFL];
-        for (unsigned sl = 0; sl < HSL; sl++) {
-            hblk_t *b = x->heads[fl % HFL][sl];
-            while (b) {
-                hblk_t *nx = b->fnext;
-                if (b->seq <= upto) {
-                    idx_remove(x, b);
-                    free_insert(h, b, OWNER_GLOBAL, 0);
-                    moved++;
-                }
-                b = nx;
-            }
-        }
-    }
-    return moved;
+    gm__stream_t *s = gm__streams_find(&h->streams, handle);
+    return s ? s : gm__streams_add(&h->streams, handle);
 }
 
 /* Move blocks of other streams whose frees are known complete to the global
- * index.  Records an event on each stream holding blocks (once per batch of
- * frees) and asks whether it is done; never waits.  Backend failures here
- * only mean nothing moves: the error is cleared.  Returns blocks moved. */
-static size_t reclaim_locked(gm_pool_t *pool, uint32_t except)
+ * index (the engine's reclaim step, never waiting; backend failures only
+ * mean nothing moves).  Host lock held.  Returns blocks moved. */
+static size_t reclaim_locked(gm_pool_t *pool, const gm__stream_t *except)
 {
     struct gm__host *h = pool->host;
     size_t moved = 0;
-    for (uint32_t i = 1; i < h->n_streams; i++) {
-        hstream_t *s = h->streams[i];
-        if (i == except || !(s->idx[0].count + s->idx[1].count)) continue;
-        int rc;
-        if (!s->ev_pending) {
-            if (!s->ev) {
-                GM_BK(rc, pool, event_create, (pool->bk, &s->ev));
-                if (rc != GM_OK) {
-                    s->ev = 0;
-                    gm__clear_error();
-                    continue;
-                }
-            }
-            GM_BK(rc, pool, event_record, (pool->bk, s->ev, s->handle));
-            if (rc != GM_OK) {
-                gm__clear_error();
-                continue;
-            }
-            s->ev_seq = s->free_seq;
-            s->ev_pending = true;
-        }
-        GM_BK(rc, pool, event_query, (pool->bk, s->ev));
-        if (rc != GM_OK) {
-            if (rc != GM_NOT_READY) gm__clear_error();
-            continue;
-        }
-        s->ev_pending = false;
-        moved += migrate_locked(h, s, s->ev_seq);
-    }
+    for (size_t i = 0; i < h->streams.n; i++)
+        if (h->streams.all[i] != except)
+            moved += gm__fm_reclaim(pool, &HOST, &h->blocks, h->streams.all[i], &h->global);
     return moved;
 }
 
@@ -363,13 +139,8 @@ int gm__host_stream_retire(gm_pool_t *pool, gm_stream_t handle)
     int rc = GM_OK;
     if (!h) return GM_OK;
     gm__lock(&h->lock);
-    for (uint32_t i = 1; i < h->n_streams; i++) {
-        hstream_t *s = h->streams[i];
-        if (s->handle != handle || !(s->idx[0].count + s->idx[1].count)) continue;
-        GM_BK(rc, pool, stream_sync, (pool->bk, handle));
-        if (rc == GM_OK) migrate_locked(h, s, UINT64_MAX);
-        break;
-    }
+    gm__stream_t *s = gm__streams_find(&h->streams, handle);
+    if (s && gm__fm_held(s)) rc = gm__fm_sync_migrate(pool, &HOST, &h->blocks, s, &h->global);
     gm__unlock(&h->lock);
     return rc;
 }
@@ -414,56 +185,79 @@ static void *chunk_map(struct gm__host *h, size_t size)
     return p;
 }
 
-/* Give back wholly free chunks of the global index while unused pinned
- * memory would exceed 1/HOST_UNUSED_DIV of what is in use once `adding` more
- * is.  Best effort: a failing unregister leaves that chunk as it was. */
-static void release_unused_locked(gm_pool_t *pool, size_t adding)
+/* Is chunk c one free block of the global index (so it can be given back)? */
+static bool chunk_unused(const struct gm__host *h, const hchunk_t *c)
+{
+    const gm__block_t *b = c->first;
+    return b->free && b->size == c->size && b->owner == &h->global;
+}
+
+/* Give back unused chunks, in list order, until `excess` bytes are given
+ * back (or none is left); adds what was given back to *released.  A chunk
+ * whose unregister fails stays, whole and registered: with stop_on_failure
+ * the pass ends there with that status; else its message is cleared and
+ * the pass goes on. */
+static int release_chunks_locked(gm_pool_t *pool, uint64_t excess, bool stop_on_failure,
+                                 size_t *released)
 {
     struct gm__host *h = pool->host;
-    uint64_t budget = (h->in_use + adding) / HOST_UNUSED_DIV;
-    if (h->reserved - h->in_use > budget) reclaim_locked(pool, 0);
-    for (hchunk_t **pc = &h->chunks; *pc && h->reserved - h->in_use > budget;) {
+    for (hchunk_t **pc = &h->chunks; *pc && excess > 0;) {
         hchunk_t *c = *pc;
-        hblk_t *b = c->first;
-        if (!(b->free && b->size == c->size && b->owner == OWNER_GLOBAL)) {
+        if (!chunk_unused(h, c)) {
             pc = &c->next;
             continue;
         }
         int rc;
         GM_BK(rc, pool, host_unregister, (pool->bk, (void *)c->base));
         if (rc != GM_OK) {
+            if (stop_on_failure) return rc;
             gm__clear_error();
             pc = &c->next;
             continue;
         }
-        idx_remove(&h->streams[0]->idx[c->cls], b);
-        blk_release(h, b);
+        gm__fm_remove(&h->global.idx[c->cls], c->first);
+        gm__slab_release(&h->blocks, c->first);
         *pc = c->next;
         munmap((void *)c->base, c->size);
         h->reserved -= c->size;
+        *released += c->size;
+        excess = excess > c->size ? excess - c->size : 0;
         gm__free(c);
     }
+    return GM_OK;
+}
+
+/* Give back unused chunks while unused pinned memory would exceed
+ * 1/HOST_UNUSED_DIV of what is in use once `adding` more is.  Best effort. */
+static void release_unused_locked(gm_pool_t *pool, size_t adding)
+{
+    struct gm__host *h = pool->host;
+    uint64_t budget = (h->in_use + adding) / HOST_UNUSED_DIV;
+    if (h->reserved - h->in_use <= budget) return;
+    reclaim_locked(pool, NULL);
+    size_t released = 0;
+    (void)release_chunks_locked(pool, h->reserved - h->in_use - budget, false, &released);
 }
 
 /* A new chunk for a request of `need` bytes of class cls, its one free block
  * in the global index.  Host lock held. */
-static int chunk_grow_locked(gm_pool_t *pool, size_t need, int cls, hblk_t **out)
+static int chunk_grow_locked(gm_pool_t *pool, size_t need, int cls, gm__block_t **out)
 {
     struct gm__host *h = pool->host;
-    size_t size = cls == CLS_LARGE ? GM_ALIGN_UP(need, HOST_LARGE_ALIGN) : HOST_CHUNK_MIN;
+    size_t size = cls == GM_CLASS_LARGE ? GM_ALIGN_UP(need, HOST_LARGE_ALIGN) : HOST_CHUNK_MIN;
     int rc;
     release_unused_locked(pool, need);
     hchunk_t *c = gm__calloc(1, sizeof *c);
-    hblk_t *b = blk_new(h);
+    gm__block_t *b = gm__slab_new(&h->blocks);
     if (!c || !b) {
         gm__free(c);
-        if (b) blk_release(h, b);
+        if (b) gm__slab_release(&h->blocks, b);
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: out of host memory for bookkeeping");
     }
     void *p = chunk_map(h, size);
     if (!p) {
         gm__free(c);
-        blk_release(h, b);
+        gm__slab_release(&h->blocks, b);
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: mmap of a %zu-byte chunk failed: %s",
                              size, strerror(errno));
     }
@@ -480,7 +274,8 @@ static int chunk_grow_locked(gm_pool_t *pool, size_t need, int cls, hblk_t **out
     b->addr = c->base;
     b->size = size;
     b->chunk = c;
-    free_insert(h, b, OWNER_GLOBAL, 0);
+    b->cls = (uint8_t)cls;
+    gm__fm_release(pool, &HOST, &h->blocks, b, &h->global);
     *out = b;
     h->reserved += size;
     if (h->reserved > h->reserved_peak) h->reserved_peak = h->reserved;
@@ -497,7 +292,7 @@ fail_unregister: {
 fail_unmap:
     munmap(p, size);
     gm__free(c);
-    blk_release(h, b);
+    gm__slab_release(&h->blocks, b);
     return rc;
 }
 
@@ -507,16 +302,8 @@ int gm__host_init(gm_pool_t *pool)
 {
     struct gm__host *h = gm__calloc(1, sizeof *h);
     if (!h) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
-    h->streams = gm__calloc(4, sizeof *h->streams);
-    if (h->streams) h->streams[0] = gm__calloc(1, sizeof **h->streams);
-    if (!h->streams || !h->streams[0]) {
-        if (h->streams) gm__free(h->streams[0]);
-        gm__free(h->streams);
-        gm__free(h);
-        return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
-    }
-    h->n_streams = 1;
-    h->cap_streams = 4;
+    h->global.is_global = true;
+    h->blocks.per_slab = SLAB_BLOCKS;
     h->numa_node = pool->info.numa_node;
     h->numa_nodes = online_nodes();
     pool->host = h;
@@ -535,16 +322,8 @@ void gm__host_fini(gm_pool_t *pool)
         munmap((void *)c->base, c->size);
         gm__free(c);
     }
-    for (uint32_t i = 0; i < h->n_streams; i++) {
-        if (h->streams[i]->ev) {
-            GM_BK(rc, pool, event_destroy, (pool->bk, h->streams[i]->ev));
-            if (rc != GM_OK) gm__clear_error();
-        }
-        gm__free(h->streams[i]);
-    }
-    gm__free(h->streams);
-    for (size_t i = 0; i < h->n_slabs; i++) gm__free(h->slabs[i]);
-    gm__free(h->slabs);
+    gm__streams_fini(pool, &h->streams);
+    gm__slab_fini(&h->blocks);
     gm__hash_fini(&h->live);
     gm__free(h);
     pool->host = NULL;
@@ -560,13 +339,14 @@ static void host_check_locked(struct gm__host *h)
     for (hchunk_t *c = h->chunks; c; c = c->next) {
         reserved += c->size;
         uintptr_t at = c->base;
-        gm_assert_expensive(c->cls == CLS_SMALL || (c->first && !c->first->next));
-        for (hblk_t *b = c->first; b; b = b->next) {
-            gm_assert_expensive(b->addr == at && b->chunk == c && b->size % HOST_UNIT == 0);
+        gm_assert_expensive(c->cls == GM_CLASS_SMALL || (c->first && !c->first->next));
+        for (gm__block_t *b = c->first; b; b = b->next) {
+            gm_assert_expensive(b->addr == at && b->chunk == c && b->cls == c->cls &&
+                                b->size % HOST_UNIT == 0);
             at += b->size;
             if (b->free) {
                 nfree++;
-                gm_assert_expensive(b->owner < h->n_streams);
+                gm_assert_expensive(gm__fm_check_free(b, HOST.sl_bits) == GM_OK);
                 gm_assert_expensive(!b->next || !b->next->free || b->next->owner != b->owner);
             } else {
                 live++;
@@ -576,9 +356,9 @@ static void host_check_locked(struct gm__host *h)
         }
         gm_assert_expensive(at == c->base + c->size);
     }
-    size_t idx_count = 0;
-    for (uint32_t i = 0; i < h->n_streams; i++)
-        idx_count += h->streams[i]->idx[0].count + h->streams[i]->idx[1].count;
+    size_t idx_count = gm__fm_held(&h->global);
+    for (size_t i = 0; i < h->streams.n; i++) idx_count += gm__fm_held(h->streams.all[i]);
+    gm_assert_expensive(gm__streams_check(&h->streams) == GM_OK);
     gm_assert_expensive(reserved == h->reserved && allocated == h->allocated);
     gm_assert_expensive(live == h->live.count && nfree == idx_count && in_use == h->in_use);
 }
@@ -591,43 +371,25 @@ static void host_check_locked(struct gm__host *h)
 
 #define resolve(pool) gm__pool_resolve((pool), __func__)
 
-/* Take `u` units from free block b (in index of b->owner) as a live block. */
-static hblk_t *carve_locked(struct gm__host *h, hblk_t *b, size_t u, size_t size)
+/* Take `u` units from free block b (in its owner's index) as a live block:
+ * a small chunk's block is split, a large chunk stays one block.  NULL when
+ * out of memory for the rest's record. */
+static gm__block_t *carve_locked(struct gm__host *h, gm__block_t *b, size_t u, size_t size)
 {
-    hidx_t *x = &h->streams[b->owner]->idx[b->chunk->cls];
-    idx_remove(x, b);
-    size_t want = u * HOST_UNIT;
-    if (b->chunk->cls == CLS_SMALL && b->size - want >= HOST_UNIT) {
-        hblk_t *r = blk_new(h);
-        if (!r) {
-            idx_insert(x, b);
-            return NULL;
-        }
-        r->addr = b->addr + want;
-        r->size = b->size - want;
-        r->chunk = b->chunk;
-        r->prev = b;
-        r->next = b->next;
-        if (b->next) b->next->prev = r;
-        b->next = r;
-        b->size = want;
-        r->free = 1;
-        r->owner = b->owner;
-        r->seq = b->seq;
-        idx_insert(x, r);
-    }
-    b->free = 0;
+    gm_assert_internal(b->free && b->cls == b->chunk->cls);
+    if (gm__fm_take(&h->blocks, HOST.sl_bits, b, u * HOST_UNIT, b->cls == GM_CLASS_SMALL) != GM_OK)
+        return NULL;
     b->requested = size;
     return b;
 }
 
-/* A free block of stream slot si's index of class cls for u units: for a
- * large request, only a whole chunk it fits within 1/HOST_LARGE_FIT (so big chunks are not
+/* A free block of s's index of class cls for u units: for a large request,
+ * only a whole chunk it fits within 1/HOST_LARGE_FIT (so big chunks are not
  * spent on smaller requests and stay releasable). */
-static hblk_t *find_locked(struct gm__host *h, uint32_t si, int cls, size_t u)
+static gm__block_t *find_locked(gm__stream_t *s, int cls, size_t u)
 {
-    hblk_t *b = idx_find(&h->streams[si]->idx[cls], u);
-    if (b && cls == CLS_LARGE && b->size / HOST_UNIT > u + u / HOST_LARGE_FIT) return NULL;
+    gm__block_t *b = gm__fm_find_good(&s->idx[cls], u * HOST_UNIT, HOST.sl_bits);
+    if (b && cls == GM_CLASS_LARGE && b->size / HOST_UNIT > u + u / HOST_LARGE_FIT) return NULL;
     return b;
 }
 
@@ -635,11 +397,12 @@ int gm__host_alloc_kind(gm_pool_t *pool, int kind, size_t size, gm_stream_t stre
                         uintptr_t *dptr)
 {
     struct gm__host *h = pool->host;
+    gm_assert_internal(kind == GM__HOST_USER || kind == GM__HOST_STAGING || kind == GM__HOST_SYSMEM);
     if (GM_UNLIKELY(size > GM_MAX_REQUEST))
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: %zu bytes is more than any host has",
                              size);
-    int cls = size >= HOST_LARGE ? CLS_LARGE : CLS_SMALL;
-    size_t u = (cls == CLS_LARGE ? GM_ALIGN_UP(size, HOST_LARGE_ALIGN) : GM_ALIGN_UP(size, HOST_UNIT)) /
+    int cls = size >= HOST_LARGE ? GM_CLASS_LARGE : GM_CLASS_SMALL;
+    size_t u = (cls == GM_CLASS_LARGE ? GM_ALIGN_UP(size, HOST_LARGE_ALIGN) : GM_ALIGN_UP(size, HOST_UNIT)) /
                HOST_UNIT;
     int rc = GM_OK;
     gm__lock(&h->lock);
@@ -647,14 +410,14 @@ int gm__host_alloc_kind(gm_pool_t *pool, int kind, size_t size, gm_stream_t stre
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: out of host memory for bookkeeping");
         goto out;
     }
-    uint32_t si = stream_slot(h, stream);
-    if (GM_UNLIKELY(!si)) {
+    gm__stream_t *s = host_stream(h, stream);
+    if (GM_UNLIKELY(!s)) {
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: out of host memory for a stream");
         goto out;
     }
-    hblk_t *b = find_locked(h, si, cls, u);
-    if (!b) b = find_locked(h, 0, cls, u);
-    if (!b && reclaim_locked(pool, si)) b = find_locked(h, 0, cls, u);
+    gm__block_t *b = find_locked(s, cls, u);
+    if (!b) b = find_locked(&h->global, cls, u);
+    if (!b && reclaim_locked(pool, s)) b = find_locked(&h->global, cls, u);
     if (!b) {
         GM_CHECK_GOTO(chunk_grow_locked(pool, u * HOST_UNIT, cls, &b), rc, out);
     }
@@ -690,12 +453,12 @@ int gm__host_free_kind(gm_pool_t *pool, int kind, void *ptr, gm_stream_t stream)
     const char *fn = kind == GM__HOST_USER ? "gm_host_free" : "gm_free";
     int rc = GM_OK;
     gm__lock(&h->lock);
-    uint32_t si = stream_slot(h, stream);
-    if (GM_UNLIKELY(!si)) {
+    gm__stream_t *s = host_stream(h, stream);
+    if (GM_UNLIKELY(!s)) {
         rc = gm__set_error(GM_NO_HOST_MEMORY, "%s: out of host memory for a stream", fn);
         goto out;
     }
-    hblk_t *b = table_take(h, (uintptr_t)ptr);
+    gm__block_t *b = table_take(h, (uintptr_t)ptr);
     if (GM_UNLIKELY(b && b->kind != kind)) {
         (void)gm__hash_put(&h->live, b->addr, b); /* back where it was: room is there */
         rc = gm__set_error(GM_INVALID_ARGUMENT, "%s: %p is %s%s: nothing was freed", fn, ptr,
@@ -711,8 +474,7 @@ int gm__host_free_kind(gm_pool_t *pool, int kind, void *ptr, gm_stream_t stream)
     h->allocated -= b->requested;
     h->in_use -= b->size;
     b->requested = 0;
-    hstream_t *s = h->streams[si];
-    free_insert(h, b, si, ++s->free_seq);
+    gm__fm_release(pool, &HOST, &h->blocks, b, s);
 out:
     HOST_CHECK(h);
     gm__unlock(&h->lock);
@@ -734,7 +496,7 @@ int gm__host_kind(gm_pool_t *pool, const void *ptr)
     struct gm__host *h = pool->host;
     if (!h) return GM__HOST_NONE;
     gm__lock(&h->lock);
-    hblk_t *b = table_get(h, (uintptr_t)ptr);
+    gm__block_t *b = table_get(h, (uintptr_t)ptr);
     int kind = b ? b->kind : GM__HOST_NONE;
     gm__unlock(&h->lock);
     return kind;
@@ -785,29 +547,11 @@ int gm_host_trim(gm_pool_t *pool, size_t keep, size_t *released)
     size_t done = 0;
     int rc = GM_OK;
     gm__lock(&h->lock);
-    reclaim_locked(pool, 0);
+    reclaim_locked(pool, NULL);
     size_t unused = 0;
     for (hchunk_t *c = h->chunks; c; c = c->next)
-        if (c->first->free && c->first->size == c->size && c->first->owner == OWNER_GLOBAL)
-            unused += c->size;
-    for (hchunk_t **pc = &h->chunks; *pc && unused > keep;) {
-        hchunk_t *c = *pc;
-        hblk_t *b = c->first;
-        if (!(b->free && b->size == c->size && b->owner == OWNER_GLOBAL)) {
-            pc = &c->next;
-            continue;
-        }
-        GM_BK(rc, pool, host_unregister, (pool->bk, (void *)c->base));
-        if (rc != GM_OK) break; /* the chunk stays, whole and registered */
-        idx_remove(&h->streams[0]->idx[c->cls], b);
-        blk_release(h, b);
-        *pc = c->next;
-        munmap((void *)c->base, c->size);
-        h->reserved -= c->size;
-        unused -= c->size;
-        done += c->size;
-        gm__free(c);
-    }
+        if (chunk_unused(h, c)) unused += c->size;
+    if (unused > keep) rc = release_chunks_locked(pool, unused - keep, true, &done);
     HOST_CHECK(h);
     gm__unlock(&h->lock);
     if (released) *released = done;

@@ -21,7 +21,7 @@
 static size_t stream_states(gm_pool_t *pool)
 {
     gm__lock(&pool->lock);
-    size_t n = pool->n_streams; /* gm__stream_count_locked */
+    size_t n = gm__stream_count_locked(pool);
     gm__unlock(&pool->lock);
     return n;
 }
