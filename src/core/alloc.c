@@ -298,23 +298,6 @@ static gm__block_t *find_for(gm_pool_t *pool, gm__stream_t *s, int cls, size_t s
     return b;
 }
 
-/* Why this attempt failed; the caller (pool.c's slow path) retries and, in
- * the end, the OOM report (oom.c) counts it and adds the pool's picture. */
-static int oom_error(gm_pool_t *pool, int rc, size_t size)
-{
-    char a[32], r[32], l[32], f[32];
-    return gm__set_error(rc == GM_LIMIT ? GM_LIMIT : GM_OUT_OF_MEMORY,
-                         "gm_alloc: cannot allocate %zu bytes: %s; allocated %s, reserved %s, "
-                         "limit %s, device free %s",
-                         size,
-                         rc == GM_LIMIT && pool->cfg.limit ? "the pool limit is reached"
-                                                           : "out of device memory",
-                         gm__fmt_bytes(pool->st.allocated, a, sizeof a),
-                         gm__fmt_bytes(pool->st.reserved, r, sizeof r),
-                         gm__fmt_bytes(pool->limit, l, sizeof l),
-                         gm__fmt_bytes(pool->info.total_memory - pool->st.reserved, f, sizeof f));
-}
-
 int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
 {
     gm_assert_internal(size > 0 && size <= GM_MAX_REQUEST && s != NULL && !s->is_global);
@@ -350,8 +333,9 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
     if (GM_UNLIKELY(rc != GM_OK)) {
         release_block(pool, b, owner);
         if (rc == GM_NO_HOST_MEMORY) return gm__set_error(rc, "gm_alloc: out of host memory");
-        if (rc == GM_LIMIT || rc == GM_OUT_OF_MEMORY) return oom_error(pool, rc, size);
-        return rc; /* a backend failure: its message stands */
+        /* GM_LIMIT / GM_OUT_OF_MEMORY: worded by the page layer
+         * (gm__pages_refuse_locked); a backend failure: its message stands */
+        return rc;
     }
     s->users++;
     pool->st.allocated += size;

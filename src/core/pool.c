@@ -299,7 +299,9 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
     int n_frames = gm__observe_alloc_begin(frames);
     gm__lock(&pool->lock);
     int rc;
-    if (GM_UNLIKELY(size > pool->limit || size > GM_MAX_REQUEST)) {
+    /* A request no pool of this limit could ever hold fails before any work
+     * (the limit rule is the page layer's, gm__pages_limit_allows). */
+    if (GM_UNLIKELY(!gm__pages_limit_allows(pool, 0, size) || size > GM_MAX_REQUEST)) {
         char a[32], why[160];
         bool over_device = size > pool->info.total_memory || size > GM_MAX_REQUEST;
         size_t cap = over_device ? pool->info.total_memory : pool->limit;

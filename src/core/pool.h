@@ -230,9 +230,9 @@ static inline bool gm__pages_limit_allows(const gm_pool_t *pool, uint64_t reserv
  * pool limit or a provider's quota) or GM_OUT_OF_MEMORY (device or provider
  * full).  Sets the message (what is allocated and reserved, the limit, the
  * device's free memory, and the provider's word on it) and returns the
- * status: GM_LIMIT for GM_LIMIT, else GM_OUT_OF_MEMORY.  (alloc.c's
- * oom_error still rewrites the same text after it; it is to go, so that a
- * provider's word reaches the caller.) */
+ * status: GM_LIMIT for GM_LIMIT, else GM_OUT_OF_MEMORY.  The one place an
+ * allocation's refusal is worded: gm__alloc_locked passes it up unchanged,
+ * so a provider's word reaches the caller. */
 int gm__pages_refuse_locked(gm_pool_t *pool, int rc, size_t size);
 int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size, uint32_t gid_base);
 void gm__arena_fini(gm_pool_t *pool, gm__arena_t *a);

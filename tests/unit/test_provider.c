@@ -115,6 +115,8 @@ int main(void)
     CHECK(rc == GM_LIMIT || rc == GM_OUT_OF_MEMORY);
     CHECK(b == NULL);
     CHECK(q.refusals > 0);
+    /* ... and the caller of gm_alloc reads the provider's word. */
+    CHECK(strstr(gm_last_error(), "tenant 'test' over quota") != NULL);
     CHECK(pool_stats_of(pool).reserved <= q.quota);
     CHECK_OK(gm_pool_check(pool));
     CHECK_OK(gm_alloc(pool, 8 * MiB, 0, &b)); /* within the quota: served */
