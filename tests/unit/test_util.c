@@ -2,7 +2,7 @@
 /*
  * test_util.c — the small helpers every layer relies on: size parsing and
  * byte formatting (util.c), status names and the per-thread last error
- * (error.c), call-kind names and backend selection (backend.c).
+ * (error.c), call-kind names and backend selection (src/backend/select.c).
  */
 #include <pthread.h>
 #include <stdint.h>
