@@ -240,7 +240,6 @@ int gm_cli_report(int argc, char **argv)
         const gm__trace_op_t *op = &t.ops[i];
         if (op->action == GM__TRACE_ALLOC) {
             cur += op->size;
-            slot_size[op->slot] = op->size;
             hist[op->size ? 63 - __builtin_clzll(op->size) : 0]++;
         } else if (op->action == GM__TRACE_FREE && op->slot != GM__TRACE_NO_SLOT) {
             cur -= op->size;

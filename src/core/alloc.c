@@ -61,11 +61,6 @@ static gm__block_t *release_block(gm_pool_t *pool, gm__block_t *b, gm__stream_t 
     return gm__fm_release(pool, &DEVICE, &pool->blocks, b, owner);
 }
 
-static size_t migrate_stream(gm_pool_t *pool, gm__stream_t *s, uint64_t upto)
-{
-    return gm__fm_migrate(pool, &DEVICE, &pool->blocks, s, &pool->global, upto);
-}
-
 int gm__alloc_arena_ready_locked(gm_pool_t *pool, gm__arena_t *a)
 {
     gm_assert_internal(a->first == NULL && a->size > 0);
@@ -77,10 +72,7 @@ int gm__alloc_arena_ready_locked(gm_pool_t *pool, gm__arena_t *a)
     b->arena = a;
     b->cls = (uint8_t)a->cls;
     a->first = b;
-    b->owner = &pool->global;
-    /* Nothing to merge with; no page has changed state. */
-    b->free = 1;
-    gm__fm_insert(&pool->global.idx[a->cls], b, DEVICE.sl_bits);
+    gm__fm_seed(&DEVICE, b, &pool->global);
     return GM_OK;
 }
 
@@ -115,23 +107,21 @@ static void streams_sweep_locked(gm_pool_t *pool)
 
 size_t gm__stream_count_locked(gm_pool_t *pool) { return pool->streams.n; }
 
-/* Past the cache: kept apart so that the cache check inlines into callers. */
-__attribute__((noinline)) static gm__stream_t *stream_get_slow_locked(gm_pool_t *pool,
-                                                                      gm_stream_t handle)
+/* A stream not known yet: a sweep when one is due, then its new state.
+ * Kept apart so that the lookup's cache check inlines into callers. */
+__attribute__((noinline)) static gm__stream_t *stream_add_locked(gm_pool_t *pool,
+                                                                 gm_stream_t handle)
 {
-    gm__stream_t *s = gm__streams_lookup(&pool->streams, handle);
-    if (s) return s;
     if (pool->streams.n >= pool->streams_sweep_at) streams_sweep_locked(pool);
-    s = gm__streams_add(&pool->streams, handle);
+    gm__stream_t *s = gm__streams_add(&pool->streams, handle);
     if (s) s->pinned = handle == NULL;
     return s;
 }
 
 gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle)
 {
-    gm__stream_t *s = pool->streams.last;
-    if (GM_LIKELY(s && s->handle == handle)) return s;
-    return stream_get_slow_locked(pool, handle);
+    gm__stream_t *s = gm__streams_find(&pool->streams, handle);
+    return GM_LIKELY(s != NULL) ? s : stream_add_locked(pool, handle);
 }
 
 /* ---- pending blocks (gm_record_stream) ------------------------------------------ */
@@ -234,25 +224,21 @@ static size_t reclaim_streams(gm_pool_t *pool, const gm__stream_t *except)
     return moved;
 }
 
-size_t gm__drain_streams_locked(gm_pool_t *pool)
+void gm__drain_streams_locked(gm_pool_t *pool)
 {
-    size_t moved = 0;
     if (pool->pending) process_pending(pool);
     for (size_t i = 0; i < pool->streams.n; i++) {
         gm__stream_t *s = pool->streams.all[i];
-        if (!gm__fm_held(s)) continue;
-        int rc;
-        GM_BK(rc, pool, stream_sync, (pool->bk, s->handle));
-        if (rc != GM_OK) continue; /* still in flight: its blocks stay put */
-        moved += migrate_stream(pool, s, UINT64_MAX);
+        /* A stream still in flight keeps its blocks where they are. */
+        if (gm__fm_held(s))
+            (void)gm__fm_sync_migrate(pool, &DEVICE, &pool->blocks, s, &pool->global);
     }
     gm__clear_error(); /* a held stream's NOT_READY is no error of the caller's */
-    return moved;
 }
 
 /* The stream is about to be destroyed: no event may be recorded on it again.
  * Wait for its work if it holds free blocks, and hand them to every stream;
- * its (now empty) state stays, harmless if the handle is reused. */
+ * its state is forgotten when that leaves it idle. */
 int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
 {
     gm__stream_t *s = gm__streams_find(&pool->streams, handle);
@@ -265,13 +251,10 @@ int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
         for (gm__recorded_t *r = b->recorded; r; r = r->next)
             if (r->unordered && r->stream == s) unordered = true;
     if (held || unordered) {
-        int rc;
-        GM_BK(rc, pool, stream_sync, (pool->bk, handle));
-        GM_CHECK(rc);
+        GM_CHECK(gm__fm_sync_migrate(pool, &DEVICE, &pool->blocks, s, &pool->global));
         for (gm__block_t *b = pool->pending; b; b = b->fnext)
             for (gm__recorded_t *r = b->recorded; r; r = r->next)
                 if (r->stream == s) r->unordered = false;
-        migrate_stream(pool, s, UINT64_MAX);
     }
     /* Its event (recorded on a finished stream) is not needed any more. */
     if (s->ev_pending) {

@@ -20,7 +20,9 @@
  * Every function here expects the lock of the side that owns the structures
  * (the pool lock, or the host lock) to be held.  The functions on the
  * allocation path are static inline below: both sides pass a constant
- * policy, so the compiler folds the choices away.
+ * policy, so the compiler folds the choices away.  The stream-wide passes
+ * (gm__fm_migrate, gm__fm_reclaim: a drain, a reclaim, a sweep) are out of
+ * line in freemem.c and read the policy at run time.
  */
 #ifndef GM_FREEMEM_H
 #define GM_FREEMEM_H
@@ -314,6 +316,17 @@ GM_FM_INLINE void gm__fm_absorb(gm_pool_t *pool, const gm__fm_policy_t *pol, gm_
 {
     gm__fm_remove(&n->owner->idx[n->cls], n);
     if (n->owner != owner && pol->absorbed) pol->absorbed(pool, n);
+}
+
+/* A new region's one block (fresh from the slab, tiling the whole region):
+ * free in the global index.  Nothing to merge with and no page changed
+ * state, so no policy callback runs. */
+static inline void gm__fm_seed(const gm__fm_policy_t *pol, gm__block_t *b, gm__stream_t *global)
+{
+    gm_assert_internal(global->is_global && !b->prev && !b->next);
+    b->free = 1;
+    b->owner = global;
+    gm__fm_insert(&global->idx[b->cls], b, pol->sl_bits);
 }
 
 /* Make b (live, pending, or just taken out of an index) a free block of

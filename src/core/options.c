@@ -224,7 +224,6 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static uint64_t num[GM_OPT_COUNT];
 static const char *str[GM_OPT_COUNT];
 static char str_buf[GM_OPT_COUNT][STR_CAP];
-static size_t sim_capacity;
 
 static void read_once(void)
 {
@@ -241,13 +240,6 @@ static void read_once(void)
         }
         str[i] = *v ? v : NULL;
     }
-    /* A config row, read here for configs that leave it 0: a bad or zero
-     * value falls back to the default quietly, as pool creation always did. */
-    const gm__option_t *o = &table[GM_OPT_SIM_CAPACITY];
-    uint64_t x = 0;
-    const char *v = getenv(o->name);
-    if (!v || parse(o, v, &x) != GM_OK || x == 0) parse(o, o->def, &x);
-    sim_capacity = (size_t)x;
 }
 
 const char *gm__option_str(gm__opt_t o)
@@ -264,8 +256,13 @@ uint64_t gm__option_num(gm__opt_t o)
 
 size_t gm__option_sim_capacity(void)
 {
-    pthread_once(&once, read_once);
-    return sim_capacity;
+    /* A config row, read at each pool creation (as configs are): a bad or
+     * zero value falls back to the default quietly, as it always did. */
+    const gm__option_t *o = &table[GM_OPT_SIM_CAPACITY];
+    uint64_t x = 0;
+    const char *v = getenv(o->name);
+    if (!v || parse(o, v, &x) != GM_OK || x == 0) parse(o, o->def, &x);
+    return (size_t)x;
 }
 
 void gm__options_atfork_child(void)

@@ -71,7 +71,7 @@ const char *gm__option_str(gm__opt_t o);
 uint64_t gm__option_num(gm__opt_t o);
 /* The sim's device size for a config that leaves it 0: GPUMEM_SIM_CAPACITY
  * when set, valid and not 0, else the row's default (80 GiB, written only in
- * the table).  Read once. */
+ * the table).  Read at each call (pool creation), like the other config rows. */
 size_t gm__option_sim_capacity(void);
 /* In a child of fork() (the process layer's handler): forget the cached
  * values; the child's first getter call reads its own environment. */

@@ -382,14 +382,15 @@ int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
         rc = wrong_entry_locked(pool, ptr, "gm_free", rc, &owner, &size);
         if (owner == GM__OWNER_SYSMEM) rc = gm__sysmem_free_locked(pool, ptr, s, rc);
     }
-    gm__observe_free_locked(pool, rc, ptr, size, stream);
     if (rc == GM_OK && pool->cfg.release_threshold != SIZE_MAX &&
         pool->st.reserved - pool->st.active > pool->cfg.release_threshold) {
         /* Giving memory back is best effort: the free itself succeeded. */
         if (gm__pages_trim_locked(pool, pool->cfg.release_threshold, NULL) != GM_OK)
             gm__clear_error();
-        gm__observe_trimmed_locked(pool);
     }
+    /* After the trim, so the monitor slot is written once (a trim moved
+     * `reserved`, which makes that one write a whole copy). */
+    gm__observe_free_locked(pool, rc, ptr, size, stream);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);
     return rc;

@@ -147,7 +147,7 @@ struct gm_pool {
     gm__bk_calls_t bk_calls;     /* every backend call of the pool (GM_BK) */
 
     struct gm__host *host;       /* pinned host pool (host.c), own lock */
-    struct gm__copy *copy;       /* staged copy engine (copy.c), made on first use */
+    struct gm__copy *copy;       /* staged copy engine (copy.c), made at pool creation */
     struct gm__sysmem *sysmem;   /* device blocks served from host memory (sysmem.c) */
 
     /* Observability (src/observe/observe.h): out-of-memory handlers, in the order
@@ -275,8 +275,8 @@ gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle);
 /* Stream states held now (tests: bounded by the streams in use). */
 size_t gm__stream_count_locked(gm_pool_t *pool);
 /* Synchronize streams holding freed blocks and move those blocks to the
- * global index, so their pages can be unmapped.  Returns blocks moved. */
-size_t gm__drain_streams_locked(gm_pool_t *pool);
+ * global index, so their pages can be unmapped. */
+void gm__drain_streams_locked(gm_pool_t *pool);
 /* Before a stream is destroyed: wait for it if it holds free blocks and move
  * them to the global index.  GM_NOT_READY etc. from the sync. */
 int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle);

@@ -275,7 +275,7 @@ static int chunk_grow_locked(gm_pool_t *pool, size_t need, int cls, gm__block_t 
     b->size = size;
     b->chunk = c;
     b->cls = (uint8_t)cls;
-    gm__fm_release(pool, &HOST, &h->blocks, b, &h->global);
+    gm__fm_seed(&HOST, b, &h->global);
     *out = b;
     h->reserved += size;
     if (h->reserved > h->reserved_peak) h->reserved_peak = h->reserved;

@@ -156,10 +156,10 @@ static void format_buf(const struct gm__trace_buf *b)
         uint64_t ns = r->tick >= start_tick
                           ? (uint64_t)((double)(r->tick - start_tick) * ns_per_tick)
                           : 0;
-        unsigned a = (r->action & ~SITE) < 3 ? r->action & ~SITE : 0;
-        /* The row format is trace.h's (seconds.nanoseconds, hex stream). */
-        p = gm__trace_format_row(p, GM__TRACE_ROW_SECONDS, r->thread, ns, (int)a, r->ptr,
-                                 r->size, r->stream);
+        /* The row format is trace.h's (seconds.nanoseconds, hex stream); it
+         * writes an unknown action as `allocate`. */
+        p = gm__trace_format_row(p, GM__TRACE_ROW_SECONDS, r->thread, ns,
+                                 (int)(r->action & ~SITE), r->ptr, r->size, r->stream);
         rows_written++;
         if ((r->action & SITE) && b->sites) write_site(rows_written, r->size, b->sites[i]);
         if ((size_t)(text + sizeof text - p) < GM__TRACE_ROW_MAX) {
