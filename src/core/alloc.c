@@ -30,30 +30,31 @@
 
 /* ---- the device's policy ---------------------------------------------------- */
 
-/* A global block taken into a stream's free block: its pages now wait on
- * that stream. */
-static void absorbed_global(gm_pool_t *pool, gm__block_t *n)
-{
-    gm__pages_mark_used_locked(n->arena, n->addr, n->size, pool->page_shift);
-}
-
-/* A free into the global index: only pages near the newly freed range
- * [lo, hi) can have changed state. */
-static void freed_global(gm_pool_t *pool, gm__block_t *b, uintptr_t lo, uintptr_t hi)
+/* A free produced free block b; only pages near the newly freed range
+ * [lo, hi) can have changed state.  Those wholly inside b give up their
+ * physical pages now, fenced by the freeing stream's free number (none in
+ * the global index, where every free has passed). */
+static void freed(gm_pool_t *pool, gm__block_t *b, uintptr_t lo, uintptr_t hi)
 {
     uintptr_t page = pool->page;
     uintptr_t wlo = lo - b->addr >= page ? lo - page : b->addr;
     uintptr_t whi = b->addr + b->size - hi >= page ? hi + page : b->addr + b->size;
-    gm__pages_mark_unused_locked(pool, b->arena, wlo, whi - wlo);
+    gm__stream_t *fs = b->owner->is_global ? NULL : b->owner;
+    gm__pages_mark_unused_locked(pool, b->arena, wlo, whi - wlo, fs, b->free_seq);
 }
+
+/* One stream in use: its frees merge with the arenas' untouched tails, so
+ * the free ranges are those of a single index (a second stream gets the
+ * untouched part back at once: give_back_tails). */
+static bool sole_stream(gm_pool_t *pool) { return pool->streams.n <= 1; }
 
 static const gm__fm_policy_t DEVICE = {
     .sl_bits = GM_SL_BITS,
     .take_global = true,
+    .take_tail = sole_stream,
     .migrate_reversed = true,
     .reclaim_eager = true,
-    .absorbed = absorbed_global,
-    .freed_global = freed_global,
+    .freed = freed,
 };
 
 static gm__block_t *release_block(gm_pool_t *pool, gm__block_t *b, gm__stream_t *owner)
@@ -72,6 +73,7 @@ int gm__alloc_arena_ready_locked(gm_pool_t *pool, gm__arena_t *a)
     b->arena = a;
     b->cls = (uint8_t)a->cls;
     a->first = b;
+    a->hwm = a->base;
     gm__fm_seed(&DEVICE, b, &pool->global);
     return GM_OK;
 }
@@ -95,17 +97,54 @@ static bool stream_idle(const gm__stream_t *s)
 
 static size_t reclaim_streams(gm_pool_t *pool, const gm__stream_t *except);
 
+/* Drop an idle state; pages whose (passed) fences name it forget it. */
+static void forget_stream(gm_pool_t *pool, gm__stream_t *s)
+{
+    gm__pages_forget_stream_locked(pool, s);
+    gm__streams_forget(pool, &pool->streams, s);
+}
+
 static void streams_sweep_locked(gm_pool_t *pool)
 {
     reclaim_streams(pool, NULL); /* finished streams hand their free blocks over */
     for (size_t i = pool->streams.n; i-- > 0;)
-        if (stream_idle(pool->streams.all[i]))
-            gm__streams_forget(pool, &pool->streams, pool->streams.all[i]);
+        if (stream_idle(pool->streams.all[i])) forget_stream(pool, pool->streams.all[i]);
     pool->streams_sweep_at = 2 * pool->streams.n > STREAM_SWEEP_MIN ? 2 * pool->streams.n
                                                                     : STREAM_SWEEP_MIN;
 }
 
 size_t gm__stream_count_locked(gm_pool_t *pool) { return pool->streams.n; }
+
+/* A second stream is in use: the untouched part of an arena's tail that the
+ * sole stream absorbed (above the arena's high-water mark, page aligned)
+ * goes back to the global index, where every stream finds it.  No work
+ * ever touched that space, so no stream needs to pass anything first. */
+static void give_back_tails(gm_pool_t *pool)
+{
+    for (int c = 0; c < GM_CLASS_COUNT; c++) {
+        gm__arena_t *a = &pool->arena[c];
+        gm__block_t *b = a->first;
+        if (!b) continue;
+        while (b->next) b = b->next;
+        if (!b->free || b->owner->is_global) continue;
+        gm__stream_t *s = b->owner;
+        uintptr_t cut = a->base + GM_ALIGN_UP((a->hwm > b->addr ? a->hwm : b->addr) - a->base,
+                                              pool->page);
+        if (cut >= b->addr + b->size) continue;
+        if (cut > b->addr) {
+            /* [addr, cut) stays the stream's, as it was; the rest goes. */
+            if (gm__fm_take(&pool->blocks, DEVICE.sl_bits, b, cut - b->addr, true) != GM_OK) {
+                gm__clear_error();
+                continue;
+            }
+            b->free = 1;
+            gm__fm_insert(&s->idx[c], b, DEVICE.sl_bits);
+            b = b->next;
+        }
+        gm__fm_remove(&s->idx[c], b);
+        release_block(pool, b, &pool->global);
+    }
+}
 
 /* A stream not known yet: a sweep when one is due, then its new state.
  * Kept apart so that the lookup's cache check inlines into callers. */
@@ -114,7 +153,9 @@ __attribute__((noinline)) static gm__stream_t *stream_add_locked(gm_pool_t *pool
 {
     if (pool->streams.n >= pool->streams_sweep_at) streams_sweep_locked(pool);
     gm__stream_t *s = gm__streams_add(&pool->streams, handle);
-    if (s) s->pinned = handle == NULL;
+    if (!s) return NULL;
+    s->pinned = handle == NULL;
+    if (pool->streams.n == 2) give_back_tails(pool);
     return s;
 }
 
@@ -263,11 +304,51 @@ int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
         if (rc == GM_OK) s->ev_pending = false;
         gm__clear_error();
     }
-    if (stream_idle(s)) gm__streams_forget(pool, &pool->streams, s);
+    if (stream_idle(s)) forget_stream(pool, s);
     return GM_OK;
 }
 
 /* ---- allocation ---------------------------------------------------------------- */
+
+/* Taken block b (live now) becomes the allocation of `size` on s: pages
+ * marked used and mapped, and the block in the live table. */
+static int serve(gm_pool_t *pool, gm__block_t *b, size_t size, gm__stream_t *s)
+{
+    b->owner = s; /* counted in s->users once the allocation succeeds */
+    b->requested = size;
+    if (b->addr + b->size > b->arena->hwm) b->arena->hwm = b->addr + b->size;
+    gm__pages_mark_used_locked(b->arena, b->addr, b->size, pool->page_shift);
+    int rc = gm__pages_ensure_mapped_locked(pool, b->arena, b->addr, b->size, size, s);
+    if (GM_LIKELY(rc == GM_OK)) rc = gm__hash_put(&pool->live, b->addr, b);
+    return rc;
+}
+
+/* A block of asize bytes of address space no work ever touched (above the
+ * high-water mark of class cls's arena), taken out of the arena's last free
+ * block when s may use it (global, or s's own); NULL when there is none. */
+static gm__block_t *take_untouched(gm_pool_t *pool, int cls, size_t asize, gm__stream_t *s)
+{
+    gm__arena_t *a = &pool->arena[cls];
+    gm__block_t *b = a->first;
+    while (b->next) b = b->next;
+    if (!b->free || (b->owner != s && !b->owner->is_global)) return NULL;
+    uintptr_t cut = a->base + GM_ALIGN_UP((a->hwm > b->addr ? a->hwm : b->addr) - a->base, pool->page);
+    if (cut > b->addr + b->size || b->addr + b->size - cut < asize) return NULL;
+    gm__stream_t *owner = b->owner;
+    if (cut > b->addr) {
+        /* [addr, cut) stays a free block of its index, as it was. */
+        if (gm__fm_take(&pool->blocks, DEVICE.sl_bits, b, cut - b->addr, true) != GM_OK) return NULL;
+        b->free = 1;
+        gm__fm_insert(&owner->idx[cls], b, DEVICE.sl_bits);
+        b = b->next;
+    }
+    if (gm__fm_take(&pool->blocks, DEVICE.sl_bits, b, asize, true) != GM_OK) {
+        gm__fm_remove(&owner->idx[cls], b); /* merged back with [addr, cut) */
+        release_block(pool, b, owner);
+        return NULL;
+    }
+    return b;
+}
 
 /* The tightest free block for size: the stream's own index, then the global
  * one (ties go to the lower address). */
@@ -299,20 +380,26 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
                                  "is exhausted (fragmented by blocks still in flight)", size);
         }
     }
+    /* Blocks other streams finished with may serve it with no mapping —
+     * worth asking their events only when this block needs backend calls
+     * (the move may also have merged b away: look again). */
     if (pool->streams.n > 1 && !gm__pages_ready_locked(b->arena, b->addr, asize, pool->page_shift) &&
-        reclaim_streams(pool, s) > 0) {
-        /* Blocks other streams finished with may serve it with no mapping;
-         * the move may also have merged b away: look again. */
+        !gm__pages_cheap_locked(pool, b->arena, b->addr, asize, s) && reclaim_streams(pool, s) > 0)
         b = find_for(pool, s, cls, asize);
-    }
     gm__stream_t *owner = b->owner;
     if (GM_UNLIKELY(gm__fm_take(&pool->blocks, DEVICE.sl_bits, b, asize, true) != GM_OK))
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a block");
-    b->owner = s; /* counted in s->users once the allocation succeeds */
-    b->requested = size;
-    gm__pages_mark_used_locked(b->arena, b->addr, b->size, pool->page_shift);
-    int rc = gm__pages_ensure_mapped_locked(pool, b->arena, b->addr, b->size, size);
-    if (GM_LIKELY(rc == GM_OK)) rc = gm__hash_put(&pool->live, b->addr, b);
+    int rc = serve(pool, b, size, s);
+    if (GM_UNLIKELY(rc == GM_NOT_READY)) {
+        /* A page of the range must be remapped under work that cannot be
+         * waited for: untouched address space needs no remap. */
+        release_block(pool, b, owner);
+        b = take_untouched(pool, cls, asize, s);
+        if (!b) return gm__set_error(GM_OUT_OF_MEMORY, "gm_alloc: cannot allocate %zu bytes: "
+                                     "the pool's address space is exhausted", size);
+        owner = b->owner;
+        rc = serve(pool, b, size, s);
+    }
     if (GM_UNLIKELY(rc != GM_OK)) {
         release_block(pool, b, owner);
         if (rc == GM_NO_HOST_MEMORY) return gm__set_error(rc, "gm_alloc: out of host memory");

@@ -169,6 +169,21 @@ size_t gm__fm_migrate(gm_pool_t *pool, const gm__fm_policy_t *pol, gm__slab_t *s
     return moved;
 }
 
+static inline void mark_done(gm__stream_t *s, uint64_t seq)
+{
+    if (seq > s->done_seq) s->done_seq = seq;
+}
+
+/* Move the blocks s is known to have passed (done_seq) to the global index. */
+static size_t migrate_done(gm_pool_t *pool, const gm__fm_policy_t *pol, gm__slab_t *slab,
+                           gm__stream_t *s, gm__stream_t *global)
+{
+    size_t moved = 0;
+    if (gm__fm_held(s)) moved = gm__fm_migrate(pool, pol, slab, s, global, s->done_seq);
+    s->mig_seq = s->done_seq;
+    return moved;
+}
+
 /* Record s's event after its latest free; false when that failed. */
 static bool event_arm(gm_pool_t *pool, gm__stream_t *s)
 {
@@ -206,20 +221,54 @@ size_t gm__fm_reclaim(gm_pool_t *pool, const gm__fm_policy_t *pol, gm__slab_t *s
     gm_assert_internal(!s->is_global && global->is_global);
     size_t moved = 0;
     if (!pol->reclaim_eager && !gm__fm_held(s)) return 0;
+    /* Known done already (gm__fm_passed consumed an event): no call. */
+    if (s->done_seq > s->mig_seq) moved += migrate_done(pool, pol, slab, s, global);
     if (s->ev_pending) {
         int rc = event_done(pool, s);
-        if (rc == GM_NOT_READY || (rc != GM_OK && !pol->reclaim_eager)) return 0;
+        if (rc == GM_NOT_READY || (rc != GM_OK && !pol->reclaim_eager)) return moved;
         s->ev_pending = false;
-        if (rc == GM_OK) moved += gm__fm_migrate(pool, pol, slab, s, global, s->ev_seq);
+        if (rc == GM_OK) {
+            mark_done(s, s->ev_seq);
+            moved += migrate_done(pool, pol, slab, s, global);
+        }
         if (!pol->reclaim_eager) return moved;
     }
     if (!gm__fm_held(s) || !event_arm(pool, s)) return moved;
     /* An idle stream has passed it already. */
     if (event_done(pool, s) == GM_OK) {
         s->ev_pending = false;
-        moved += gm__fm_migrate(pool, pol, slab, s, global, s->ev_seq);
+        mark_done(s, s->ev_seq);
+        moved += migrate_done(pool, pol, slab, s, global);
     }
     return moved;
+}
+
+bool gm__fm_passed(gm_pool_t *pool, gm__stream_t *s, uint64_t seq, bool wait)
+{
+    gm_assert_internal(!s->is_global && seq <= s->free_seq);
+    if (s->done_seq >= seq) return true;
+    if (s->ev_pending && event_done(pool, s) == GM_OK) {
+        s->ev_pending = false;
+        mark_done(s, s->ev_seq);
+    }
+    if (s->done_seq >= seq) return true;
+    /* No event covers seq (or it is not done): one recorded now covers
+     * every free so far; an idle stream has passed it at once. */
+    if (!s->ev_pending && event_arm(pool, s) && event_done(pool, s) == GM_OK) {
+        s->ev_pending = false;
+        mark_done(s, s->ev_seq);
+    }
+    if (s->done_seq >= seq) return true;
+    if (!wait) return false;
+    int rc;
+    uint64_t upto = s->free_seq;
+    GM_BK(rc, pool, stream_sync, (pool->bk, s->handle));
+    if (rc != GM_OK) {
+        gm__clear_error();
+        return false;
+    }
+    mark_done(s, upto);
+    return true;
 }
 
 int gm__fm_sync_migrate(gm_pool_t *pool, const gm__fm_policy_t *pol, gm__slab_t *slab,
@@ -227,8 +276,13 @@ int gm__fm_sync_migrate(gm_pool_t *pool, const gm__fm_policy_t *pol, gm__slab_t 
 {
     gm_assert_internal(!s->is_global && global->is_global);
     int rc;
+    uint64_t upto = s->free_seq;
     GM_BK(rc, pool, stream_sync, (pool->bk, s->handle));
-    if (rc == GM_OK) gm__fm_migrate(pool, pol, slab, s, global, UINT64_MAX);
+    if (rc == GM_OK) {
+        gm__fm_migrate(pool, pol, slab, s, global, UINT64_MAX);
+        mark_done(s, upto);
+        s->mig_seq = s->done_seq;
+    }
     return rc;
 }
 

@@ -107,6 +107,8 @@ typedef struct gm__stream {
      * indexes and no pending event is idle: alloc.c's sweep frees it. */
     size_t users;
     uint64_t free_seq;          /* counts frees into this index */
+    uint64_t done_seq;          /* the stream is known to have passed this free_seq */
+    uint64_t mig_seq;           /* blocks freed up to here have migrated (<= done_seq) */
     uint64_t ev_seq;            /* free_seq when event was recorded */
     gm__event_t event;          /* 0 until first needed */
     bool ev_pending;
@@ -139,6 +141,11 @@ typedef struct gm__fm_policy {
      * from the same layout (device).  Else only blocks of the same index
      * merge (host). */
     bool take_global;
+    /* With take_global: may a stream's free absorb the region's last block
+     * too (its untouched address space) now?  NULL: never.  The device
+     * answers yes while one stream is in use, so a stream's frees next to
+     * the tail merge with it, as they would in a single index. */
+    bool (*take_tail)(gm_pool_t *pool);
     /* Migration inserts a stream's blocks into the global index in reverse
      * scan order (device) or in scan order (host).  Which block a later
      * search meets first depends on it: each side keeps its own. */
@@ -148,12 +155,10 @@ typedef struct gm__fm_policy {
      * touches only streams holding blocks, one step per pass, and keeps an
      * event whose query failed (host). */
     bool reclaim_eager;
-    /* Called when a global block n is absorbed into a stream's free block
-     * (take_global): its pages now wait on that stream.  May be NULL. */
-    void (*absorbed)(gm_pool_t *pool, gm__block_t *n);
-    /* Called after a free into the global index produced b; [lo, hi) is the
-     * range freed before merging.  May be NULL. */
-    void (*freed_global)(gm_pool_t *pool, gm__block_t *b, uintptr_t lo, uintptr_t hi);
+    /* Called after a free into any index (a stream's or the global one)
+     * produced b; [lo, hi) is the range freed before merging.  In a stream's
+     * index b->free_seq is the free's number on that stream.  May be NULL. */
+    void (*freed)(gm_pool_t *pool, gm__block_t *b, uintptr_t lo, uintptr_t hi);
 } gm__fm_policy_t;
 
 /* ---- the segregated-fit index ----------------------------------------------- */
@@ -302,21 +307,18 @@ void gm__slab_fini(gm__slab_t *sl);
 /* Can a block freed into owner's index take in its free neighbour n?  Same
  * index always; with take_global, a stream's block also absorbs global
  * blocks (memory anyone may use), except a region's last block, whose
- * untouched address space is left to the global index. */
-GM_FM_INLINE bool gm__fm_mergeable(const gm__fm_policy_t *pol, const gm__block_t *n,
-                                    const gm__stream_t *owner)
+ * untouched address space is left to the global index unless take_tail
+ * says otherwise. */
+GM_FM_INLINE bool gm__fm_mergeable(gm_pool_t *pool, const gm__fm_policy_t *pol,
+                                    const gm__block_t *n, const gm__stream_t *owner)
 {
     if (!n || !n->free) return false;
     if (n->owner == owner) return true;
-    return pol->take_global && !owner->is_global && n->owner->is_global && n->next != NULL;
+    return pol->take_global && !owner->is_global && n->owner->is_global &&
+           (n->next != NULL || (pol->take_tail && pol->take_tail(pool)));
 }
 
-GM_FM_INLINE void gm__fm_absorb(gm_pool_t *pool, const gm__fm_policy_t *pol, gm__block_t *n,
-                                 const gm__stream_t *owner)
-{
-    gm__fm_remove(&n->owner->idx[n->cls], n);
-    if (n->owner != owner && pol->absorbed) pol->absorbed(pool, n);
-}
+static inline void gm__fm_absorb(gm__block_t *n) { gm__fm_remove(&n->owner->idx[n->cls], n); }
 
 /* A new region's one block (fresh from the slab, tiling the whole region):
  * free in the global index.  Nothing to merge with and no page changed
@@ -340,16 +342,16 @@ GM_FM_INLINE gm__block_t *gm__fm_release(gm_pool_t *pool, const gm__fm_policy_t 
     uintptr_t lo = b->addr, hi = b->addr + b->size;
     /* Absorbing a global neighbour can bring the next block of this index
      * alongside: keep going until neither side merges. */
-    for (gm__block_t *p = b->prev; gm__fm_mergeable(pol, p, owner); p = b->prev) {
-        gm__fm_absorb(pool, pol, p, owner);
+    for (gm__block_t *p = b->prev; gm__fm_mergeable(pool, pol, p, owner); p = b->prev) {
+        gm__fm_absorb(p);
         p->size += b->size;
         p->next = b->next;
         if (b->next) b->next->prev = p;
         gm__slab_release(slab, b);
         b = p;
     }
-    for (gm__block_t *n = b->next; gm__fm_mergeable(pol, n, owner); n = b->next) {
-        gm__fm_absorb(pool, pol, n, owner);
+    for (gm__block_t *n = b->next; gm__fm_mergeable(pool, pol, n, owner); n = b->next) {
+        gm__fm_absorb(n);
         b->size += n->size;
         b->next = n->next;
         if (n->next) n->next->prev = b;
@@ -360,7 +362,7 @@ GM_FM_INLINE gm__block_t *gm__fm_release(gm_pool_t *pool, const gm__fm_policy_t 
     b->owner = owner;
     if (!owner->is_global) b->free_seq = ++owner->free_seq;
     gm__fm_insert(&owner->idx[b->cls], b, pol->sl_bits);
-    if (owner->is_global && pol->freed_global) pol->freed_global(pool, b, lo, hi);
+    if (pol->freed) pol->freed(pool, b, lo, hi);
     return b;
 }
 
@@ -431,6 +433,12 @@ size_t gm__fm_migrate(gm_pool_t *pool, const gm__fm_policy_t *pol, gm__slab_t *s
  * their messages are cleared, except GM_NOT_READY's.  Returns blocks moved. */
 size_t gm__fm_reclaim(gm_pool_t *pool, const gm__fm_policy_t *pol, gm__slab_t *slab,
                       gm__stream_t *s, gm__stream_t *global);
+/* Has s passed its free number seq?  Without a backend call when it is
+ * known; else an event is queried (one recorded after s's latest free when
+ * none covers seq: record + query); with wait, a stream sync as the last
+ * resort.  Moves no block (the next reclaim migrates what is known done).
+ * Backend failures read as "not passed"; their messages are cleared. */
+bool gm__fm_passed(gm_pool_t *pool, gm__stream_t *s, uint64_t seq, bool wait);
 /* Wait for stream s and move all its free blocks to the global index.  The
  * status of the wait (nothing moves unless GM_OK). */
 int gm__fm_sync_migrate(gm_pool_t *pool, const gm__fm_policy_t *pol, gm__slab_t *slab,

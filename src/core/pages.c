@@ -50,23 +50,15 @@
 
 #include "core/pool.h"
 
-/* Growth budget: new physical pages are created rather than free ones reused
- * while reserved stays within max(live, live peak) * (1 + 1/GROW_SLACK_DIV)
- * + GROW_SLACK_PAGES pages. */
-#ifndef GROW_SLACK_DIV
-#define GROW_SLACK_DIV 128
-#endif
+/* Growth budget (gm__pages_budget): new physical pages are created rather
+ * than free ones reused while reserved stays within
+ * max(live, live peak) * (1 + slack/2) + GROW_SLACK_PAGES pages; pages
+ * that lose their physical page to a range live at the same time may grow
+ * the pool up to max(live, live peak) * (1 + slack).  slack is the pool's
+ * effective reserve slack (pool.c's controller, between reserve_slack and
+ * reserve_slack_max). */
 #ifndef GROW_SLACK_PAGES
 #define GROW_SLACK_PAGES 2
-#endif
-/* Pages that lose their physical page to a range live at the same time may
- * grow the pool up to max(live, live peak) * (1 + 1/CONFLICT_SLACK_DIV). */
-#ifndef CONFLICT_SLACK_DIV
-#define CONFLICT_SLACK_DIV 64
-#endif
-/* Free physical pages skipped from the most recently freed end. */
-#ifndef RECENT_SKIP
-#define RECENT_SKIP 4
 #endif
 /* Mappings allowed beyond one per physical page, before stale ones are
  * unmapped: MAP_SLACK_MUL x physical pages + MAP_SLACK_MIN. */
@@ -172,6 +164,7 @@ static int phys_create(gm_pool_t *pool, uint32_t *out)
     pp->handle = h;
     pp->owner = GM_NONE;
     pp->first_va = GM_NONE;
+    pp->last_va = GM_NONE;
     pp->live = 1;
     lru_push(pool, id);
     pool->st.reserved += pool->page;
@@ -241,6 +234,8 @@ static int va_unmap(gm_pool_t *pool, gm__arena_t *a, size_t p)
     else pp->first_va = next;
     if (next != GM_NONE) arena_of(pool, next, &q)->alias_prev[q] = prev;
     pp->n_maps--;
+    if (pp->last_va == a->gid_base + (uint32_t)p) pp->last_va = GM_NONE;
+    a->fence_s[p] = NULL;
     bit_clear(a->mapped, p);
     a->pid[p] = GM_NONE;
     a->n_mapped--;
@@ -280,7 +275,63 @@ static inline void own(gm_pool_t *pool, gm__arena_t *a, size_t p)
                        pool->phys[id].owner == GM_NONE);
     lru_remove(pool, id);
     pool->phys[id].owner = a->gid_base + (uint32_t)p;
+    pool->phys[id].last_va = GM_NONE;
+    a->fence_s[p] = NULL;
     bit_set(a->owned, p);
+}
+
+/* ---- fences (see gm__arena_t) -------------------------------------------- */
+
+/* May VA page p (unowned, mapped) be unmapped now, without a call? */
+static inline bool fence_done(const gm__arena_t *a, size_t p)
+{
+    const gm__stream_t *f = a->fence_s[p];
+    return !f || f->done_seq >= a->fence_seq[p];
+}
+
+/* The fence guarding free physical page id: the stream (NULL: none) and,
+ * in *seq, its free number. */
+static inline gm__stream_t *phys_fence(gm_pool_t *pool, uint32_t id, uint64_t *seq)
+{
+    uint32_t g = pool->phys[id].last_va;
+    if (g == GM_NONE) return NULL;
+    size_t q;
+    gm__arena_t *b = arena_of(pool, g, &q);
+    *seq = b->fence_seq[q];
+    return b->fence_s[q];
+}
+
+/* May free physical page id serve a range of stream s, without a call? */
+static inline bool phys_ok(gm_pool_t *pool, uint32_t id, const gm__stream_t *s)
+{
+    uint64_t seq = 0;
+    const gm__stream_t *f = phys_fence(pool, id, &seq);
+    return !f || f == s || f->done_seq >= seq;
+}
+
+/* Wait (an event, else a stream sync) until VA page p's fence has passed;
+ * false when it cannot be known (a backend failure). */
+static bool fence_wait(gm_pool_t *pool, gm__arena_t *a, size_t p)
+{
+    if (fence_done(a, p)) return true;
+    return gm__fm_passed(pool, a->fence_s[p], a->fence_seq[p], true);
+}
+
+void gm__pages_forget_stream_locked(gm_pool_t *pool, const gm__stream_t *s)
+{
+    for (int c = 0; c < GM_CLASS_COUNT; c++) {
+        gm__arena_t *a = &pool->arena[c];
+        if (!a->mapped) continue;
+        size_t words = (a->npages + 63) / 64;
+        for (size_t w = 0; w < words; w++)
+            for (uint64_t m = a->mapped[w] & ~a->owned[w]; m; m &= m - 1) {
+                size_t p = (w << 6) + (size_t)__builtin_ctzll(m);
+                if (a->fence_s[p] == s) {
+                    gm_assert_internal(s->done_seq >= a->fence_seq[p]);
+                    a->fence_s[p] = NULL;
+                }
+            }
+    }
 }
 
 /* ---- arenas ------------------------------------------------------------- */
@@ -300,7 +351,10 @@ int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size, uint32
     a->pid = gm__malloc(a->npages * sizeof(uint32_t));
     a->alias_next = gm__malloc(a->npages * sizeof(uint32_t));
     a->alias_prev = gm__malloc(a->npages * sizeof(uint32_t));
+    a->fence_s = gm__calloc(a->npages, sizeof *a->fence_s);
+    a->fence_seq = gm__calloc(a->npages, sizeof *a->fence_seq);
     if (!a->mapped || !a->used || !a->owned || !a->pid || !a->alias_next || !a->alias_prev ||
+        !a->fence_s || !a->fence_seq ||
         (uint64_t)gid_base + a->npages >= GM_NONE) {
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory for page tables");
         goto fail;
@@ -334,6 +388,8 @@ void gm__arena_fini(gm_pool_t *pool, gm__arena_t *a)
     gm__free(a->pid);
     gm__free(a->alias_next);
     gm__free(a->alias_prev);
+    gm__free(a->fence_s);
+    gm__free(a->fence_seq);
     memset(a, 0, sizeof *a);
 }
 
@@ -379,7 +435,8 @@ void gm__pages_mark_used_locked(gm__arena_t *a, uintptr_t addr, size_t size, siz
     }
 }
 
-void gm__pages_mark_unused_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size)
+void gm__pages_mark_unused_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
+                                  gm__stream_t *fs, uint64_t fseq)
 {
     size_t shift = pool->page_shift;
     uintptr_t lo_addr = GM_ALIGN_UP(addr - a->base, pool->page);
@@ -390,12 +447,21 @@ void gm__pages_mark_unused_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t add
         size_t w = p0 >> 6, lo = p0 & 63;
         size_t hi = (p1 - (w << 6)) < 64 ? (p1 - (w << 6)) : 64;
         uint64_t m = word_mask(lo, hi);
-        /* Owned pages give their physical page back to the free list. */
+        /* Owned pages give their physical page back to the free list; the
+         * freeing stream's queued work may still touch them: the fence. */
         for (uint64_t gone = m & a->owned[w]; gone; gone &= gone - 1) {
             size_t p = (w << 6) + (size_t)__builtin_ctzll(gone);
-            pool->phys[a->pid[p]].owner = GM_NONE;
+            gm__ppage_t *pp = &pool->phys[a->pid[p]];
+            pp->owner = GM_NONE;
+            pp->last_va = a->gid_base + (uint32_t)p;
             lru_push(pool, a->pid[p]);
+            a->fence_s[p] = fs;
+            a->fence_seq[p] = fseq;
         }
+        /* In the global index every free has passed. */
+        if (!fs)
+            for (uint64_t f = m & a->mapped[w]; f; f &= f - 1)
+                a->fence_s[(w << 6) + (size_t)__builtin_ctzll(f)] = NULL;
         a->owned[w] &= ~m;
         a->used[w] &= ~m;
         p0 = (w << 6) + hi;
@@ -410,30 +476,58 @@ bool gm__pages_ready_locked(const gm__arena_t *a, uintptr_t addr, size_t size, s
     return range_all_set(a->owned, p0, p1);
 }
 
-/* ---- serving a range -------------------------------------------------------- */
-
-/* Which free physical page to map somewhere else: one freed recently, so that
- * in a repeating step the range it came from is the furthest from wanting it
- * back (it was just given up) — but not among the very last few, which a
- * pipeline reuses at once. */
-static uint32_t pick_free(const gm_pool_t *pool)
+bool gm__pages_cheap_locked(gm_pool_t *pool, const gm__arena_t *a, uintptr_t addr, size_t size,
+                            const gm__stream_t *s)
 {
-    /* Blocks handed between streams come back quickly: there the oldest
-     * free page is the one least likely to be wanted again soon. */
-    if (pool->streams.n > 1) return pool->lru_head;
-    uint32_t id = pool->lru_tail;
-    for (int k = 0; k < RECENT_SKIP && pool->phys[id].lru_prev != GM_NONE; k++)
-        id = pool->phys[id].lru_prev;
-    return id;
+    size_t shift = pool->page_shift;
+    size_t p0 = (addr - a->base) >> shift;
+    size_t p1 = ((addr + size - 1 - a->base) >> shift) + 1;
+    for (size_t p = p0; p < p1; p++) {
+        if (bit_get(a->owned, p)) continue;
+        if (!bit_get(a->mapped, p)) return false;
+        uint32_t id = a->pid[p];
+        if (pool->phys[id].owner != GM_NONE || !phys_ok(pool, id, s)) return false;
+    }
+    return true;
 }
 
-/* A physical page for a range being mapped: a new one while reserved stays
- * within `allow` (or within the conflict cap, for a page that lost its own
- * physical page to a range live at the same time: the step needs one more
- * page than the pool has), else a free one, after draining the streams if
- * need be, else a new one up to the limit. */
+/* ---- serving a range -------------------------------------------------------- */
+
+/* Free physical pages looked at, oldest first, for one that may serve. */
+#define PICK_SCAN 16
+
+/* The oldest free physical page that may serve a range of stream s without
+ * waiting (its fence allows s), or GM_NONE.  With ask, the fences of the
+ * pages looked at are asked once (an event: no waiting) before giving up.
+ * Oldest first: once pages are released at the free, the page given up
+ * longest ago is the one least likely to be wanted back soon. */
+static uint32_t pick_free(gm_pool_t *pool, const gm__stream_t *s, bool ask)
+{
+    uint32_t id = pool->lru_head;
+    for (int k = 0; k < PICK_SCAN && id != GM_NONE; k++, id = pool->phys[id].lru_next)
+        if (phys_ok(pool, id, s)) return id;
+    if (!ask) return GM_NONE;
+    const gm__stream_t *refused = NULL; /* asked already, not passed */
+    id = pool->lru_head;
+    for (int k = 0; k < PICK_SCAN && id != GM_NONE; k++, id = pool->phys[id].lru_next) {
+        uint64_t seq = 0;
+        gm__stream_t *f = phys_fence(pool, id, &seq);
+        if (!f || f == s) return id;
+        if (f == refused) continue;
+        if (gm__fm_passed(pool, f, seq, false)) return id;
+        refused = f;
+    }
+    return GM_NONE;
+}
+
+/* A physical page for a range of stream s being mapped: a new one while
+ * reserved stays within `allow` (or within the conflict cap, for a page
+ * that lost its own physical page to a range live at the same time: the
+ * step needs one more page than the pool has), else the oldest free one
+ * whose fence allows s (asking the fences once), else one after draining
+ * the streams (waiting), else a new one up to the limit. */
 static int take_phys(gm_pool_t *pool, uint32_t *id, uint64_t allow, uint64_t cap, bool *drained,
-                     bool conflict)
+                     bool conflict, const gm__stream_t *s)
 {
     uint64_t room = conflict && cap > allow ? cap : allow;
     if (pool->st.reserved + pool->page <= room) {
@@ -441,17 +535,11 @@ static int take_phys(gm_pool_t *pool, uint32_t *id, uint64_t allow, uint64_t cap
         if (rc == GM_OK) return GM_OK;
         if (rc != GM_LIMIT && rc != GM_OUT_OF_MEMORY) return rc;
     }
-    if (pool->n_free_phys) {
-        *id = pick_free(pool);
-        return GM_OK;
-    }
+    if (pool->n_free_phys && (*id = pick_free(pool, s, true)) != GM_NONE) return GM_OK;
     if (!*drained) {
         *drained = true;
         gm__drain_streams_locked(pool);
-        if (pool->n_free_phys) {
-            *id = pick_free(pool);
-            return GM_OK;
-        }
+        if (pool->n_free_phys && (*id = pick_free(pool, s, false)) != GM_NONE) return GM_OK;
     }
     return phys_create(pool, id);
 }
@@ -491,6 +579,7 @@ static void thin_mappings(gm_pool_t *pool)
                     size_t p = (w << 6) + (size_t)__builtin_ctzll(cand);
                     /* First pass: only pages whose physical page lives on elsewhere. */
                     if (pass == 0 && pool->phys[a->pid[p]].n_maps < 2) continue;
+                    if (!fence_done(a, p)) continue; /* queued work may touch it */
                     if (va_unmap(pool, a, p) != GM_OK) {
                         gm__clear_error();
                         return;
@@ -504,7 +593,7 @@ static void thin_mappings(gm_pool_t *pool)
 }
 
 int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
-                                   size_t asked)
+                                   size_t asked, gm__stream_t *s)
 {
     size_t shift = pool->page_shift;
     size_t p0 = (addr - a->base) >> shift;
@@ -513,19 +602,20 @@ int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
     if (GM_LIKELY(p1 - p0 == 1) && bit_get(a->owned, p0)) return GM_OK;
     if (range_all_set(a->owned, p0, p1)) return GM_OK;
 
-    /* Pages that may be created before streams are drained for free ones: a
-     * budget over the larger of the live bytes and their peak so far. */
+    /* Pages that may be created before free ones are reused: a budget over
+     * the larger of the live bytes and their peak so far (the slack is the
+     * pool's, see gm__pages_budget). */
     uint64_t live = pool->st.allocated + asked;
     if (pool->st.allocated_peak > live) live = pool->st.allocated_peak;
-    uint64_t allow = live + live / GROW_SLACK_DIV + (uint64_t)GROW_SLACK_PAGES * pool->page;
-    uint64_t cap = live + live / CONFLICT_SLACK_DIV + (uint64_t)GROW_SLACK_PAGES * pool->page;
+    uint64_t allow, cap;
+    gm__pages_budget(pool, live, &allow, &cap);
     bool drained = false;
 
     /* First the pages whose own mapping is free: they cost nothing, and no
      * other page of the range should take their physical page. */
     for (size_t q = p0; q < p1; q++)
         if (!bit_get(a->owned, q) && bit_get(a->mapped, q) &&
-            pool->phys[a->pid[q]].owner == GM_NONE)
+            pool->phys[a->pid[q]].owner == GM_NONE && phys_ok(pool, a->pid[q], s))
             own(pool, a, q);
 
     size_t run = SIZE_MAX; /* start of the current run of fresh mappings */
@@ -536,15 +626,32 @@ int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
         if (bit_get(a->owned, p)) goto run_break;
         if (bit_get(a->mapped, p)) {
             conflict = true;
-            if (pool->phys[a->pid[p]].owner == GM_NONE) { /* our old mapping, free: take it */
-                own(pool, a, p);
-                goto run_break;
+            uint32_t old = a->pid[p];
+            if (pool->phys[old].owner == GM_NONE) {
+                /* Our old mapping, free, but another stream's work may still
+                 * use its physical page: ask that stream once (no waiting),
+                 * else map another page here. */
+                uint64_t seq = 0;
+                gm__stream_t *f = phys_fence(pool, old, &seq);
+                if (!f || f == s || gm__fm_passed(pool, f, seq, false)) {
+                    own(pool, a, p);
+                    goto run_break;
+                }
             }
-            rc = va_unmap(pool, a, p); /* its physical page serves another range now */
+            /* Unmap, once the work queued before the free that left this
+             * page unowned is done: an event, else a wait.  A stream that
+             * cannot be waited for (held, or a failure) leaves the page as
+             * it is: the caller takes untouched address space instead. */
+            if (!fence_wait(pool, a, p)) {
+                rc = gm__set_error(GM_NOT_READY, "gm_alloc: the work of stream %p may still "
+                                   "use a page of the range", (void *)a->fence_s[p]->handle);
+                break;
+            }
+            rc = va_unmap(pool, a, p);
             if (rc != GM_OK) break;
         }
         uint32_t id;
-        rc = take_phys(pool, &id, allow, cap, &drained, conflict);
+        rc = take_phys(pool, &id, allow, cap, &drained, conflict, s);
         if (rc != GM_OK) break;
         if (pool->phys[id].n_maps) pool->st.pages_stolen++;
         rc = va_map(pool, a, p, id);
@@ -567,7 +674,7 @@ int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
         if (rc == GM_OK) rc = rc2;
     }
     /* On failure the caller frees the block again, which hands the pages it
-     * took back to the free list (or to its stream's care). */
+     * took back to the free list. */
     if (rc == GM_LIMIT || rc == GM_OUT_OF_MEMORY) return gm__pages_refuse_locked(pool, rc, asked);
     if (rc != GM_OK) return rc;
     if (GM_UNLIKELY(pool->n_maps > (size_t)MAP_SLACK_MUL * (pool->st.reserved >> shift) + MAP_SLACK_MIN))
@@ -596,17 +703,44 @@ int gm__pages_prefault_locked(gm_pool_t *pool, size_t bytes)
     return rc;
 }
 
+/* May free physical page id be released now: are the fences of all its
+ * mappings passed (no call)? */
+static bool releasable(gm_pool_t *pool, uint32_t id)
+{
+    for (uint32_t g = pool->phys[id].first_va; g != GM_NONE;) {
+        size_t q;
+        gm__arena_t *b = arena_of(pool, g, &q);
+        if (!fence_done(b, q)) return false;
+        g = b->alias_next[q];
+    }
+    return true;
+}
+
 int gm__pages_trim_locked(gm_pool_t *pool, size_t keep, size_t *released)
 {
     size_t before = pool->st.reserved;
     int rc = GM_OK;
     gm__drain_streams_locked(pool);
-    while (pool->st.reserved - pool->st.active > keep && pool->n_free_phys) {
-        rc = phys_release(pool, pool->lru_head);
-        if (rc != GM_OK) break;
+    /* Oldest first; a page some held stream may still touch stays. */
+    uint32_t id = pool->lru_head;
+    while (id != GM_NONE && pool->st.reserved - pool->st.active > keep) {
+        uint32_t next = pool->phys[id].lru_next;
+        if (releasable(pool, id)) {
+            rc = phys_release(pool, id);
+            if (rc != GM_OK) break;
+        }
+        id = next;
     }
     if (released) *released = before - pool->st.reserved;
     return rc;
+}
+
+void gm__pages_budget(const gm_pool_t *pool, uint64_t live, uint64_t *allow, uint64_t *cap)
+{
+    uint64_t extra = (uint64_t)((double)live * pool->slack_eff);
+    uint64_t pages = (uint64_t)GROW_SLACK_PAGES * pool->page;
+    *cap = live + extra + pages;
+    *allow = live + extra / 2 + pages;
 }
 
 int gm__pages_check_locked(gm_pool_t *pool)
@@ -634,20 +768,33 @@ int gm__pages_check_locked(gm_pool_t *pool)
         for (gm__block_t *b = a->first; b; b = b->next) {
             size_t q0 = (b->addr - a->base) >> pool->page_shift;
             size_t q1 = ((b->addr + b->size - 1 - a->base) >> pool->page_shift) + 1;
-            if (b->free && b->owner == &pool->global) {
+            if (b->free) {
+                /* Wholly inside: unused and unowned, with a fence that is
+                 * none (global), passed, or the owner's. */
                 uintptr_t lo = GM_ALIGN_UP(b->addr - a->base, pool->page) >> pool->page_shift;
                 uintptr_t hi = GM_ALIGN_DOWN(b->addr + b->size - a->base, pool->page) >> pool->page_shift;
-                for (uintptr_t p = lo; p < hi; p++)
+                for (uintptr_t p = lo; p < hi; p++) {
                     if (bit_get(a->used, p))
-                        return gm__set_error(GM_INTERNAL, "arena %d: page %zu inside a global "
-                                             "free block is marked used", c, (size_t)p);
+                        return gm__set_error(GM_INTERNAL, "arena %d: page %zu inside a free "
+                                             "block is marked used", c, (size_t)p);
+                    if (bit_get(a->mapped, p) && !fence_done(a, p) &&
+                        (b->owner->is_global || a->fence_s[p] != b->owner))
+                        return gm__set_error(GM_INTERNAL, "arena %d: page %zu inside a free block "
+                                             "of %s is fenced on another stream", c, (size_t)p,
+                                             b->owner->is_global ? "the global index" : "a stream");
+                }
+                /* Pages it shares with other blocks are used. */
+                for (size_t p = q0; p < q1; p++)
+                    if ((p < lo || p >= hi) && !bit_get(a->used, p))
+                        return gm__set_error(GM_INTERNAL, "arena %d: page %zu shared by a free "
+                                             "block is not marked used", c, p);
                 continue;
             }
             for (size_t p = q0; p < q1; p++) {
                 if (!bit_get(a->used, p))
-                    return gm__set_error(GM_INTERNAL, "arena %d: page %zu under a %s block is not "
-                                         "marked used", c, p, b->free ? "stream-owned free" : "live");
-                if (!b->free && !bit_get(a->owned, p))
+                    return gm__set_error(GM_INTERNAL, "arena %d: page %zu under a live block is "
+                                         "not marked used", c, p);
+                if (!bit_get(a->owned, p))
                     return gm__set_error(GM_INTERNAL, "arena %d: page %zu under a live block at "
                                          "%#lx is not owned", c, p, (unsigned long)b->addr);
             }
@@ -661,6 +808,13 @@ int gm__pages_check_locked(gm_pool_t *pool)
         if (!pp->live) continue;
         live++;
         if (pp->owner == GM_NONE) free_phys++;
+        if (pp->last_va != GM_NONE) {
+            size_t q;
+            gm__arena_t *b = arena_of(pool, pp->last_va, &q);
+            if (pp->owner != GM_NONE || b->pid[q] != id || bit_get(b->owned, q))
+                return gm__set_error(GM_INTERNAL, "physical page %u: its last owner %u does not "
+                                     "map it unowned", id, pp->last_va);
+        }
         size_t n = 0;
         for (uint32_t g = pp->first_va; g != GM_NONE && n <= pp->n_maps; n++) {
             size_t q;

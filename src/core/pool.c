@@ -160,6 +160,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     gm__provider_local_init(&pool->provider, pool);
     pool->limit = pool->info.total_memory;
     if (pool->cfg.limit && pool->cfg.limit < pool->limit) pool->limit = pool->cfg.limit;
+    pool->slack_eff = 1.0 / 64;
 
     GM_CHECK_GOTO(gm__hash_init(&pool->live, 1024), rc, fail);
     GM_CHECK_GOTO(gm__hash_init(&pool->streams.of, 16), rc, fail);

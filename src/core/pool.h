@@ -53,16 +53,27 @@ typedef struct gm__recorded {
 /* One reservation of address space, cut into pages of `granularity`.
  * Per page (a "VA page", numbered gid = gid_base + index across arenas):
  *   mapped — some physical page is mapped there (pid[p]);
- *   used   — NOT wholly inside one free block of the global index, so it may
- *            hold live data or in-flight work;
+ *   used   — NOT wholly inside one free block (of any index), so it may hold
+ *            live data;
  *   owned  — the physical page mapped there belongs to this VA page alone.
  * A physical page may be mapped at several VA pages at once ("aliases"), but
- * at most one of them owns it.  Every page under a live, pending or once-live
- * stream-owned block is owned; ownership ends when the page becomes unused.
- * So an unowned mapping holds no data anyone needs and may be dropped or
- * shared at any time, and reusing a physical page elsewhere costs a map, not
- * an unmap: a step that repeats finds its mappings still in place.
- * Accounting: owned => mapped and phys[pid[p]].owner == gid;
+ * at most one of them owns it.  Every page under a live or pending block is
+ * owned; ownership ends at the free that leaves the page wholly inside a
+ * free block, whichever index that block is in.
+ * The fence: work queued on the freeing stream before the free may still
+ * touch an unowned page.  fence_s[p]/fence_seq[p] name that stream and its
+ * free number (NULL: none, or known passed).  An unowned page is unmapped
+ * only once its fence has passed, and its physical page serves another
+ * stream's range only once the fence of the VA page that last owned it
+ * (ppage.last_va) has passed; the freeing stream itself may reuse both at
+ * once (its queue orders the new work after the old).  An unowned page
+ * whose fence has not passed lies inside a free block of that stream's
+ * index, so the stream's state outlives the fence (and forgetting a state
+ * clears the passed fences naming it).
+ * So an unowned mapping holds no data anyone needs, and reusing a physical
+ * page elsewhere costs a map, not an unmap: a step that repeats finds its
+ * mappings still in place.
+ * Accounting: owned => used, mapped and phys[pid[p]].owner == gid;
  *             n_mapped == popcount(mapped). */
 typedef struct gm__arena {
     uintptr_t base;
@@ -76,8 +87,12 @@ typedef struct gm__arena {
     uint32_t *pid;               /* physical page mapped at each VA page */
     uint32_t *alias_next;        /* other VA pages mapping the same one */
     uint32_t *alias_prev;
+    struct gm__stream **fence_s; /* unowned page: the fence (see above) */
+    uint64_t *fence_seq;
     size_t n_mapped;
     size_t trim_hint;            /* where the next unmap scan starts */
+    uintptr_t hwm;               /* end of the highest block ever handed out:
+                                    no work touched the space above it */
     gm__block_t *first;          /* lowest block */
 } gm__arena_t;
 
@@ -90,6 +105,8 @@ typedef struct gm__ppage {
     uint32_t first_va;           /* gid of one VA page mapping it, or GM_NONE */
     uint32_t n_maps;
     uint32_t lru_prev, lru_next; /* free list, oldest first */
+    uint32_t last_va;            /* free: the VA page that owned it last (its
+                                    fence guards it), or GM_NONE */
     uint8_t live;                /* created and not released */
 } gm__ppage_t;
 
@@ -121,6 +138,7 @@ struct gm_pool {
     size_t limit;                /* effective hard limit on reserved (see
                                     gm__pages_limit_allows) */
     gm__page_provider_t provider; /* where physical pages come from (provider.h) */
+    double slack_eff;            /* reserve slack in force (gm__pages_budget) */
 
     gm__arena_t arena[GM_CLASS_COUNT];
 
@@ -238,20 +256,38 @@ int gm__arena_init(gm_pool_t *pool, gm__arena_t *a, int cls, size_t size, uint32
 void gm__arena_fini(gm_pool_t *pool, gm__arena_t *a);
 /* Mark pages overlapping [addr, addr+size) used. Lock held. */
 void gm__pages_mark_used_locked(gm__arena_t *a, uintptr_t addr, size_t size, size_t page_shift);
-/* Mark pages wholly inside the global free block [addr, addr+size) unused,
- * ending their ownership. */
-void gm__pages_mark_unused_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size);
+/* Pages wholly inside [addr, addr+size) (a free block) become unused and
+ * give up ownership.  fs: the stream whose free made the block (its queued
+ * work may still touch the pages: fence (fs, fseq)); NULL for the global
+ * index (the free has passed: the pages' fences are cleared). */
+void gm__pages_mark_unused_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
+                                  struct gm__stream *fs, uint64_t fseq);
 /* Is every page overlapping [addr, addr+size) owned (ready, no calls)? */
 bool gm__pages_ready_locked(const gm__arena_t *a, uintptr_t addr, size_t size, size_t shift);
-/* Make every page overlapping [addr, addr+size) mapped, accessible and owned,
- * taking free physical pages (mapped here too), or new ones.  The range's
- * pages must already be marked used.  asked: the caller's size (what
- * gm_alloc was asked for), which only feeds the growth budget and the
- * refusal message.  GM_LIMIT / GM_OUT_OF_MEMORY come with the message of
- * gm__pages_refuse_locked.  Lock held. */
+/* Can every page overlapping [addr, addr+size) be made owned for stream s
+ * without a backend call (owned, or its own mapping's physical page is free
+ * and its fence allows s)? */
+bool gm__pages_cheap_locked(gm_pool_t *pool, const gm__arena_t *a, uintptr_t addr, size_t size,
+                            const struct gm__stream *s);
+/* Make every page overlapping [addr, addr+size) mapped, accessible and owned
+ * for an allocation on stream s, taking free physical pages (mapped here
+ * too), or new ones.  The range's pages must already be marked used.
+ * asked: the caller's size (what gm_alloc was asked for), which only feeds
+ * the growth budget and the refusal message.  GM_LIMIT / GM_OUT_OF_MEMORY
+ * come with the message of gm__pages_refuse_locked; GM_NOT_READY when a
+ * page must be remapped whose fence cannot be passed (a held stream): the
+ * range is no good now, untouched address space is.  Lock held. */
 int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
-                                   size_t asked);
-/* Release free physical pages until cached <= keep. Lock held. */
+                                   size_t asked, struct gm__stream *s);
+/* Stream state s is being forgotten: clear the (passed) fences naming it. */
+void gm__pages_forget_stream_locked(gm_pool_t *pool, const struct gm__stream *s);
+/* The growth budget for live bytes `live` (max of live and its peak):
+ * *allow, reserved memory up to which new pages are made rather than free
+ * ones reused, and *cap, the same for a page that lost its own physical
+ * page to a range live at the same time.  From pool->slack_eff. */
+void gm__pages_budget(const gm_pool_t *pool, uint64_t live, uint64_t *allow, uint64_t *cap);
+/* Release free physical pages (oldest first, skipping pages a held stream
+ * may still touch) until cached <= keep. Lock held. */
 int gm__pages_trim_locked(gm_pool_t *pool, size_t keep, size_t *released);
 /* Create and map `bytes` of pages at the start of the large arena. */
 int gm__pages_prefault_locked(gm_pool_t *pool, size_t bytes);
