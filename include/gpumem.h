@@ -125,7 +125,7 @@ GM_API int gm_call_from_name(const char *name);
 
 typedef struct gm_pool gm_pool_t;
 
-#define GM_POOL_CONFIG_VERSION 1
+#define GM_POOL_CONFIG_VERSION 2
 
 typedef struct gm_pool_config {
     size_t size;                /* sizeof(gm_pool_config_t) */
@@ -140,14 +140,27 @@ typedef struct gm_pool_config {
     unsigned flags;             /* GM_POOL_* flags (see "Host memory"); others must be 0 */
     unsigned copy_threads;      /* staged copies: worker threads; 0 = GPUMEM_COPY_THREADS or min(12, 3*cores/4) */
     size_t copy_chunk;          /* staged copies: staging buffer size; 0 = 2 MiB */
+    /* Version 2: the memory/churn trade-off.  Reserved memory may exceed the
+     * live peak by the reserve slack (a fraction of it, plus two pages)
+     * before free pages are remapped instead of new ones made.  The pool
+     * starts at reserve_slack; when a window of 64 Ki allocations makes more
+     * than churn_target remapping calls (map, unmap, event, sync) per 1000
+     * operations, the slack grows by 0.004 up to reserve_slack_max, and
+     * after 16 windows without one it shrinks back by a step.  A KV-cache
+     * server that wants no remaps sets reserve_slack_max near 0.12. */
+    double reserve_slack;       /* default 1/64 (GPUMEM_RESERVE_SLACK) */
+    double reserve_slack_max;   /* default 0.018 (GPUMEM_RESERVE_SLACK_MAX) */
+    double churn_target;        /* calls per 1000 ops, default 1 (GPUMEM_CHURN_TARGET) */
 } gm_pool_config_t;
 
 #define GM_POOL_CONFIG_INIT                                                    \
     { sizeof(gm_pool_config_t), GM_POOL_CONFIG_VERSION, GM_BACKEND_AUTO, 0,    \
-      0, 0, SIZE_MAX, 0, 0u, 0u, 0 }
+      0, 0, SIZE_MAX, 0, 0u, 0u, 0, 0.015625, 0.018, 1.0 }
 
 /* Fill *cfg with the defaults, overridden by the environment (GPUMEM_BACKEND,
- * GPUMEM_LIMIT, GPUMEM_SIM_CAPACITY, GPUMEM_RELEASE_THRESHOLD, GPUMEM_DEVICE). */
+ * GPUMEM_LIMIT, GPUMEM_SIM_CAPACITY, GPUMEM_RELEASE_THRESHOLD, GPUMEM_DEVICE,
+ * GPUMEM_RESERVE_SLACK, GPUMEM_RESERVE_SLACK_MAX, GPUMEM_CHURN_TARGET; the
+ * whole table: gpumem info --options). */
 GM_API int gm_config_from_env(gm_pool_config_t *cfg);
 
 /* Create a pool.  cfg NULL: gm_config_from_env().

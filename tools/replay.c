@@ -150,13 +150,16 @@ static void replay_chunk(replay_pool_t *tg, const gm__trace_op_t *ops, size_t n,
  * pool could be made; 2 when the file no longer reads as it did. */
 static int replay_trace(const gm__trace_t *t, const options_t *o, result_t *r)
 {
+    /* The environment's pool options apply (GPUMEM_RESERVE_SLACK_MAX ...);
+     * the backend and capacity are the command line's. */
     gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = o->backend;
-    cfg.sim_capacity = o->capacity;
     gm_pool_t *pool = NULL;
     progress_t pg = {isatty(STDERR_FILENO), 0, gm__now_ns(), 0};
     memset(r, 0, sizeof *r);
-    if (gm_pool_create(&cfg, &pool) != GM_OK) {
+    int crc = gm_config_from_env(&cfg);
+    cfg.backend = o->backend;
+    cfg.sim_capacity = o->capacity;
+    if (crc != GM_OK || gm_pool_create(&cfg, &pool) != GM_OK) {
         fprintf(stderr, "error: %s: cannot create a pool: %s\n", t->name, gm_last_error());
         return 1;
     }

@@ -20,6 +20,7 @@
  *
  * Every function here expects the pool lock to be held.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -362,8 +363,57 @@ static gm__block_t *find_for(gm_pool_t *pool, gm__stream_t *s, int cls, size_t s
     return b;
 }
 
+/* ---- the churn controller ---------------------------------------------------------- */
+
+/* Allocations per window (about twice as many operations). */
+#define CTL_WINDOW 32768
+/* Slack step, and quiet windows before a step back. */
+#define CTL_STEP 0.004
+#define CTL_QUIET 16
+
+/* Calls that move pages without growing the pool: maps beyond the new
+ * pages' own, unmaps, and the events and waits that fence them. */
+static uint64_t remap_calls(gm_pool_t *pool)
+{
+    const _Atomic uint64_t *c = pool->bk_calls.count;
+    uint64_t maps = atomic_load_explicit(&c[GM_CALL_map], memory_order_relaxed);
+    uint64_t made = atomic_load_explicit(&c[GM_CALL_phys_create], memory_order_relaxed);
+    return (maps > made ? maps - made : 0) +
+           atomic_load_explicit(&c[GM_CALL_unmap], memory_order_relaxed) +
+           atomic_load_explicit(&c[GM_CALL_event_record], memory_order_relaxed) +
+           atomic_load_explicit(&c[GM_CALL_event_query], memory_order_relaxed) +
+           atomic_load_explicit(&c[GM_CALL_stream_sync], memory_order_relaxed);
+}
+
+/* End of a window: more remapping than the user's target raises the slack
+ * one step (up to the ceiling); a long quiet stretch lowers it one step
+ * (down to the floor; gm_trim or the release threshold returns the pages
+ * no longer needed). */
+static void controller_step(gm_pool_t *pool)
+{
+    pool->ctl_allocs = 0;
+    uint64_t calls = remap_calls(pool);
+    uint64_t delta = calls - pool->ctl_calls;
+    pool->ctl_calls = calls;
+    const gm_pool_config_t *cfg = &pool->cfg;
+    if ((double)delta * 1000.0 > cfg->churn_target * 2.0 * CTL_WINDOW) {
+        pool->ctl_quiet = 0;
+        double up = pool->slack_eff + CTL_STEP;
+        double top = cfg->reserve_slack_max > cfg->reserve_slack ? cfg->reserve_slack_max
+                                                                 : cfg->reserve_slack;
+        pool->slack_eff = up < top ? up : top;
+    } else if (delta == 0 && ++pool->ctl_quiet >= CTL_QUIET) {
+        pool->ctl_quiet = 0;
+        double down = pool->slack_eff - CTL_STEP;
+        pool->slack_eff = down > cfg->reserve_slack ? down : cfg->reserve_slack;
+    } else if (delta != 0) {
+        pool->ctl_quiet = 0;
+    }
+}
+
 int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
 {
+    if (GM_UNLIKELY(++pool->ctl_allocs >= CTL_WINDOW)) controller_step(pool);
     gm_assert_internal(size > 0 && size <= GM_MAX_REQUEST && s != NULL && !s->is_global);
     size_t asize = GM_ALIGN_UP(size, GM_ALIGNMENT);
     int cls = asize <= GM_SMALL_MAX ? GM_CLASS_SMALL : GM_CLASS_LARGE;

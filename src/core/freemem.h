@@ -156,8 +156,10 @@ typedef struct gm__fm_policy {
      * event whose query failed (host). */
     bool reclaim_eager;
     /* Called after a free into any index (a stream's or the global one)
-     * produced b; [lo, hi) is the range freed before merging.  In a stream's
-     * index b->free_seq is the free's number on that stream.  May be NULL. */
+     * produced b: once with [lo, hi) the range freed before merging, and
+     * once more per boundary between merged blocks away from it (lo == hi,
+     * the boundary).  In a stream's index b->free_seq is the free's number
+     * on that stream.  May be NULL. */
     void (*freed)(gm_pool_t *pool, gm__block_t *b, uintptr_t lo, uintptr_t hi);
 } gm__fm_policy_t;
 
@@ -340,9 +342,18 @@ GM_FM_INLINE gm__block_t *gm__fm_release(gm_pool_t *pool, const gm__fm_policy_t 
 {
     gm_assert_internal(owner != NULL && b->cls < GM_CLASS_COUNT);
     uintptr_t lo = b->addr, hi = b->addr + b->size;
+    /* Boundaries between merged blocks that lie away from [lo, hi): pages
+     * around them can change state too (the callback hears of each). */
+    uintptr_t far[4];
+    unsigned n_far = 0;
+    bool overflow = false;
     /* Absorbing a global neighbour can bring the next block of this index
      * alongside: keep going until neither side merges. */
     for (gm__block_t *p = b->prev; gm__fm_mergeable(pool, pol, p, owner); p = b->prev) {
+        if (pol->freed && b->addr != lo) {
+            if (n_far < 4) far[n_far++] = b->addr;
+            else overflow = true;
+        }
         gm__fm_absorb(p);
         p->size += b->size;
         p->next = b->next;
@@ -351,6 +362,10 @@ GM_FM_INLINE gm__block_t *gm__fm_release(gm_pool_t *pool, const gm__fm_policy_t 
         b = p;
     }
     for (gm__block_t *n = b->next; gm__fm_mergeable(pool, pol, n, owner); n = b->next) {
+        if (pol->freed && b->addr + b->size != hi) {
+            if (n_far < 4) far[n_far++] = b->addr + b->size;
+            else overflow = true;
+        }
         gm__fm_absorb(n);
         b->size += n->size;
         b->next = n->next;
@@ -362,7 +377,14 @@ GM_FM_INLINE gm__block_t *gm__fm_release(gm_pool_t *pool, const gm__fm_policy_t 
     b->owner = owner;
     if (!owner->is_global) b->free_seq = ++owner->free_seq;
     gm__fm_insert(&owner->idx[b->cls], b, pol->sl_bits);
-    if (pol->freed) pol->freed(pool, b, lo, hi);
+    if (pol->freed) {
+        if (GM_UNLIKELY(overflow)) {
+            pol->freed(pool, b, b->addr, b->addr + b->size);
+        } else {
+            pol->freed(pool, b, lo, hi);
+            for (unsigned i = 0; i < n_far; i++) pol->freed(pool, b, far[i], far[i]);
+        }
+    }
     return b;
 }
 

@@ -27,6 +27,8 @@
 
 typedef enum {
     T_BACKEND, T_INT, T_SIZE, T_SIZE_OR_MAX, T_SYSMEM_FLAG,
+    T_FRACTION,        /* a number from 0 to 1 (a double, its bits in the uint64_t) */
+    T_RATE,            /* a number from 0 to 1e6 (the same) */
     T_MALLOC_FAIL_NTH, /* not a config field: arms gm__malloc_fail_nth once */
     /* process rows: every value is accepted */
     T_PATH,            /* a string */
@@ -50,6 +52,16 @@ static const gm__option_t table[GM_OPT_COUNT] = {
     [GM_OPT_RELEASE_THRESHOLD] = {"GPUMEM_RELEASE_THRESHOLD", T_SIZE_OR_MAX, "max",
                                   "cached bytes kept after a free before giving memory back "
                                   "(max: keep all)", CFG(release_threshold)},
+    [GM_OPT_RESERVE_SLACK] = {"GPUMEM_RESERVE_SLACK", T_FRACTION, "0.015625",
+                              "reserved memory allowed over the live peak before free pages "
+                              "are remapped, as a fraction (0 to 1)", CFG(reserve_slack)},
+    [GM_OPT_RESERVE_SLACK_MAX] = {"GPUMEM_RESERVE_SLACK_MAX", T_FRACTION, "0.018",
+                                  "the most the churn controller may raise the reserve slack "
+                                  "to (0 to 1; below GPUMEM_RESERVE_SLACK: no raise)",
+                                  CFG(reserve_slack_max)},
+    [GM_OPT_CHURN_TARGET] = {"GPUMEM_CHURN_TARGET", T_RATE, "1",
+                             "remapping calls per 1000 operations above which the reserve "
+                             "slack grows", CFG(churn_target)},
     [GM_OPT_SIM_CAPACITY] = {"GPUMEM_SIM_CAPACITY", T_SIZE, "80GiB",
                              "device size of the sim backend", CFG(sim_capacity)},
     [GM_OPT_SYSMEM_FALLBACK] = {"GPUMEM_SYSMEM_FALLBACK", T_SYSMEM_FLAG, "0",
@@ -157,6 +169,16 @@ static int parse(const gm__option_t *o, const char *v, uint64_t *out)
         else if (!strcmp(v, "0")) *out = 0;
         else return GM_INVALID_ARGUMENT;
         return GM_OK;
+    case T_FRACTION:
+    case T_RATE: {
+        char *end;
+        errno = 0;
+        double d = strtod(v, &end);
+        double hi = o->type == T_FRACTION ? 1.0 : 1e6;
+        if (errno || *end || end == v || !(d >= 0 && d <= hi)) return GM_INVALID_ARGUMENT;
+        memcpy(out, &d, sizeof d);
+        return GM_OK;
+    }
     case T_PATH: *out = 0; return GM_OK;
     case T_SWITCH: *out = strcmp(v, "0") != 0; return GM_OK;
     case T_LEAK: *out = !strcmp(v, "0") ? 0 : !strcmp(v, "error") ? 2 : 1; return GM_OK;
@@ -182,6 +204,8 @@ static void apply(const gm__option_t *o, uint64_t x, gm_pool_config_t *d)
     case T_INT: *(int *)(void *)base = (int)x; break;
     case T_SIZE:
     case T_SIZE_OR_MAX: *(size_t *)(void *)base = (size_t)x; break;
+    case T_FRACTION:
+    case T_RATE: memcpy(base, &x, sizeof(double)); break;
     case T_SYSMEM_FLAG:
         if (x) *(unsigned *)(void *)base |= GM_POOL_SYSMEM_FALLBACK;
         else *(unsigned *)(void *)base &= ~GM_POOL_SYSMEM_FALLBACK;

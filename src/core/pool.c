@@ -63,6 +63,11 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
     if (d.flags & ~GM_POOL_SYSMEM_FALLBACK)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: unknown flags %#x", d.flags);
     if (d.sim_capacity == 0) d.sim_capacity = gm__option_sim_capacity();
+    if (!(d.reserve_slack >= 0 && d.reserve_slack <= 1 && d.reserve_slack_max >= 0 &&
+          d.reserve_slack_max <= 1 && d.churn_target >= 0 && d.churn_target <= 1e6))
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: reserve_slack %g and "
+                             "reserve_slack_max %g must lie in [0, 1], churn_target %g in "
+                             "[0, 1e6]", d.reserve_slack, d.reserve_slack_max, d.churn_target);
     *out = d;
     return GM_OK;
 }
@@ -160,7 +165,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     gm__provider_local_init(&pool->provider, pool);
     pool->limit = pool->info.total_memory;
     if (pool->cfg.limit && pool->cfg.limit < pool->limit) pool->limit = pool->cfg.limit;
-    pool->slack_eff = 1.0 / 64;
+    pool->slack_eff = pool->cfg.reserve_slack;
 
     GM_CHECK_GOTO(gm__hash_init(&pool->live, 1024), rc, fail);
     GM_CHECK_GOTO(gm__hash_init(&pool->streams.of, 16), rc, fail);

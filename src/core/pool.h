@@ -138,7 +138,11 @@ struct gm_pool {
     size_t limit;                /* effective hard limit on reserved (see
                                     gm__pages_limit_allows) */
     gm__page_provider_t provider; /* where physical pages come from (provider.h) */
-    double slack_eff;            /* reserve slack in force (gm__pages_budget) */
+    double slack_eff;            /* reserve slack in force (gm__pages_budget),
+                                    between cfg.reserve_slack and its max */
+    uint32_t ctl_allocs;         /* allocations in the controller's window */
+    uint32_t ctl_quiet;          /* windows in a row without a remapping call */
+    uint64_t ctl_calls;          /* remapping calls at the window's start */
 
     gm__arena_t arena[GM_CLASS_COUNT];
 
