@@ -62,7 +62,12 @@ def main():
     gen = torch.Generator(device="cpu").manual_seed(42)
     batches = [torch.randint(0, cfg.vocab_size, (a.batch, a.seq), generator=gen) for _ in range(4)]
 
+    def driver_calls():
+        # gpumem's driver calls by kind so far (every call the pool made)
+        return dict(gpumem.stats()["backend_calls"]) if a.allocator == "gpumem" else {}
+
     losses, times = [], []
+    calls_after_first = None
     for step in range(a.steps):
         x = batches[step % len(batches)].cuda(non_blocking=False)
         torch.cuda.synchronize()
@@ -75,6 +80,8 @@ def main():
         times.append(time.perf_counter() - t0)
         losses.append(out.loss.item())
         del out, x
+        if step == 0:
+            calls_after_first = driver_calls()
 
     res = {
         "allocator": a.allocator, "steps": a.steps, "batch": a.batch, "seq": a.seq, "layers": a.layers,
@@ -83,6 +90,11 @@ def main():
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
     }
     if a.allocator == "gpumem":
+        end = driver_calls()
+        delta = {k: end[k] - calls_after_first.get(k, 0) for k in end if end[k] != calls_after_first.get(k, 0)}
+        res.update(driver_calls_after_first_step=sum(delta.values()),
+                   driver_calls_after_first_step_by_kind=delta,
+                   stream_syncs_after_first_step=delta.get("stream_sync", 0))
         s = gpumem.torch.memory_stats(0)
         res.update(peak_reserved=s["reserved_peak"], peak_allocated=s["allocated_peak"],
                    peak_active=s["active_peak"], gpumem_stats=s, hooks=list(gpumem.torch.hooks()))
