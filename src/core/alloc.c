@@ -44,10 +44,11 @@ static void freed(gm_pool_t *pool, gm__block_t *b, uintptr_t lo, uintptr_t hi)
     gm__pages_mark_unused_locked(pool, b->arena, wlo, whi - wlo, fs, b->free_seq);
 }
 
-/* One stream in use: its frees merge with the arenas' untouched tails, so
- * the free ranges are those of a single index (a second stream gets the
- * untouched part back at once: give_back_tails). */
-static bool sole_stream(gm_pool_t *pool) { return pool->streams.n <= 1; }
+/* One stream in use (has allocated: the default stream's state, made with
+ * the pool, counts only once used): its frees merge with the arenas'
+ * untouched tails, so the free ranges are those of a single index (a second
+ * stream gets the untouched part back at once: give_back_tails). */
+static bool sole_stream(gm_pool_t *pool) { return pool->n_active <= 1; }
 
 static const gm__fm_policy_t DEVICE = {
     .sl_bits = GM_SL_BITS,
@@ -101,6 +102,7 @@ static size_t reclaim_streams(gm_pool_t *pool, const gm__stream_t *except);
 /* Drop an idle state; pages whose (passed) fences name it forget it. */
 static void forget_stream(gm_pool_t *pool, gm__stream_t *s)
 {
+    if (s->active) pool->n_active--;
     gm__pages_forget_stream_locked(pool, s);
     gm__streams_forget(pool, &pool->streams, s);
 }
@@ -156,7 +158,6 @@ __attribute__((noinline)) static gm__stream_t *stream_add_locked(gm_pool_t *pool
     gm__stream_t *s = gm__streams_add(&pool->streams, handle);
     if (!s) return NULL;
     s->pinned = handle == NULL;
-    if (pool->streams.n == 2) give_back_tails(pool);
     return s;
 }
 
@@ -418,6 +419,10 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
     size_t asize = GM_ALIGN_UP(size, GM_ALIGNMENT);
     int cls = asize <= GM_SMALL_MAX ? GM_CLASS_SMALL : GM_CLASS_LARGE;
 
+    if (GM_UNLIKELY(!s->active)) {
+        s->active = true;
+        if (++pool->n_active == 2) give_back_tails(pool);
+    }
     gm__block_t *b = find_for(pool, s, cls, asize);
     if (GM_UNLIKELY(!b)) {
         /* No address range left: free ranges may wait in other streams. */

@@ -100,6 +100,7 @@ typedef struct gm__stream {
     gm__freeidx_t idx[GM_CLASS_COUNT];
     bool is_global;
     bool pinned;                /* device: never forgotten (the default stream) */
+    bool active;                /* device: has allocated (counted in n_active) */
     size_t slot;                /* index in its registry's list */
     /* Device: references that keep the record alive besides its free blocks:
      * live blocks allocated on it (b->owner), pending blocks freed on it, and

@@ -149,6 +149,7 @@ struct gm_pool {
     gm__stream_t global;         /* blocks reusable by every stream */
     gm__streams_t streams;       /* per-stream states */
     size_t streams_sweep_at;     /* streams.n that triggers the next sweep */
+    size_t n_active;             /* stream states that have allocated */
 
     gm__hash_t live;             /* addr -> live block */
 
