@@ -991,6 +991,20 @@ static int sim_unmap(void *ctx, uintptr_t va, size_t size)
                            va, size, mp->va, mp->size);
         goto out;
     }
+    /* The stream rule's other half: a mapping that work still in flight
+     * uses must stay (a GPU would fault). */
+    unsigned nf = sim->nflights < SIM_FLIGHTS ? sim->nflights : SIM_FLIGHTS;
+    for (unsigned i = 0; i < nf; i++) {
+        const flight_t *f = &sim->flights[i];
+        const stream_t *owner = &sim->streams[f->stream];
+        if (owner->hold_gen != f->hold_gen || owner->dead || !owner->held) continue;
+        if (va >= f->hi || va + size <= f->lo) continue;
+        rc = gm__set_error(GM_BACKEND,
+                           "sim: unmap: stream-rule violation: [%#" PRIxPTR ", +%zu) is used by "
+                           "work still in flight on held stream %p ([%#" PRIxPTR ", %#" PRIxPTR "))",
+                           va, size, owner->id, f->lo, f->hi);
+        goto out;
+    }
     if (rereserve(va, size) != 0) {
         rc = mmap_error("unmap", va, size, errno);
         goto out;

@@ -15,6 +15,54 @@
 
 #define MIB ((size_t)1 << 20)
 
+/* A page whose physical page another range took must be remapped before
+ * its range is used again; while the work of the freeing stream may still
+ * use that mapping (held), it is not unmapped (the sim fails an unmap under
+ * work in flight): the allocation is served elsewhere or refused cleanly,
+ * and once the stream has passed, the remap happens. */
+static void remap_waits_for_the_stream(void)
+{
+    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
+    cfg.backend = GM_BACKEND_SIM;
+    cfg.sim_capacity = (size_t)1 << 30;
+    cfg.reserve_slack = cfg.reserve_slack_max = 0.0;
+    cfg.limit = 8 * MIB;
+    gm_pool_t *pool = NULL;
+    CHECK_OK(gm_pool_create(&cfg, &pool));
+    if (!pool) return;
+    gm_stream_t s;
+    CHECK_OK(gm_stream_create(pool, &s));
+    void *a = NULL, *g = NULL, *c = NULL, *d = NULL;
+    CHECK_OK(gm_alloc(pool, 4 * MIB, s, &a));
+    CHECK_OK(gm_alloc(pool, 2 * MIB, s, &g)); /* keeps a's range apart */
+    CHECK_OK(gm_sim_hold_stream(pool, s, 1));
+    CHECK_OK(gm_memset(pool, a, 0x11, 4 * MIB, s)); /* in flight over a */
+    CHECK_OK(gm_free(pool, a, s));
+    /* c does not fit in a's range: fresh addresses, a's pages (same stream:
+     * no wait needed) plus one new page, at the limit. */
+    CHECK_OK(gm_alloc(pool, 6 * MIB, s, &c));
+    gm_stats_t st0 = pool_stats_of(pool);
+    CHECK(st0.reserved == 8 * MIB);
+    /* d fits a's range, whose pages now map c's: remapping them would pull
+     * them from under the held work.  Refused (the limit holds) or served
+     * elsewhere, never with an unmap under the work. */
+    int rc = gm_alloc(pool, 4 * MIB, s, &d);
+    CHECK(rc == GM_OK || rc == GM_LIMIT || rc == GM_OUT_OF_MEMORY);
+    CHECK(strstr(gm_last_error(), "stream-rule violation") == NULL);
+    CHECK_OK(gm_pool_check(pool));
+    if (rc == GM_OK) CHECK_OK(gm_free(pool, d, s));
+    d = NULL;
+    /* Passed: the same request is served again from a's range. */
+    CHECK_OK(gm_sim_hold_stream(pool, s, 0));
+    CHECK_OK(gm_free(pool, c, s));
+    CHECK_OK(gm_alloc(pool, 4 * MIB, s, &d));
+    CHECK_OK(gm_pool_check(pool));
+    CHECK_OK(gm_free(pool, d, s));
+    CHECK_OK(gm_free(pool, g, s));
+    CHECK_OK(gm_stream_destroy(pool, s));
+    gm_pool_destroy(pool);
+}
+
 int main(void)
 {
     if (test_backend() != GM_BACKEND_SIM) {
@@ -80,5 +128,6 @@ int main(void)
     CHECK_OK(gm_stream_destroy(pool, s));
     CHECK_OK(gm_stream_destroy(pool, t));
     gm_pool_destroy(pool);
+    remap_waits_for_the_stream();
     return test_summary();
 }
