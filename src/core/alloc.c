@@ -45,15 +45,23 @@ static void freed(gm_pool_t *pool, gm__block_t *b, uintptr_t lo, uintptr_t hi)
 }
 
 /* One stream in use (has allocated: the default stream's state, made with
- * the pool, counts only once used): its frees merge with the arenas'
- * untouched tails, so the free ranges are those of a single index (a second
- * stream gets the untouched part back at once: give_back_tails). */
+ * the pool, counts only once used): its frees of large blocks merge with the
+ * large arena's untouched tail, so the free ranges are those of a single
+ * index (a second stream gets the untouched part back at once:
+ * give_back_tails).  The small arena keeps its tail apart: a small block
+ * freed next to it stays a block of its own, which the next request of its
+ * size takes whole, with its page still owned (a merge would split the tail
+ * again and hand the page back and forth at every pair). */
 static bool sole_stream(gm_pool_t *pool) { return pool->n_active <= 1; }
+static bool take_tail(gm_pool_t *pool, const gm__block_t *tail)
+{
+    return tail->cls == GM_CLASS_LARGE && sole_stream(pool);
+}
 
 static const gm__fm_policy_t DEVICE = {
     .sl_bits = GM_SL_BITS,
     .take_global = true,
-    .take_tail = sole_stream,
+    .take_tail = take_tail,
     .migrate_reversed = true,
     .reclaim_eager = true,
     .freed = freed,
@@ -311,6 +319,7 @@ int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
 }
 
 /* ---- allocation ---------------------------------------------------------------- */
+
 
 /* Taken block b (live now) becomes the allocation of `size` on s: pages
  * marked used and mapped, and the block in the live table. */

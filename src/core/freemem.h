@@ -146,7 +146,7 @@ typedef struct gm__fm_policy {
      * too (its untouched address space) now?  NULL: never.  The device
      * answers yes while one stream is in use, so a stream's frees next to
      * the tail merge with it, as they would in a single index. */
-    bool (*take_tail)(gm_pool_t *pool);
+    bool (*take_tail)(gm_pool_t *pool, const gm__block_t *tail);
     /* Migration inserts a stream's blocks into the global index in reverse
      * scan order (device) or in scan order (host).  Which block a later
      * search meets first depends on it: each side keeps its own. */
@@ -318,7 +318,7 @@ GM_FM_INLINE bool gm__fm_mergeable(gm_pool_t *pool, const gm__fm_policy_t *pol,
     if (!n || !n->free) return false;
     if (n->owner == owner) return true;
     return pol->take_global && !owner->is_global && n->owner->is_global &&
-           (n->next != NULL || (pol->take_tail && pol->take_tail(pool)));
+           (n->next != NULL || (pol->take_tail && pol->take_tail(pool, n)));
 }
 
 static inline void gm__fm_absorb(gm__block_t *n) { gm__fm_remove(&n->owner->idx[n->cls], n); }

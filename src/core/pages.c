@@ -599,8 +599,17 @@ int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
     size_t p0 = (addr - a->base) >> shift;
     size_t p1 = ((addr + size - 1 - a->base) >> shift) + 1;
     gm_assert_internal(range_all_set(a->used, p0, p1));
-    if (GM_LIKELY(p1 - p0 == 1) && bit_get(a->owned, p0)) return GM_OK;
-    if (range_all_set(a->owned, p0, p1)) return GM_OK;
+    if (GM_LIKELY(p1 - p0 == 1)) {
+        if (bit_get(a->owned, p0)) return GM_OK;
+        /* One page whose own mapping is free for s: take it back. */
+        if (bit_get(a->mapped, p0) && pool->phys[a->pid[p0]].owner == GM_NONE &&
+            phys_ok(pool, a->pid[p0], s)) {
+            own(pool, a, p0);
+            return GM_OK;
+        }
+    } else if (range_all_set(a->owned, p0, p1)) {
+        return GM_OK;
+    }
 
     /* Pages that may be created before free ones are reused: a budget over
      * the larger of the live bytes and their peak so far (the slack is the
