@@ -46,16 +46,17 @@ static void freed(gm_pool_t *pool, gm__block_t *b, uintptr_t lo, uintptr_t hi)
 
 /* One stream in use (has allocated: the default stream's state, made with
  * the pool, counts only once used): its frees of large blocks merge with the
- * large arena's untouched tail, so the free ranges are those of a single
- * index (a second stream gets the untouched part back at once:
- * give_back_tails).  The small arena keeps its tail apart: a small block
- * freed next to it stays a block of its own, which the next request of its
- * size takes whole, with its page still owned (a merge would split the tail
- * again and hand the page back and forth at every pair). */
+ * arena's untouched tail, so the free ranges are those of a single index (a
+ * second stream gets the untouched part back at once: give_back_tails).  In
+ * the small arena only a free range of GM_SMALL_MAX or more merges with the
+ * tail: a small block freed next to it stays a block of its own, which the
+ * next request of its size takes whole with its page still owned (a merge
+ * would split the tail again and hand the page back and forth at every
+ * alloc+free pair). */
 static bool sole_stream(gm_pool_t *pool) { return pool->n_active <= 1; }
-static bool take_tail(gm_pool_t *pool, const gm__block_t *tail)
+static bool take_tail(gm_pool_t *pool, const gm__block_t *tail, const gm__block_t *freed)
 {
-    return tail->cls == GM_CLASS_LARGE && sole_stream(pool);
+    return (tail->cls == GM_CLASS_LARGE || freed->size >= GM_SMALL_MAX) && sole_stream(pool);
 }
 
 static const gm__fm_policy_t DEVICE = {

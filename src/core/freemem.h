@@ -146,7 +146,7 @@ typedef struct gm__fm_policy {
      * too (its untouched address space) now?  NULL: never.  The device
      * answers yes while one stream is in use, so a stream's frees next to
      * the tail merge with it, as they would in a single index. */
-    bool (*take_tail)(gm_pool_t *pool, const gm__block_t *tail);
+    bool (*take_tail)(gm_pool_t *pool, const gm__block_t *tail, const gm__block_t *freed);
     /* Migration inserts a stream's blocks into the global index in reverse
      * scan order (device) or in scan order (host).  Which block a later
      * search meets first depends on it: each side keeps its own. */
@@ -313,12 +313,13 @@ void gm__slab_fini(gm__slab_t *sl);
  * untouched address space is left to the global index unless take_tail
  * says otherwise. */
 GM_FM_INLINE bool gm__fm_mergeable(gm_pool_t *pool, const gm__fm_policy_t *pol,
-                                    const gm__block_t *n, const gm__stream_t *owner)
+                                    const gm__block_t *n, const gm__block_t *b,
+                                    const gm__stream_t *owner)
 {
     if (!n || !n->free) return false;
     if (n->owner == owner) return true;
     return pol->take_global && !owner->is_global && n->owner->is_global &&
-           (n->next != NULL || (pol->take_tail && pol->take_tail(pool, n)));
+           (n->next != NULL || (pol->take_tail && pol->take_tail(pool, n, b)));
 }
 
 static inline void gm__fm_absorb(gm__block_t *n) { gm__fm_remove(&n->owner->idx[n->cls], n); }
@@ -350,7 +351,7 @@ GM_FM_INLINE gm__block_t *gm__fm_release(gm_pool_t *pool, const gm__fm_policy_t 
     bool overflow = false;
     /* Absorbing a global neighbour can bring the next block of this index
      * alongside: keep going until neither side merges. */
-    for (gm__block_t *p = b->prev; gm__fm_mergeable(pool, pol, p, owner); p = b->prev) {
+    for (gm__block_t *p = b->prev; gm__fm_mergeable(pool, pol, p, b, owner); p = b->prev) {
         if (pol->freed && b->addr != lo) {
             if (n_far < 4) far[n_far++] = b->addr;
             else overflow = true;
@@ -362,7 +363,7 @@ GM_FM_INLINE gm__block_t *gm__fm_release(gm_pool_t *pool, const gm__fm_policy_t 
         gm__slab_release(slab, b);
         b = p;
     }
-    for (gm__block_t *n = b->next; gm__fm_mergeable(pool, pol, n, owner); n = b->next) {
+    for (gm__block_t *n = b->next; gm__fm_mergeable(pool, pol, n, b, owner); n = b->next) {
         if (pol->freed && b->addr + b->size != hi) {
             if (n_far < 4) far[n_far++] = b->addr + b->size;
             else overflow = true;
