@@ -70,6 +70,12 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -308,6 +314,7 @@ static char g_gpu[256];
 static const char *g_notes = "";
 static char r_mix_kinds[512], r_trace_kinds[MAX_TRACES][512];
 static double r_mix_warm_calls = -1, r_mix_backend_ms = -1;
+static double r_mix_p50 = -1, r_mix_p99 = -1, r_mix_max = -1;
 
 static void jnum(FILE *f, double v)
 {
@@ -330,6 +337,12 @@ static void write_json(void)
     }
     fprintf(f, "},\n \"mix_ns_per_op\":");
     jnum(f, r_mix_ns);
+    fprintf(f, ",\"mix_p50_ns\":");
+    jnum(f, r_mix_p50);
+    fprintf(f, ",\"mix_p99_ns\":");
+    jnum(f, r_mix_p99);
+    fprintf(f, ",\"mix_max_ns\":");
+    jnum(f, r_mix_max);
     fprintf(f, ",\"mix_cold_ns_per_op\":");
     jnum(f, r_mix_cold_ns);
     fprintf(f, ",\"mix_ops\":%llu,\"mix_ratio\":", (unsigned long long)r_mix_ops);
@@ -435,6 +448,7 @@ static mix_t mix_make(size_t n, uint64_t seed)
 typedef struct mix_run {
     const mix_t *m;
     cudaStream_t s;
+    uint32_t *lat;               /* non-NULL: each op's own time, ns (saturated) */
     uint64_t ops, wall_ns, req_peak, t_start, t_end;
     int failed;
     pthread_barrier_t *bar;
@@ -453,6 +467,7 @@ static void mix_exec(mix_run_t *r)
     size_t i;
     for (i = 0; i < m->n; i++) {
         uint32_t k = m->slot[i];
+        uint64_t o0 = r->lat ? now_ns() : 0;
         if (ptr[k]) {
             if (A.free(ptr[k], sz[k], r->s)) { r->failed = 1; break; }
             ptr[k] = NULL;
@@ -462,6 +477,10 @@ static void mix_exec(mix_run_t *r)
             sz[k] = m->size[i];
             live += sz[k];
             if (live > peak) peak = live;
+        }
+        if (r->lat) {
+            uint64_t d = now_ns() - o0;
+            r->lat[i] = d > UINT32_MAX ? UINT32_MAX : (uint32_t)d;
         }
     }
     uint64_t t1 = now_ns();
@@ -518,6 +537,25 @@ static void bench_mix(cudaStream_t s, size_t nops, uint64_t seed, int cm)
             goto out;
         }
         r_mix_ns = (double)r.wall_ns / (double)r.ops;
+        /* A third run of the same sequence, each op timed on its own (the
+         * clock reads cost ~20-40 ns per op, so this run is not the ns/op
+         * figure): the latency distribution, p50 / p99 / max. */
+        uint32_t *lat = malloc(nops * sizeof *lat);
+        if (lat) {
+            r.lat = lat;
+            mix_exec(&r);
+            r.lat = NULL;
+            CK(cudaStreamSynchronize(s));
+            if (!r.failed && r.ops) {
+                qsort(lat, r.ops, sizeof *lat, cmp_u32);
+                r_mix_p50 = lat[r.ops / 2];
+                r_mix_p99 = lat[(size_t)((double)r.ops * 0.99)];
+                r_mix_max = lat[r.ops - 1];
+                printf("  mix latency per op: p50 %.0f ns, p99 %.0f ns, max %.0f ns\n", r_mix_p50,
+                       r_mix_p99, r_mix_max);
+            }
+            free(lat);
+        }
     }
     printf("  mix: %zu ops, %.1f ns/op warm (%.1f cold), reserved peak %.3f GB / requested peak %.3f GB = %.4f\n",
            nops, r_mix_ns, r_mix_cold_ns, r_mix_res_peak / 1e9, r_mix_req_peak / 1e9, r_mix_ratio);

@@ -92,7 +92,8 @@ gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1
 gpu="${gpu:-unknown-GPU}"
 label="$(tr ' ' '-' <<<"$gpu")"
 driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
-commit="$(git rev-parse --short --verify -q HEAD 2>/dev/null || echo none)"
+# GM_COMMIT overrides the label (a copy of the tree without its git history).
+commit="${GM_COMMIT:-$(git rev-parse --short --verify -q HEAD 2>/dev/null || echo none)}"
 mkdir -p bench/results
 base="bench/results/$date-$label-alloc"
 python3 - "$base" "$date" "$gpu" "$driver" "$commit" "${parts[@]}" <<'PY'
@@ -113,6 +114,8 @@ out = {
     "command": "bench/run_alloc_bench.sh .device-traces",
     "pair_ns": {a: P[a]["pair_ns"] for a in names if a in P},
     "mix_ns_per_op": {a: P[a]["mix_ns_per_op"] for a in names if a in P},
+    "mix_p50_ns": {a: P[a].get("mix_p50_ns") for a in names if a in P},
+    "mix_p99_ns": {a: P[a].get("mix_p99_ns") for a in names if a in P},
     "mix_ratio": {a: P[a]["mix_ratio"] for a in names if a in P},
     "trace_ratio": {a: P[a]["trace_ratio"] for a in names if a in P},
     "threads16_speedup": {a: P[a]["threads16_speedup"] for a in names if a in P},
@@ -131,19 +134,20 @@ L = []
 L.append(f"# Allocators side by side — {gpu}, {date}\n")
 L.append(f"- command: `bench/run_alloc_bench.sh .device-traces` (one `alloc_bench` process per allocator; torch twice, the second with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`)")
 L.append(f"- code: commit {commit}; GPU {gpu}, driver {driver}; gpumem built RelWithDebInfo (-O2, GM_DEBUG=1)")
+L.append("- mix p99: a third run of the same sequence with each op timed alone (the clock reads add to each op; not the ns/op run)")
 L.append("- pair: median over 21 batches of the mean alloc+free pair time (2000 pairs per batch; cudaMalloc 5)")
 L.append("- mix: 512 slots, log-uniform 256 B–64 MiB, one op = one alloc or one free, seed 12345; ns/op on the second (warm) run of the same sequence; ratio = reserved peak / requested-bytes peak of the first run from a trimmed allocator. cudaMalloc: 20 000 ops, one cold run, ratio 1.0 by definition")
 L.append("- threads: 16 threads, each its own non-blocking stream and mix (100 000 ops; cudaMalloc 1 000), aggregate ops/s / one thread's ops/s (warm runs)")
 L.append("- traces: reserved peak over 3 passes / trace live peak; cudaMalloc: 1 pass, peak of device memory in use (cudaMemGetInfo) above the start")
 L.append("- steady calls: driver calls in passes 2..3, summed over the traces — " + "; ".join(f"{a}: {P[a]['steady_state_calls_label']}" for a in present))
 L.append("")
-hdr = ["allocator"] + [f"pair {s} ns" for s in sizes] + ["mix ns/op", "mix ratio"] + [f"{t} ratio" for t in traces] + ["16-thread speedup", "steady calls"]
+hdr = ["allocator"] + [f"pair {s} ns" for s in sizes] + ["mix ns/op", "mix p99 ns", "mix ratio"] + [f"{t} ratio" for t in traces] + ["16-thread speedup", "steady calls"]
 L.append("| " + " | ".join(hdr) + " |")
 L.append("|---" + "|---:" * (len(hdr) - 1) + "|")
 for a in present:
     d = P[a]
     row = [a] + [ns(d["pair_ns"].get(s)) for s in sizes]
-    row += [ns(d["mix_ns_per_op"]), f(d["mix_ratio"], "{:.3f}")]
+    row += [ns(d["mix_ns_per_op"]), ns(d.get("mix_p99_ns")), f(d["mix_ratio"], "{:.3f}")]
     row += [f(d["trace_ratio"].get(t), "{:.3f}") for t in traces]
     row += [f(d["threads16_speedup"], "{:.2f}"), f(d["steady_state_driver_calls"], "{:.0f}")]
     L.append("| " + " | ".join(row) + " |")
