@@ -67,7 +67,7 @@ def main():
         return dict(gpumem.stats()["backend_calls"]) if a.allocator == "gpumem" else {}
 
     losses, times = [], []
-    calls_after_first = None
+    calls_after = []  # driver calls by kind after each of the first two steps
     for step in range(a.steps):
         x = batches[step % len(batches)].cuda(non_blocking=False)
         torch.cuda.synchronize()
@@ -80,8 +80,8 @@ def main():
         times.append(time.perf_counter() - t0)
         losses.append(out.loss.item())
         del out, x
-        if step == 0:
-            calls_after_first = driver_calls()
+        if step < 2:
+            calls_after.append(driver_calls())
 
     res = {
         "allocator": a.allocator, "steps": a.steps, "batch": a.batch, "seq": a.seq, "layers": a.layers,
@@ -91,10 +91,17 @@ def main():
     }
     if a.allocator == "gpumem":
         end = driver_calls()
-        delta = {k: end[k] - calls_after_first.get(k, 0) for k in end if end[k] != calls_after_first.get(k, 0)}
-        res.update(driver_calls_after_first_step=sum(delta.values()),
-                   driver_calls_after_first_step_by_kind=delta,
-                   stream_syncs_after_first_step=delta.get("stream_sync", 0))
+
+        def since(c):
+            return {k: end[k] - c.get(k, 0) for k in end if end[k] != c.get(k, 0)}
+        d1 = since(calls_after[0]) if calls_after else {}
+        d2 = since(calls_after[1]) if len(calls_after) > 1 else {}
+        res.update(driver_calls_after_first_step=sum(d1.values()),
+                   driver_calls_after_first_step_by_kind=d1,
+                   stream_syncs_after_first_step=d1.get("stream_sync", 0),
+                   driver_calls_after_second_step=sum(d2.values()),
+                   driver_calls_after_second_step_by_kind=d2,
+                   stream_syncs_after_second_step=d2.get("stream_sync", 0))
         s = gpumem.torch.memory_stats(0)
         res.update(peak_reserved=s["reserved_peak"], peak_allocated=s["allocated_peak"],
                    peak_active=s["active_peak"], gpumem_stats=s, hooks=list(gpumem.torch.hooks()))
