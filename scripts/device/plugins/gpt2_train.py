@@ -30,6 +30,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--model", choices=("gpt2", "llama"), default="gpt2",
+                    help="llama: a small Llama (hidden 1024, 16 heads, MLP 2816) from its config")
     a = ap.parse_args()
 
     import torch
@@ -48,15 +50,23 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
 
     # Eager attention: its backward is deterministic.
-    try:
-        cfg = GPT2Config(n_layer=a.layers, n_positions=max(1024, a.seq), attn_implementation="eager")
-    except TypeError:
-        cfg = GPT2Config(n_layer=a.layers, n_positions=max(1024, a.seq))
-    try:
+    if a.model == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=a.layers,
+                          num_attention_heads=16, num_key_value_heads=16, vocab_size=32000,
+                          max_position_embeddings=max(1024, a.seq))
         cfg._attn_implementation = "eager"
-    except Exception:  # noqa: BLE001 — older/newer transformers
-        pass
-    model = GPT2LMHeadModel(cfg).cuda()
+        model = LlamaForCausalLM(cfg).cuda()
+    else:
+        try:
+            cfg = GPT2Config(n_layer=a.layers, n_positions=max(1024, a.seq), attn_implementation="eager")
+        except TypeError:
+            cfg = GPT2Config(n_layer=a.layers, n_positions=max(1024, a.seq))
+        try:
+            cfg._attn_implementation = "eager"
+        except Exception:  # noqa: BLE001 — older/newer transformers
+            pass
+        model = GPT2LMHeadModel(cfg).cuda()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     gen = torch.Generator(device="cpu").manual_seed(42)
@@ -84,7 +94,7 @@ def main():
             calls_after.append(driver_calls())
 
     res = {
-        "allocator": a.allocator, "steps": a.steps, "batch": a.batch, "seq": a.seq, "layers": a.layers,
+        "allocator": a.allocator, "model": a.model, "steps": a.steps, "batch": a.batch, "seq": a.seq, "layers": a.layers,
         "losses": [repr(v) for v in losses], "step_times_s": times,
         "median_step_s_5_20": statistics.median(times[4:]) if len(times) > 4 else statistics.median(times),
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
