@@ -184,6 +184,8 @@ struct gm_pool {
     struct gm__leak_table *leaks;
     struct gm__trace_buf *trace_buf;
     struct gm__mon_slot *mon;
+    uint32_t mon_countdown;      /* operations until the slot is written anyway */
+    uint64_t mon_allocated, mon_reserved, mon_mapped; /* as last written there */
     bool registered;
     struct gm_pool *all_prev, *all_next; /* every pool of the process (process.c) */
 };

@@ -254,6 +254,10 @@ void gm__monitor_publish_slow_locked(gm_pool_t *pool)
         s->values[IDX(cached)] = st->reserved - st->active;
     }
     atomic_store_explicit(&s->seq, q + 2, memory_order_release);
+    pool->mon_countdown = GM_MON_EVERY;
+    pool->mon_allocated = st->allocated;
+    pool->mon_reserved = st->reserved;
+    pool->mon_mapped = st->mapped;
 }
 
 /* A full copy at the next publish (slow paths: trims, OOMs, peak resets). */

@@ -110,6 +110,25 @@ static inline void gm__monitor_publish_locked(gm_pool_t *pool)
 {
     if (GM_LIKELY(pool->mon != NULL)) gm__monitor_publish_slow_locked(pool);
 }
+/* After an allocate or a free that succeeded: the slot is written when pages
+ * moved (reserved or mapped changed), when allocated moved by 64 KiB or
+ * 1/1024 of itself since the last write, and at least every
+ * GM_MON_EVERY operations; else not (a seqlock write per operation was a
+ * fifth of an alloc+free pair).  So `gpumem top` and `gpumem metrics` lag a
+ * pool by at most that much. */
+#define GM_MON_EVERY 32
+static inline void gm__monitor_note_op_locked(gm_pool_t *pool)
+{
+    if (GM_UNLIKELY(pool->mon == NULL)) return;
+    uint64_t a = pool->st.allocated, p = pool->mon_allocated;
+    uint64_t moved = a > p ? a - p : p - a;
+    uint64_t near = p >> 10 > 65536 ? p >> 10 : 65536;
+    if (pool->mon_countdown <= 1 || moved >= near || pool->st.reserved != pool->mon_reserved ||
+        pool->st.mapped != pool->mon_mapped)
+        gm__monitor_publish_slow_locked(pool); /* resets the countdown */
+    else
+        pool->mon_countdown--;
+}
 
 /* The segment's layout is observe/monitor_seg.h; its reader (gpumem top,
  * gpumem metrics) is tools/lib/monitor_read.h, outside the library. */
@@ -145,8 +164,10 @@ static inline void gm__observe_alloc_locked(gm_pool_t *pool, int rc, void *ptr, 
             if (atomic_load_explicit(&gm__trace_on, memory_order_relaxed))
                 gm__trace_site_locked(pool, frames, n_frames);
         }
+        gm__monitor_note_op_locked(pool);
+    } else {
+        gm__monitor_publish_locked(pool); /* an OOM counts */
     }
-    gm__monitor_publish_locked(pool);
 }
 
 /* A first allocation attempt failed and the slow path starts (pool lock
@@ -174,8 +195,8 @@ static inline void gm__observe_free_locked(gm_pool_t *pool, int rc, void *ptr, s
         pool->st.freed_total += size;
         gm__trace_record_locked(pool, GM__TRACE_FREE, (uintptr_t)ptr, size, stream);
         if (GM_UNLIKELY(pool->leaks != NULL)) gm__leak_del_locked(pool, (uintptr_t)ptr);
+        gm__monitor_note_op_locked(pool);
     }
-    gm__monitor_publish_locked(pool);
 }
 
 /* Pages went back to the device (a trim), pool lock held: the monitor slot
