@@ -124,6 +124,8 @@ int gm__oom_report_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, int 
         put(&o, "  limit %s (pool limit)\n", gm__fmt_bytes(pool->limit, b1, sizeof b1));
     else
         put(&o, "  limit none (device memory, %s)\n", gm__fmt_bytes(pool->limit, b1, sizeof b1));
+    put(&o, "  reserve slack %.4f in force (from %.4f, up to %.4f; GPUMEM_RESERVE_SLACK[_MAX])\n",
+        pool->slack_eff, pool->cfg.reserve_slack, pool->cfg.reserve_slack_max);
     put(&o, "  live allocations %llu; the largest:\n", (unsigned long long)st.live_blocks);
     for (int k = 0; k < TOP_N && top[k]; k++) {
         char site[256] = "";
