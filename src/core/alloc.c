@@ -328,6 +328,7 @@ static int serve(gm_pool_t *pool, gm__block_t *b, size_t size, gm__stream_t *s)
 {
     b->owner = s; /* counted in s->users once the allocation succeeds */
     b->requested = size;
+    atomic_store_explicit(&b->tc_gen, ++pool->tc_next, memory_order_release);
     if (b->addr + b->size > b->arena->hwm) b->arena->hwm = b->addr + b->size;
     gm__pages_mark_used_locked(b->arena, b->addr, b->size, pool->page_shift);
     int rc = gm__pages_ensure_mapped_locked(pool, b->arena, b->addr, b->size, size, s);
@@ -511,9 +512,14 @@ static int bad_free(gm_pool_t *pool, void *ptr)
 int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed)
 {
     gm_assert_internal(s != NULL && !s->is_global);
-    gm__block_t *b = gm__hash_take(&pool->live, (uintptr_t)ptr);
+    gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
     if (GM_UNLIKELY(!b)) return bad_free(pool, ptr);
+    if (GM_UNLIKELY(atomic_load_explicit(&b->tc_cached, memory_order_relaxed)))
+        return gm__set_error(GM_DOUBLE_FREE, "gm_free: %p was already freed (it waits in a "
+                             "thread's cache of small blocks)", ptr);
+    gm__hash_take(&pool->live, (uintptr_t)ptr);
     *freed = b->requested;
+    atomic_store_explicit(&b->tc_gen, ++pool->tc_next, memory_order_release);
     b->owner->users--; /* the stream it was allocated on */
     pool->st.allocated -= b->requested;
     pool->st.active -= b->size;
@@ -537,11 +543,15 @@ int gm__record_stream_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s)
 {
     gm_assert_internal(s != NULL && !s->is_global);
     gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
+    if (b && atomic_load_explicit(&b->tc_cached, memory_order_relaxed))
+        return gm__set_error(GM_DOUBLE_FREE, "gm_record_stream: %p was already freed", ptr);
     if (!b) {
         int rc = bad_free(pool, ptr);
         return gm__set_error(rc, "gm_record_stream: %p is not a live block of this pool", ptr);
     }
     if (s == b->owner) return GM_OK;
+    /* Its free must go the locked way now (pending on s). */
+    atomic_store_explicit(&b->tc_gen, ++pool->tc_next, memory_order_release);
     for (gm__recorded_t *r = b->recorded; r; r = r->next)
         if (r->stream == s) return GM_OK;
     gm__recorded_t *r = gm__calloc(1, sizeof *r);

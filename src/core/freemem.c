@@ -9,6 +9,7 @@
  * Every function here expects the lock of the side that owns the structures
  * to be held.
  */
+#include <stddef.h>
 #include <string.h>
 
 #include "core/pool.h"
@@ -33,7 +34,10 @@ gm__block_t *gm__slab_new(gm__slab_t *sl)
     }
     gm__block_t *b = sl->spare;
     sl->spare = b->fnext;
-    memset(b, 0, sizeof *b);
+    /* tc_gen is read without the lock by thread caches: an atomic store. */
+    memset(b, 0, offsetof(gm__block_t, tc_gen));
+    atomic_store_explicit(&b->tc_gen, 0, memory_order_relaxed);
+    atomic_store_explicit(&b->tc_cached, 0, memory_order_relaxed);
     return b;
 }
 

@@ -27,6 +27,7 @@
 #ifndef GM_FREEMEM_H
 #define GM_FREEMEM_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -78,6 +79,9 @@ typedef struct gm__block {
     uint8_t free;
     uint8_t pending;             /* device: freed, waiting for recorded streams */
     uint8_t kind;                /* host live: GM__HOST_USER / _STAGING / _SYSMEM */
+    _Atomic uint64_t tc_gen;     /* device: a new number whenever the locked path
+                                    makes, frees or records it (tcache.h) */
+    _Atomic uint32_t tc_cached;  /* device: freed into a thread cache (tcache.h) */
 } gm__block_t;
 
 /* A two-level segregated-fit index of free blocks.

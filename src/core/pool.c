@@ -31,6 +31,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +97,7 @@ static void pool_teardown(gm_pool_t *pool)
     gm__sysmem_fini(pool);
     gm__host_fini(pool);
     gm__lock(&pool->lock);
+    pool->tc_gen = 0; /* every thread cache bound to it drops it */
     gm__observe_pool_fini_locked(pool);
     gm__pages_fini(pool);
     for (int c = 0; c < GM_CLASS_COUNT; c++) gm__arena_fini(pool, &pool->arena[c]);
@@ -111,7 +113,11 @@ void gm_pool_destroy(gm_pool_t *pool)
 {
     if (!pool || pool->magic != GM_POOL_MAGIC) return; /* see gm_pool_create's notes */
     gm__lock(&pool->lock);
-    uint64_t n = pool->live.count, bytes = pool->st.allocated;
+    /* Blocks in thread caches were freed by the program: not live. */
+    gm_stats_t adj = {.allocated = pool->st.allocated, .live_blocks = pool->live.count};
+    gm__tcache_adjust_locked(pool, &adj);
+    gm__tcache_pool_fini_locked(pool);
+    uint64_t n = adj.live_blocks, bytes = adj.allocated;
     size_t sn = 0, sbytes = 0;
     if (pool->sysmem) gm__sysmem_count_locked(pool, &sn, &sbytes);
     gm__unlock(&pool->lock);
@@ -138,6 +144,8 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     pool->st.version = GM_STATS_VERSION;
     pool->global.is_global = true;
     pool->lru_head = pool->lru_tail = GM_NONE;
+    static _Atomic uint64_t pools_made;
+    pool->tc_gen = atomic_fetch_add_explicit(&pools_made, 1, memory_order_relaxed) + 1;
 
     if (cfg) GM_CHECK_GOTO(config_copy(cfg, &pool->cfg), rc, fail);
     else GM_CHECK_GOTO(gm_config_from_env(&pool->cfg), rc, fail);
@@ -248,6 +256,7 @@ static int alloc_slow_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, v
     char reason[256];
     snprintf(reason, sizeof reason, "%s", gm_last_error());
 
+    gm__tcache_flush_self_locked(pool);
     gm__drain_streams_locked(pool);
     if (gm__pages_trim_locked(pool, 0, NULL) != GM_OK) gm__clear_error();
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
@@ -301,6 +310,10 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
     *ptr = NULL;
     GM_CHECK(resolve(&pool));
     if (GM_UNLIKELY(size == 0)) return GM_OK;
+    if (size <= GM_TC_MAX) {
+        if (gm__tcache_alloc(pool, size, stream, ptr) == GM_OK) return GM_OK;
+        gm__tcache_prepare(pool);
+    }
     void *frames[GM_LEAK_MAX_FRAMES];
     int n_frames = gm__observe_alloc_begin(frames);
     gm__lock(&pool->lock);
@@ -323,6 +336,10 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
            : gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
     if (GM_UNLIKELY(rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT))
         rc = alloc_slow_locked(pool, size, stream, ptr, rc);
+    if (rc == GM_OK && size <= GM_TC_MAX) {
+        gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)*ptr);
+        if (b) gm__tcache_note_alloc_locked(pool, b); /* not a sysmem block */
+    }
     gm__observe_alloc_locked(pool, rc, *ptr, size, stream, frames, n_frames);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);
@@ -334,6 +351,8 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
 gm__owner_t gm__owner_locked(gm_pool_t *pool, const void *ptr, size_t *size)
 {
     gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
+    if (b && atomic_load_explicit(&b->tc_cached, memory_order_relaxed))
+        return GM__OWNER_UNKNOWN; /* freed: it waits in a thread cache */
     if (b) {
         if (size) *size = b->requested;
         return GM__OWNER_DEVICE;
@@ -378,6 +397,8 @@ int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
 {
     if (!ptr) return GM_OK;
     GM_CHECK(resolve(&pool));
+    int frc = gm__tcache_free(pool, ptr, stream);
+    if (frc != GM_NOT_READY) return frc; /* taken, or a double free */
     gm__lock(&pool->lock);
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
     size_t size = 0;
@@ -426,7 +447,7 @@ int gm_block_size(gm_pool_t *pool, const void *ptr, size_t *size)
     int rc = GM_OK;
     gm__lock(&pool->lock);
     gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
-    if (b) {
+    if (b && !atomic_load_explicit(&b->tc_cached, memory_order_relaxed)) {
         *size = b->requested;
     } else {
         gm__owner_t owner;
@@ -453,6 +474,7 @@ int gm_trim(gm_pool_t *pool, size_t keep, size_t *released)
 {
     GM_CHECK(resolve(&pool));
     gm__lock(&pool->lock);
+    gm__tcache_flush_self_locked(pool);
     int rc = gm__pages_trim_locked(pool, keep, released);
     gm__observe_trimmed_locked(pool);
     VALIDATE_LOCKED(pool);
@@ -516,6 +538,9 @@ int gm_stream_forget(gm_pool_t *pool, gm_stream_t stream)
     /* No event may be recorded on the stream after this: blocks freed on it
      * become everyone's first (after waiting for its work, if any). */
     gm__lock(&pool->lock);
+    /* This thread's cached blocks go back first: one freed on the stream
+     * must wait for it like any other. */
+    gm__tcache_flush_self_locked(pool);
     int rc = gm__stream_retire_locked(pool, stream);
     gm__unlock(&pool->lock);
     if (rc == GM_OK) rc = gm__host_stream_retire(pool, stream);

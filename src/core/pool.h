@@ -23,6 +23,7 @@
 #include "base/lock.h"
 #include "core/freemem.h"
 #include "core/provider.h"
+#include "core/tcache.h"
 
 /* ---- blocks, free indexes, streams (freemem.h) ----------------------------
  * Block records, the size classes (GM_UNIT_SHIFT, GM_SL_BITS, GM_FL_COUNT),
@@ -138,6 +139,9 @@ struct gm_pool {
     size_t limit;                /* effective hard limit on reserved (see
                                     gm__pages_limit_allows) */
     gm__page_provider_t provider; /* where physical pages come from (provider.h) */
+    uint64_t tc_gen;             /* this pool's number for the thread caches
+                                    (unique per pool made; 0 once destroyed) */
+    uint64_t tc_next;            /* the next block generation (tcache.h) */
     double slack_eff;            /* reserve slack in force (gm__pages_budget),
                                     between cfg.reserve_slack and its max */
     uint32_t ctl_allocs;         /* allocations in the controller's window */

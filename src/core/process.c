@@ -76,6 +76,7 @@ static void atfork_child(void)
     registry_atfork_child();
     gm__monitor_atfork_child();
     gm__options_atfork_child();
+    gm__tcache_atfork_child();
 }
 
 static void atfork_install(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }

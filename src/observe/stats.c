@@ -36,6 +36,7 @@ static uint64_t inactive_split_locked(gm_pool_t *pool)
 void gm__stats_snapshot_locked(gm_pool_t *pool, gm_stats_t *s)
 {
     *s = pool->st;
+    gm__tcache_adjust_locked(pool, s); /* what thread caches hold is freed */
     for (int k = 0; k < GM_CALL_COUNT; k++)
         s->backend_calls[k] = atomic_load_explicit(&pool->bk_calls.count[k], memory_order_relaxed);
     s->backend_ns = (uint64_t)((double)atomic_load_explicit(&pool->bk_calls.ticks, memory_order_relaxed) *
@@ -84,8 +85,11 @@ int gm_pool_stats(gm_pool_t *pool, gm_stats_t *stats)
 
 static void reset_peaks_locked(gm_pool_t *pool)
 {
-    pool->st.allocated_peak = pool->st.allocated;
-    pool->st.active_peak = pool->st.active;
+    /* What thread caches hold was freed by the program. */
+    gm_stats_t now = {.allocated = pool->st.allocated, .active = pool->st.active};
+    gm__tcache_adjust_locked(pool, &now);
+    pool->st.allocated_peak = now.allocated;
+    pool->st.active_peak = now.active;
     pool->st.reserved_peak = pool->st.reserved;
     pool->st.sysmem_allocated_peak = pool->st.sysmem_allocated;
     gm__monitor_invalidate_locked(pool);

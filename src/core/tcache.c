@@ -1,0 +1,340 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * tcache.c — the per-thread front cache of small blocks; see tcache.h.
+ *
+ * Locking: the fast paths touch only the calling thread's cache and one
+ * atomic load of a block record's generation.  The caches of the process
+ * are on one list (cache_mu, a leaf lock: nothing else is taken while it is
+ * held), which the statistics read under the pool lock; a cache is bound to
+ * one pool at a time, and is emptied (under that pool's lock, no other lock
+ * held) before it binds to another.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/pool.h"
+#include "core/tcache.h"
+#include "observe/observe.h"
+
+_Thread_local gm__tcache_t *gm__tc_self;
+
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static gm__tcache_t *caches; /* every thread's cache (cache_mu) */
+static pthread_key_t exit_key;
+static pthread_once_t key_once = PTHREAD_ONCE_INIT;
+
+/* From the address bits below 2 MiB only: arenas start 2 MiB aligned at
+ * addresses that change from run to run, offsets within them do not, so
+ * which block a slot holds (and so a replay) is the same in every run. */
+static inline unsigned slot_of(uintptr_t a)
+{
+    uint32_t o = (uint32_t)(a & ((1u << 21) - 1)) >> 8; /* 13 bits */
+    return (o ^ (o >> 8) * 37u) % GM_TC_SLOTS;
+}
+
+static inline unsigned bin_of(size_t req, gm_stream_t s)
+{
+    uint64_t h = ((uint64_t)req ^ ((uint64_t)(uintptr_t)s * UINT64_C(0xff51afd7ed558ccd))) *
+                 UINT64_C(0x9E3779B97F4A7C15);
+    return (unsigned)(h >> 59) % GM_TC_BINS;
+}
+
+static inline bool observing(void)
+{
+    return atomic_load_explicit(&gm__leak_on, memory_order_relaxed) ||
+           atomic_load_explicit(&gm__trace_on, memory_order_relaxed);
+}
+
+/* Is tc bound to this live pool, and may the fast paths run? */
+static inline bool bound(const gm__tcache_t *tc, const gm_pool_t *pool)
+{
+    return tc && tc->pool == pool && pool->magic == GM_POOL_MAGIC &&
+           tc->pool_gen == pool->tc_gen && !observing() && pool->leaks == NULL;
+}
+
+static inline void count_add(_Atomic uint64_t *c, uint64_t v)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v,
+                          memory_order_relaxed); /* one writer: the owner */
+}
+
+static inline void count_sub(_Atomic uint64_t *c, uint64_t v)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) - v,
+                          memory_order_relaxed);
+}
+
+int gm__tcache_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
+{
+    gm__tcache_t *tc = gm__tc_self;
+    if (!bound(tc, pool) || size > GM_TC_MAX) return GM_NOT_READY;
+    gm__tc_bin_t *bin = &tc->bins[bin_of(size, stream)];
+    if (bin->n == 0 || bin->req != size || bin->stream != stream) return GM_NOT_READY;
+    while (bin->n) {
+        gm__tc_entry_t *e = &tc->table[bin->slot[--bin->n]];
+        e->cached = 0;
+        atomic_store_explicit(&e->blk->tc_cached, 0, memory_order_relaxed);
+        tc->held -= e->asize;
+        count_sub(&tc->c.held_req, e->req);
+        count_sub(&tc->c.held_act, e->asize);
+        count_sub(&tc->c.held_n, 1);
+        if (atomic_load_explicit(&e->blk->tc_gen, memory_order_acquire) != e->gen) {
+            e->addr = 0; /* freed by another thread meanwhile: the pool has it */
+            continue;
+        }
+        count_add(&tc->c.hits, 1);
+        count_add(&tc->c.hit_bytes, size);
+        *ptr = (void *)e->addr;
+        return GM_OK;
+    }
+    return GM_NOT_READY;
+}
+
+int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
+{
+    gm__tcache_t *tc = gm__tc_self;
+    if (!bound(tc, pool)) return GM_NOT_READY;
+    unsigned i = slot_of((uintptr_t)ptr);
+    gm__tc_entry_t *e = &tc->table[i];
+    if (e->addr != (uintptr_t)ptr) return GM_NOT_READY;
+    if (atomic_load_explicit(&e->blk->tc_gen, memory_order_acquire) != e->gen) {
+        if (!e->cached) e->addr = 0; /* stale: the locked path decides */
+        return GM_NOT_READY;
+    }
+    if (e->cached)
+        return gm__set_error(GM_DOUBLE_FREE, "gm_free: %p was already freed", ptr);
+    gm__tc_bin_t *bin = &tc->bins[bin_of(e->req, stream)];
+    if (bin->n && (bin->req != e->req || bin->stream != stream)) return GM_NOT_READY;
+    if (bin->n == GM_TC_DEPTH || tc->held + e->asize > GM_TC_BYTES) return GM_NOT_READY;
+    bin->req = e->req;
+    bin->stream = stream;
+    bin->slot[bin->n++] = (uint8_t)i;
+    e->cached = 1;
+    atomic_store_explicit(&e->blk->tc_cached, 1, memory_order_relaxed);
+    tc->held += e->asize;
+    count_add(&tc->c.held_req, e->req);
+    count_add(&tc->c.held_act, e->asize);
+    count_add(&tc->c.held_n, 1);
+    count_add(&tc->c.frees, 1);
+    count_add(&tc->c.free_bytes, e->req);
+    return GM_OK;
+}
+
+/* ---- binding --------------------------------------------------------------------- */
+
+/* Give tc's cached blocks back to its pool (that pool's lock held) and
+ * forget every entry. */
+static void drain_locked(gm_pool_t *pool, gm__tcache_t *tc)
+{
+    for (unsigned k = 0; k < GM_TC_BINS; k++) {
+        gm__tc_bin_t *bin = &tc->bins[k];
+        while (bin->n) {
+            gm__tc_entry_t *e = &tc->table[bin->slot[--bin->n]];
+            atomic_store_explicit(&e->blk->tc_cached, 0, memory_order_relaxed);
+            count_sub(&tc->c.held_req, e->req);
+            count_sub(&tc->c.held_act, e->asize);
+            count_sub(&tc->c.held_n, 1);
+            tc->held -= e->asize;
+            /* Counted as a free already (c.frees): the pool's own books
+             * take it now, so the cache's tally gives it back. */
+            if (atomic_load_explicit(&e->blk->tc_gen, memory_order_relaxed) == e->gen) {
+                gm__stream_t *s = gm__stream_get_locked(pool, bin->stream);
+                size_t freed = 0;
+                if (s && gm__free_locked(pool, (void *)e->addr, s, &freed) == GM_OK) {
+                    count_sub(&tc->c.frees, 1);
+                    count_sub(&tc->c.free_bytes, freed);
+                    pool->st.freed_total += freed;
+                }
+            }
+            e->cached = 0;
+        }
+    }
+    memset(tc->table, 0, sizeof tc->table);
+    gm__clear_error();
+}
+
+void gm__tcache_flush_self_locked(gm_pool_t *pool)
+{
+    gm__tcache_t *tc = gm__tc_self;
+    if (tc && tc->pool == pool && tc->pool_gen == pool->tc_gen && tc->held) drain_locked(pool, tc);
+}
+
+static void thread_exit(void *arg)
+{
+    gm__tcache_t *tc = arg;
+    gm_pool_t *pool = tc->pool;
+    if (pool && pool->magic == GM_POOL_MAGIC && tc->pool_gen == pool->tc_gen) {
+        gm__lock(&pool->lock);
+        if (tc->pool_gen == pool->tc_gen) drain_locked(pool, tc);
+        /* What the cache served stays in the pool's books. */
+        pool->st.alloc_count += atomic_load_explicit(&tc->c.hits, memory_order_relaxed);
+        pool->st.free_count += atomic_load_explicit(&tc->c.frees, memory_order_relaxed);
+        pool->st.allocated_total += atomic_load_explicit(&tc->c.hit_bytes, memory_order_relaxed);
+        pool->st.freed_total += atomic_load_explicit(&tc->c.free_bytes, memory_order_relaxed);
+        pthread_mutex_lock(&cache_mu);
+        if (tc->prev) tc->prev->next = tc->next;
+        else caches = tc->next;
+        if (tc->next) tc->next->prev = tc->prev;
+        pthread_mutex_unlock(&cache_mu);
+        gm__unlock(&pool->lock);
+    } else {
+        pthread_mutex_lock(&cache_mu);
+        if (tc->prev) tc->prev->next = tc->next;
+        else if (caches == tc) caches = tc->next;
+        if (tc->next) tc->next->prev = tc->prev;
+        pthread_mutex_unlock(&cache_mu);
+    }
+    gm__tc_self = NULL;
+    free(tc);
+}
+
+static void make_key(void) { (void)pthread_key_create(&exit_key, thread_exit); }
+
+/* Unbound tc starts afresh: no entry, no count. */
+static void forget_all(gm__tcache_t *tc)
+{
+    memset(tc->table, 0, sizeof tc->table);
+    memset(tc->bins, 0, sizeof tc->bins);
+    tc->held = 0;
+    atomic_store_explicit(&tc->c.held_req, 0, memory_order_relaxed);
+    atomic_store_explicit(&tc->c.held_act, 0, memory_order_relaxed);
+    atomic_store_explicit(&tc->c.held_n, 0, memory_order_relaxed);
+    atomic_store_explicit(&tc->c.hits, 0, memory_order_relaxed);
+    atomic_store_explicit(&tc->c.hit_bytes, 0, memory_order_relaxed);
+    atomic_store_explicit(&tc->c.frees, 0, memory_order_relaxed);
+    atomic_store_explicit(&tc->c.free_bytes, 0, memory_order_relaxed);
+}
+
+/* Empty tc and take its served counts into its (live) old pool; the caller
+ * holds no pool lock.  Then tc is unbound. */
+static void unbind(gm__tcache_t *tc)
+{
+    gm_pool_t *old = tc->pool;
+    if (old && old->magic == GM_POOL_MAGIC && tc->pool_gen == old->tc_gen) {
+        gm__lock(&old->lock);
+        if (tc->pool_gen == old->tc_gen) {
+            drain_locked(old, tc);
+            old->st.alloc_count += atomic_load_explicit(&tc->c.hits, memory_order_relaxed);
+            old->st.free_count += atomic_load_explicit(&tc->c.frees, memory_order_relaxed);
+            old->st.allocated_total += atomic_load_explicit(&tc->c.hit_bytes, memory_order_relaxed);
+            old->st.freed_total += atomic_load_explicit(&tc->c.free_bytes, memory_order_relaxed);
+        }
+        pthread_mutex_lock(&cache_mu);
+        tc->pool = NULL;
+        pthread_mutex_unlock(&cache_mu);
+        gm__unlock(&old->lock);
+    }
+    pthread_mutex_lock(&cache_mu);
+    tc->pool = NULL;
+    pthread_mutex_unlock(&cache_mu);
+    forget_all(tc);
+}
+
+void gm__tcache_prepare(gm_pool_t *pool)
+{
+    gm__tcache_t *tc = gm__tc_self;
+    if (tc && tc->pool && (tc->pool != pool || tc->pool_gen != pool->tc_gen)) unbind(tc);
+}
+
+void gm__tcache_note_alloc_locked(gm_pool_t *pool, gm__block_t *b)
+{
+    if (b->requested > GM_TC_MAX || observing() || pool->leaks) return;
+    gm__tcache_t *tc = gm__tc_self;
+    if (!tc) {
+        pthread_once(&key_once, make_key);
+        /* Plain calloc, not the pool's host-allocation seam: the cache
+         * belongs to the thread and outlives any pool (it goes with the
+         * thread, or with the process for the main thread). */
+        tc = calloc(1, sizeof *tc);
+        if (!tc) return;
+        if (pthread_setspecific(exit_key, tc) != 0) {
+            free(tc);
+            return;
+        }
+        pthread_mutex_lock(&cache_mu);
+        tc->next = caches;
+        if (caches) caches->prev = tc;
+        caches = tc;
+        pthread_mutex_unlock(&cache_mu);
+        gm__tc_self = tc;
+    }
+    if (tc->pool != pool || tc->pool_gen != pool->tc_gen) {
+        if (tc->pool) return; /* bound elsewhere: gm__tcache_prepare unbinds it first */
+        pthread_mutex_lock(&cache_mu);
+        tc->pool = pool;
+        tc->pool_gen = pool->tc_gen;
+        pthread_mutex_unlock(&cache_mu);
+    }
+    unsigned i = slot_of(b->addr);
+    gm__tc_entry_t *e = &tc->table[i];
+    if (e->addr && e->cached) return; /* the slot holds a cached block */
+    e->addr = b->addr;
+    e->blk = b;
+    e->gen = atomic_load_explicit(&b->tc_gen, memory_order_relaxed);
+    e->req = b->requested;
+    e->asize = b->size;
+    e->cached = 0;
+}
+
+/* ---- what the pool's books see ------------------------------------------------------ */
+
+void gm__tcache_adjust_locked(gm_pool_t *pool, gm_stats_t *s)
+{
+    pthread_mutex_lock(&cache_mu);
+    for (gm__tcache_t *tc = caches; tc; tc = tc->next) {
+        if (tc->pool != pool || tc->pool_gen != pool->tc_gen) continue;
+        uint64_t hr = atomic_load_explicit(&tc->c.held_req, memory_order_relaxed);
+        uint64_t ha = atomic_load_explicit(&tc->c.held_act, memory_order_relaxed);
+        uint64_t hn = atomic_load_explicit(&tc->c.held_n, memory_order_relaxed);
+        s->allocated -= hr < s->allocated ? hr : s->allocated;
+        s->active -= ha < s->active ? ha : s->active;
+        s->live_blocks -= hn < s->live_blocks ? hn : s->live_blocks;
+        s->alloc_count += atomic_load_explicit(&tc->c.hits, memory_order_relaxed);
+        s->free_count += atomic_load_explicit(&tc->c.frees, memory_order_relaxed);
+        s->allocated_total += atomic_load_explicit(&tc->c.hit_bytes, memory_order_relaxed);
+        s->freed_total += atomic_load_explicit(&tc->c.free_bytes, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&cache_mu);
+}
+
+uint64_t gm__tcache_held_locked(gm_pool_t *pool)
+{
+    uint64_t n = 0;
+    pthread_mutex_lock(&cache_mu);
+    for (gm__tcache_t *tc = caches; tc; tc = tc->next)
+        if (tc->pool == pool && tc->pool_gen == pool->tc_gen)
+            n += atomic_load_explicit(&tc->c.held_n, memory_order_relaxed);
+    pthread_mutex_unlock(&cache_mu);
+    return n;
+}
+
+void gm__tcache_pool_fini_locked(gm_pool_t *pool)
+{
+    /* This thread's cache is emptied for real (its blocks are the pool's);
+     * others are dropped by their threads when they see the pool gone. */
+    gm__tcache_flush_self_locked(pool);
+    gm__tcache_t *tc = gm__tc_self;
+    if (tc && tc->pool == pool) {
+        pthread_mutex_lock(&cache_mu);
+        tc->pool = NULL;
+        pthread_mutex_unlock(&cache_mu);
+        forget_all(tc);
+    }
+}
+
+void gm__tcache_atfork_child(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    cache_mu = fresh;
+    /* The parent's other threads are gone; their caches stay on the list
+     * (their pools are dead here: no fast path matches them).  This
+     * thread's cache forgets its pool, keeping its place on the list. */
+    gm__tcache_t *tc = gm__tc_self;
+    if (tc) {
+        gm__tcache_t *next = tc->next, *prev = tc->prev;
+        memset(tc, 0, sizeof *tc);
+        tc->next = next;
+        tc->prev = prev;
+    }
+}

@@ -1,0 +1,136 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_tcache.c — the per-thread cache of small blocks, through the public
+ * API: a repeated small alloc+free reuses the block, the statistics read as
+ * if every operation had taken the lock, double frees are caught whether the
+ * second free comes from the same thread or another one, a block cached for
+ * one stream never serves another, a freed block is no longer a block
+ * (gm_block_size), a thread's exit gives its cache back, and a pool
+ * destroyed while another thread caches its blocks reports no live
+ * allocation for them.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gpumem.h"
+#include "../test.h"
+
+static gm_stats_t stats(gm_pool_t *pool) { return pool_stats_of(pool); }
+
+static void *other_free(void *arg)
+{
+    void **pp = arg;
+    /* pp[0]: pool, pp[1]: pointer; the result in pp[2] */
+    pp[2] = (void *)(intptr_t)gm_free(pp[0], pp[1], NULL);
+    return NULL;
+}
+
+static void *churn(void *arg)
+{
+    gm_pool_t *pool = arg;
+    for (int i = 0; i < 1000; i++) {
+        void *p = NULL;
+        if (gm_alloc(pool, 4096, NULL, &p) != GM_OK || gm_free(pool, p, NULL) != GM_OK)
+            return (void *)1;
+    }
+    void *keep = NULL; /* one freed block left in this thread's cache */
+    if (gm_alloc(pool, 8192, NULL, &keep) != GM_OK || gm_free(pool, keep, NULL) != GM_OK)
+        return (void *)1;
+    return NULL;
+}
+
+int main(void)
+{
+    gm_pool_t *pool = test_pool((size_t)1 << 30, 0);
+    REQUIRE(pool != NULL);
+    gm_stream_t s1 = (gm_stream_t)0, s2;
+    CHECK_OK(gm_stream_create(pool, &s2));
+
+    /* Reuse, and the books. */
+    void *a = NULL, *b = NULL;
+    CHECK_OK(gm_alloc(pool, 512, s1, &a));
+    CHECK_OK(gm_free(pool, a, s1));
+    gm_stats_t st = stats(pool);
+    CHECK(st.allocated == 0 && st.live_blocks == 0 && st.alloc_count == 1 && st.free_count == 1);
+    size_t sz = 0;
+    CHECK_RC(gm_block_size(pool, a, &sz), GM_INVALID_POINTER); /* freed is freed */
+    CHECK_RC(gm_record_stream(pool, a, s2), GM_DOUBLE_FREE);
+    CHECK_OK(gm_alloc(pool, 512, s1, &b));
+    CHECK(b == a); /* the same block, back from the cache */
+    st = stats(pool);
+    CHECK(st.allocated == 512 && st.live_blocks == 1 && st.alloc_count == 2 && st.free_count == 1);
+    CHECK(st.allocated_total == 1024 && st.freed_total == 512);
+    CHECK_OK(gm_block_size(pool, b, &sz));
+    CHECK(sz == 512);
+
+    /* A double free from this thread. */
+    CHECK_OK(gm_free(pool, b, s1));
+    CHECK_RC(gm_free(pool, b, s1), GM_DOUBLE_FREE);
+    CHECK(strstr(gm_last_error(), "already freed") != NULL);
+    /* ... and from another thread: the block waits in this one's cache. */
+    void *arg[3] = {pool, b, NULL};
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, other_free, arg) == 0);
+    pthread_join(t, NULL);
+    CHECK((int)(intptr_t)arg[2] == GM_DOUBLE_FREE);
+    CHECK_OK(gm_pool_check(pool));
+
+    /* A block cached for s1 never serves s2. */
+    void *c = NULL;
+    CHECK_OK(gm_alloc(pool, 512, s2, &c));
+    CHECK(c != b);
+    CHECK_OK(gm_free(pool, c, s2));
+
+    /* Freed by another thread: the pool has it; this thread's entry is
+     * stale and the next free of the same address (a new block there) works. */
+    void *d = NULL;
+    CHECK_OK(gm_alloc(pool, 1024, s1, &d));
+    void *arg2[3] = {pool, d, NULL};
+    REQUIRE(pthread_create(&t, NULL, other_free, arg2) == 0);
+    pthread_join(t, NULL);
+    CHECK((int)(intptr_t)arg2[2] == GM_OK);
+    CHECK_RC(gm_free(pool, d, s1), GM_DOUBLE_FREE);
+    CHECK_OK(gm_pool_check(pool));
+
+    /* Other threads' caches: counted while they run, given back at exit. */
+    pthread_t ts[4];
+    for (int i = 0; i < 4; i++) REQUIRE(pthread_create(&ts[i], NULL, churn, pool) == 0);
+    for (int i = 0; i < 4; i++) {
+        void *r = NULL;
+        pthread_join(ts[i], &r);
+        CHECK(r == NULL);
+    }
+    st = stats(pool);
+    CHECK(st.allocated == 0 && st.live_blocks == 0 && st.active == 0);
+    CHECK(st.alloc_count == st.free_count);
+    CHECK_OK(gm_pool_check(pool));
+
+    /* gm_trim gives this thread's cached blocks back. */
+    CHECK_OK(gm_trim(pool, 0, NULL));
+    st = stats(pool);
+    CHECK(st.allocated == 0 && st.live_blocks == 0);
+    CHECK_OK(gm_stream_destroy(pool, s2));
+    gm_pool_destroy(pool);
+
+    /* A pool destroyed while a cache holds its blocks: none reported live. */
+    pool = test_pool((size_t)1 << 30, 0);
+    REQUIRE(pool != NULL);
+    void *e = NULL;
+    CHECK_OK(gm_alloc(pool, 2048, NULL, &e));
+    CHECK_OK(gm_free(pool, e, NULL));
+    gm_pool_destroy(pool);
+    CHECK(strstr(gm_last_error(), "live allocations") == NULL);
+    /* The cache drops the dead pool; a new pool works from this thread. */
+    pool = test_pool((size_t)1 << 30, 0);
+    REQUIRE(pool != NULL);
+    CHECK_OK(gm_alloc(pool, 2048, NULL, &e));
+    CHECK_OK(gm_free(pool, e, NULL));
+    CHECK_OK(gm_alloc(pool, 2048, NULL, &e));
+    CHECK_OK(gm_free(pool, e, NULL));
+    st = stats(pool);
+    CHECK(st.allocated == 0 && st.alloc_count == 2 && st.free_count == 2);
+    gm_pool_destroy(pool);
+    return test_summary();
+}
