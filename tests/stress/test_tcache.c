@@ -7,8 +7,14 @@
  * one stream never serves another, a freed block is no longer a block
  * (gm_block_size), a thread's exit gives its cache back, and a pool
  * destroyed while another thread caches its blocks reports no live
- * allocation for them.
+ * allocation for them.  A stress test so that the TSan phase runs it.
+ *
+ * usage: test_tcache [threads] [scale] [iterations] [seed]
+ *   threads that churn small pairs (and hand one block each to the main
+ *   thread) while the main thread checks; iterations: pairs per thread;
+ *   scale and seed: unused (the sequence is fixed).
  */
+// ctest-args: 4 1 1000 1
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,10 +33,13 @@ static void *other_free(void *arg)
     return NULL;
 }
 
+static int n_threads = 4, scale = 1, iterations = 1000;
+static unsigned long seed = 1;
+
 static void *churn(void *arg)
 {
     gm_pool_t *pool = arg;
-    for (int i = 0; i < 1000; i++) {
+    for (int i = 0; i < iterations; i++) {
         void *p = NULL;
         if (gm_alloc(pool, 4096, NULL, &p) != GM_OK || gm_free(pool, p, NULL) != GM_OK)
             return (void *)1;
@@ -41,8 +50,10 @@ static void *churn(void *arg)
     return NULL;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    int rc = stress_args(argc, argv, &n_threads, &scale, &iterations, &seed, 1);
+    if (rc) return rc;
     gm_pool_t *pool = test_pool((size_t)1 << 30, 0);
     REQUIRE(pool != NULL);
     gm_stream_t s1 = (gm_stream_t)0, s2;
@@ -95,9 +106,9 @@ int main(void)
     CHECK_OK(gm_pool_check(pool));
 
     /* Other threads' caches: counted while they run, given back at exit. */
-    pthread_t ts[4];
-    for (int i = 0; i < 4; i++) REQUIRE(pthread_create(&ts[i], NULL, churn, pool) == 0);
-    for (int i = 0; i < 4; i++) {
+    pthread_t ts[256];
+    for (int i = 0; i < n_threads; i++) REQUIRE(pthread_create(&ts[i], NULL, churn, pool) == 0);
+    for (int i = 0; i < n_threads; i++) {
         void *r = NULL;
         pthread_join(ts[i], &r);
         CHECK(r == NULL);
