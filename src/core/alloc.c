@@ -127,33 +127,55 @@ static void streams_sweep_locked(gm_pool_t *pool)
 
 size_t gm__stream_count_locked(gm_pool_t *pool) { return pool->streams.n; }
 
+/* The last block of arena a (the one holding its untouched tail). */
+static gm__block_t *last_block(const gm__arena_t *a)
+{
+    gm__block_t *b = a->first;
+    while (b && b->next) b = b->next;
+    return b;
+}
+
+/* Where the space no work ever touched starts in a's free last block:
+ * the arena's high-water mark, page aligned, or the block's start. */
+static uintptr_t untouched_from(const gm_pool_t *pool, const gm__arena_t *a,
+                                const gm__block_t *last)
+{
+    uintptr_t from = a->hwm > last->addr ? a->hwm : last->addr;
+    return a->base + GM_ALIGN_UP(from - a->base, pool->page);
+}
+
+/* Free block `last` split at cut (inside it): the part before cut stays a
+ * free block of its index, as it was; returns the part from cut on, a free
+ * block of the same index (last itself when cut is its start), or NULL when
+ * no record can be had for the split. */
+static gm__block_t *split_at(gm_pool_t *pool, gm__block_t *last, uintptr_t cut)
+{
+    if (cut == last->addr) return last;
+    gm__stream_t *owner = last->owner;
+    if (gm__fm_take(&pool->blocks, DEVICE.sl_bits, last, cut - last->addr, true) != GM_OK) {
+        gm__clear_error();
+        return NULL;
+    }
+    last->free = 1;
+    gm__fm_insert(&owner->idx[last->cls], last, DEVICE.sl_bits);
+    return last->next;
+}
+
 /* A second stream is in use: the untouched part of an arena's tail that the
- * sole stream absorbed (above the arena's high-water mark, page aligned)
- * goes back to the global index, where every stream finds it.  No work
- * ever touched that space, so no stream needs to pass anything first. */
+ * sole stream absorbed goes back to the global index, where every stream
+ * finds it.  No work ever touched that space, so no stream needs to pass
+ * anything first. */
 static void give_back_tails(gm_pool_t *pool)
 {
     for (int c = 0; c < GM_CLASS_COUNT; c++) {
         gm__arena_t *a = &pool->arena[c];
-        gm__block_t *b = a->first;
+        gm__block_t *last = last_block(a);
+        if (!last || !last->free || last->owner->is_global) continue;
+        uintptr_t cut = untouched_from(pool, a, last);
+        if (cut >= last->addr + last->size) continue;
+        gm__block_t *b = split_at(pool, last, cut);
         if (!b) continue;
-        while (b->next) b = b->next;
-        if (!b->free || b->owner->is_global) continue;
-        gm__stream_t *s = b->owner;
-        uintptr_t cut = a->base + GM_ALIGN_UP((a->hwm > b->addr ? a->hwm : b->addr) - a->base,
-                                              pool->page);
-        if (cut >= b->addr + b->size) continue;
-        if (cut > b->addr) {
-            /* [addr, cut) stays the stream's, as it was; the rest goes. */
-            if (gm__fm_take(&pool->blocks, DEVICE.sl_bits, b, cut - b->addr, true) != GM_OK) {
-                gm__clear_error();
-                continue;
-            }
-            b->free = 1;
-            gm__fm_insert(&s->idx[c], b, DEVICE.sl_bits);
-            b = b->next;
-        }
-        gm__fm_remove(&s->idx[c], b);
+        gm__fm_remove(&b->owner->idx[c], b);
         release_block(pool, b, &pool->global);
     }
 }
@@ -165,8 +187,7 @@ __attribute__((noinline)) static gm__stream_t *stream_add_locked(gm_pool_t *pool
 {
     if (pool->streams.n >= pool->streams_sweep_at) streams_sweep_locked(pool);
     gm__stream_t *s = gm__streams_add(&pool->streams, handle);
-    if (!s) return NULL;
-    s->pinned = handle == NULL;
+    if (s) s->pinned = handle == NULL;
     return s;
 }
 
@@ -342,21 +363,15 @@ static int serve(gm_pool_t *pool, gm__block_t *b, size_t size, gm__stream_t *s)
 static gm__block_t *take_untouched(gm_pool_t *pool, int cls, size_t asize, gm__stream_t *s)
 {
     gm__arena_t *a = &pool->arena[cls];
-    gm__block_t *b = a->first;
-    while (b->next) b = b->next;
-    if (!b->free || (b->owner != s && !b->owner->is_global)) return NULL;
-    uintptr_t cut = a->base + GM_ALIGN_UP((a->hwm > b->addr ? a->hwm : b->addr) - a->base, pool->page);
-    if (cut > b->addr + b->size || b->addr + b->size - cut < asize) return NULL;
+    gm__block_t *last = last_block(a);
+    if (!last->free || (last->owner != s && !last->owner->is_global)) return NULL;
+    uintptr_t end = last->addr + last->size, cut = untouched_from(pool, a, last);
+    if (cut > end || end - cut < asize) return NULL;
+    gm__block_t *b = split_at(pool, last, cut);
+    if (!b) return NULL;
     gm__stream_t *owner = b->owner;
-    if (cut > b->addr) {
-        /* [addr, cut) stays a free block of its index, as it was. */
-        if (gm__fm_take(&pool->blocks, DEVICE.sl_bits, b, cut - b->addr, true) != GM_OK) return NULL;
-        b->free = 1;
-        gm__fm_insert(&owner->idx[cls], b, DEVICE.sl_bits);
-        b = b->next;
-    }
     if (gm__fm_take(&pool->blocks, DEVICE.sl_bits, b, asize, true) != GM_OK) {
-        gm__fm_remove(&owner->idx[cls], b); /* merged back with [addr, cut) */
+        gm__fm_remove(&owner->idx[cls], b); /* merged back with what was split off */
         release_block(pool, b, owner);
         return NULL;
     }
@@ -473,6 +488,7 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
          * (gm__pages_refuse_locked); a backend failure: its message stands */
         return rc;
     }
+    if (size <= GM_TC_MAX) gm__tcache_note_alloc_locked(pool, b); /* its free may be fast */
     s->users++;
     pool->st.allocated += size;
     pool->st.active += asize;
@@ -512,12 +528,16 @@ static int bad_free(gm_pool_t *pool, void *ptr)
 int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed)
 {
     gm_assert_internal(s != NULL && !s->is_global);
-    gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
+    gm__block_t *b = gm__hash_take(&pool->live, (uintptr_t)ptr);
     if (GM_UNLIKELY(!b)) return bad_free(pool, ptr);
-    if (GM_UNLIKELY(atomic_load_explicit(&b->tc_cached, memory_order_relaxed)))
+    if (GM_UNLIKELY(atomic_load_explicit(&b->tc_cached, memory_order_relaxed))) {
+        /* Back where it was: the table just had room for it. */
+        int rc = gm__hash_put(&pool->live, b->addr, b);
+        gm_assert_internal(rc == GM_OK);
+        (void)rc;
         return gm__set_error(GM_DOUBLE_FREE, "gm_free: %p was already freed (it waits in a "
                              "thread's cache of small blocks)", ptr);
-    gm__hash_take(&pool->live, (uintptr_t)ptr);
+    }
     *freed = b->requested;
     atomic_store_explicit(&b->tc_gen, ++pool->tc_next, memory_order_release);
     b->owner->users--; /* the stream it was allocated on */

@@ -309,6 +309,15 @@ static inline bool phys_ok(gm_pool_t *pool, uint32_t id, const gm__stream_t *s)
     return !f || f == s || f->done_seq >= seq;
 }
 
+/* Can VA page p (not owned) be owned for stream s at no cost: its own
+ * mapping's physical page is free and its fence allows s? */
+static inline bool takes_back(gm_pool_t *pool, const gm__arena_t *a, size_t p,
+                              const gm__stream_t *s)
+{
+    return bit_get(a->mapped, p) && pool->phys[a->pid[p]].owner == GM_NONE &&
+           phys_ok(pool, a->pid[p], s);
+}
+
 /* Wait (an event, else a stream sync) until VA page p's fence has passed;
  * false when it cannot be known (a backend failure). */
 static bool fence_wait(gm_pool_t *pool, gm__arena_t *a, size_t p)
@@ -483,10 +492,7 @@ bool gm__pages_cheap_locked(gm_pool_t *pool, const gm__arena_t *a, uintptr_t add
     size_t p0 = (addr - a->base) >> shift;
     size_t p1 = ((addr + size - 1 - a->base) >> shift) + 1;
     for (size_t p = p0; p < p1; p++) {
-        if (bit_get(a->owned, p)) continue;
-        if (!bit_get(a->mapped, p)) return false;
-        uint32_t id = a->pid[p];
-        if (pool->phys[id].owner != GM_NONE || !phys_ok(pool, id, s)) return false;
+        if (!bit_get(a->owned, p) && !takes_back(pool, a, p, s)) return false;
     }
     return true;
 }
@@ -602,8 +608,7 @@ int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
     if (GM_LIKELY(p1 - p0 == 1)) {
         if (bit_get(a->owned, p0)) return GM_OK;
         /* One page whose own mapping is free for s: take it back. */
-        if (bit_get(a->mapped, p0) && pool->phys[a->pid[p0]].owner == GM_NONE &&
-            phys_ok(pool, a->pid[p0], s)) {
+        if (takes_back(pool, a, p0, s)) {
             own(pool, a, p0);
             return GM_OK;
         }
@@ -623,9 +628,7 @@ int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
     /* First the pages whose own mapping is free: they cost nothing, and no
      * other page of the range should take their physical page. */
     for (size_t q = p0; q < p1; q++)
-        if (!bit_get(a->owned, q) && bit_get(a->mapped, q) &&
-            pool->phys[a->pid[q]].owner == GM_NONE && phys_ok(pool, a->pid[q], s))
-            own(pool, a, q);
+        if (!bit_get(a->owned, q) && takes_back(pool, a, q, s)) own(pool, a, q);
 
     size_t run = SIZE_MAX; /* start of the current run of fresh mappings */
     int rc = GM_OK;

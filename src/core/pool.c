@@ -336,10 +336,6 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
            : gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
     if (GM_UNLIKELY(rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT))
         rc = alloc_slow_locked(pool, size, stream, ptr, rc);
-    if (rc == GM_OK && size <= GM_TC_MAX) {
-        gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)*ptr);
-        if (b) gm__tcache_note_alloc_locked(pool, b); /* not a sysmem block */
-    }
     gm__observe_alloc_locked(pool, rc, *ptr, size, stream, frames, n_frames);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);

@@ -160,37 +160,6 @@ void gm__tcache_flush_self_locked(gm_pool_t *pool)
     if (tc && tc->pool == pool && tc->pool_gen == pool->tc_gen && tc->held) drain_locked(pool, tc);
 }
 
-static void thread_exit(void *arg)
-{
-    gm__tcache_t *tc = arg;
-    gm_pool_t *pool = tc->pool;
-    if (pool && pool->magic == GM_POOL_MAGIC && tc->pool_gen == pool->tc_gen) {
-        gm__lock(&pool->lock);
-        if (tc->pool_gen == pool->tc_gen) drain_locked(pool, tc);
-        /* What the cache served stays in the pool's books. */
-        pool->st.alloc_count += atomic_load_explicit(&tc->c.hits, memory_order_relaxed);
-        pool->st.free_count += atomic_load_explicit(&tc->c.frees, memory_order_relaxed);
-        pool->st.allocated_total += atomic_load_explicit(&tc->c.hit_bytes, memory_order_relaxed);
-        pool->st.freed_total += atomic_load_explicit(&tc->c.free_bytes, memory_order_relaxed);
-        pthread_mutex_lock(&cache_mu);
-        if (tc->prev) tc->prev->next = tc->next;
-        else caches = tc->next;
-        if (tc->next) tc->next->prev = tc->prev;
-        pthread_mutex_unlock(&cache_mu);
-        gm__unlock(&pool->lock);
-    } else {
-        pthread_mutex_lock(&cache_mu);
-        if (tc->prev) tc->prev->next = tc->next;
-        else if (caches == tc) caches = tc->next;
-        if (tc->next) tc->next->prev = tc->prev;
-        pthread_mutex_unlock(&cache_mu);
-    }
-    gm__tc_self = NULL;
-    free(tc);
-}
-
-static void make_key(void) { (void)pthread_key_create(&exit_key, thread_exit); }
-
 /* Unbound tc starts afresh: no entry, no count. */
 static void forget_all(gm__tcache_t *tc)
 {
@@ -206,35 +175,66 @@ static void forget_all(gm__tcache_t *tc)
     atomic_store_explicit(&tc->c.free_bytes, 0, memory_order_relaxed);
 }
 
-/* Empty tc and take its served counts into its (live) old pool; the caller
- * holds no pool lock.  Then tc is unbound. */
-static void unbind(gm__tcache_t *tc)
+/* Is tc bound to a pool that is still the one it was bound to? */
+static bool bound_live(const gm__tcache_t *tc)
 {
-    gm_pool_t *old = tc->pool;
-    if (old && old->magic == GM_POOL_MAGIC && tc->pool_gen == old->tc_gen) {
-        gm__lock(&old->lock);
-        if (tc->pool_gen == old->tc_gen) {
-            drain_locked(old, tc);
-            old->st.alloc_count += atomic_load_explicit(&tc->c.hits, memory_order_relaxed);
-            old->st.free_count += atomic_load_explicit(&tc->c.frees, memory_order_relaxed);
-            old->st.allocated_total += atomic_load_explicit(&tc->c.hit_bytes, memory_order_relaxed);
-            old->st.freed_total += atomic_load_explicit(&tc->c.free_bytes, memory_order_relaxed);
-        }
-        pthread_mutex_lock(&cache_mu);
-        tc->pool = NULL;
-        pthread_mutex_unlock(&cache_mu);
-        gm__unlock(&old->lock);
+    return tc->pool && tc->pool->magic == GM_POOL_MAGIC && tc->pool_gen == tc->pool->tc_gen;
+}
+
+/* tc goes out of its pool's sight (that pool's lock held): its cached
+ * blocks go back, and what it served moves into the pool's own books. */
+static void retire_locked(gm_pool_t *pool, gm__tcache_t *tc)
+{
+    drain_locked(pool, tc);
+    pool->st.alloc_count += atomic_load_explicit(&tc->c.hits, memory_order_relaxed);
+    pool->st.free_count += atomic_load_explicit(&tc->c.frees, memory_order_relaxed);
+    pool->st.allocated_total += atomic_load_explicit(&tc->c.hit_bytes, memory_order_relaxed);
+    pool->st.freed_total += atomic_load_explicit(&tc->c.free_bytes, memory_order_relaxed);
+}
+
+static void set_pool(gm__tcache_t *tc, gm_pool_t *pool)
+{
+    pthread_mutex_lock(&cache_mu);
+    tc->pool = pool;
+    tc->pool_gen = pool ? pool->tc_gen : 0;
+    pthread_mutex_unlock(&cache_mu);
+}
+
+/* Retire tc from its pool if that is still alive, then leave it unbound
+ * (and, with unlink, off the list).  No pool lock held by the caller. */
+static void detach(gm__tcache_t *tc, bool unlink)
+{
+    gm_pool_t *pool = bound_live(tc) ? tc->pool : NULL;
+    if (pool) {
+        gm__lock(&pool->lock);
+        if (tc->pool_gen == pool->tc_gen) retire_locked(pool, tc);
     }
     pthread_mutex_lock(&cache_mu);
     tc->pool = NULL;
+    if (unlink) {
+        if (tc->prev) tc->prev->next = tc->next;
+        else if (caches == tc) caches = tc->next;
+        if (tc->next) tc->next->prev = tc->prev;
+    }
     pthread_mutex_unlock(&cache_mu);
+    if (pool) gm__unlock(&pool->lock);
     forget_all(tc);
 }
+
+static void thread_exit(void *arg)
+{
+    gm__tcache_t *tc = arg;
+    detach(tc, true);
+    gm__tc_self = NULL;
+    free(tc);
+}
+
+static void make_key(void) { (void)pthread_key_create(&exit_key, thread_exit); }
 
 void gm__tcache_prepare(gm_pool_t *pool)
 {
     gm__tcache_t *tc = gm__tc_self;
-    if (tc && tc->pool && (tc->pool != pool || tc->pool_gen != pool->tc_gen)) unbind(tc);
+    if (tc && tc->pool && (tc->pool != pool || tc->pool_gen != pool->tc_gen)) detach(tc, false);
 }
 
 void gm__tcache_note_alloc_locked(gm_pool_t *pool, gm__block_t *b)
@@ -261,10 +261,7 @@ void gm__tcache_note_alloc_locked(gm_pool_t *pool, gm__block_t *b)
     }
     if (tc->pool != pool || tc->pool_gen != pool->tc_gen) {
         if (tc->pool) return; /* bound elsewhere: gm__tcache_prepare unbinds it first */
-        pthread_mutex_lock(&cache_mu);
-        tc->pool = pool;
-        tc->pool_gen = pool->tc_gen;
-        pthread_mutex_unlock(&cache_mu);
+        set_pool(tc, pool);
     }
     unsigned i = slot_of(b->addr);
     gm__tc_entry_t *e = &tc->table[i];
@@ -298,17 +295,6 @@ void gm__tcache_adjust_locked(gm_pool_t *pool, gm_stats_t *s)
     pthread_mutex_unlock(&cache_mu);
 }
 
-uint64_t gm__tcache_held_locked(gm_pool_t *pool)
-{
-    uint64_t n = 0;
-    pthread_mutex_lock(&cache_mu);
-    for (gm__tcache_t *tc = caches; tc; tc = tc->next)
-        if (tc->pool == pool && tc->pool_gen == pool->tc_gen)
-            n += atomic_load_explicit(&tc->c.held_n, memory_order_relaxed);
-    pthread_mutex_unlock(&cache_mu);
-    return n;
-}
-
 void gm__tcache_pool_fini_locked(gm_pool_t *pool)
 {
     /* This thread's cache is emptied for real (its blocks are the pool's);
@@ -316,9 +302,7 @@ void gm__tcache_pool_fini_locked(gm_pool_t *pool)
     gm__tcache_flush_self_locked(pool);
     gm__tcache_t *tc = gm__tc_self;
     if (tc && tc->pool == pool) {
-        pthread_mutex_lock(&cache_mu);
-        tc->pool = NULL;
-        pthread_mutex_unlock(&cache_mu);
+        set_pool(tc, NULL);
         forget_all(tc);
     }
 }

@@ -98,8 +98,6 @@ void gm__tcache_flush_self_locked(gm_pool_t *pool);
 /* Pool lock held: subtract from *s what every cache of the pool holds and
  * add what they served. */
 void gm__tcache_adjust_locked(gm_pool_t *pool, gm_stats_t *s);
-/* Pool lock held: blocks the pool's caches hold (live to the pool). */
-uint64_t gm__tcache_held_locked(gm_pool_t *pool);
 /* Pool lock held, teardown: unlink every cache (their threads see the
  * pool's generation change and drop them without touching the pool). */
 void gm__tcache_pool_fini_locked(gm_pool_t *pool);
