@@ -115,6 +115,7 @@ static int g_device;
 
 /* gpumem */
 static gm_pool_t *g_pool;
+static unsigned g_heaps; /* 0: the environment's (GPUMEM_HEAPS, default 1) */
 
 static void gm_fail(const char *what, int rc)
 {
@@ -128,6 +129,7 @@ static void gpumem_open(void)
     if (rc) gm_fail("gm_config_from_env", rc);
     cfg.backend = GM_BACKEND_CUDA;
     cfg.device = g_device;
+    if (g_heaps) cfg.heaps = g_heaps;
     if ((rc = gm_pool_create(&cfg, &g_pool))) gm_fail("gm_pool_create", rc);
 }
 static int gpumem_alloc(size_t n, cudaStream_t s, void **p) { return gm_alloc(g_pool, n, (gm_stream_t)s, p); }
@@ -303,6 +305,9 @@ static double r_pair[N_PAIR];
 static double r_mix_ns = -1, r_mix_cold_ns = -1, r_mix_ratio = -1, r_mix_ratio_own = -1;
 static uint64_t r_mix_ops, r_mix_req_peak, r_mix_res_peak;
 static double r_t1_ops = -1, r_t16_ops = -1;
+static double r_t1_ops_1heap = -1, r_t16_ops_1heap = -1; /* gpumem: one heap (the default) */
+static double r_ceil_t1 = -1, r_ceil_t16 = -1;            /* the same loop without an allocator */
+static unsigned r_heaps;                                  /* gpumem: heaps of the thread run */
 static uint64_t r_thread_ops;
 static int n_traces;
 static char *r_trace_name[MAX_TRACES];
@@ -357,7 +362,15 @@ static void write_json(void)
     fprintf(f, ",\"sixteen_threads_ops_per_s\":");
     jnum(f, r_t16_ops);
     fprintf(f, "},\"threads16_speedup\":");
-    jnum(f, (r_t1_ops > 0 && r_t16_ops > 0) ? r_t16_ops / r_t1_ops : -1);
+    double sp = (r_t1_ops > 0 && r_t16_ops > 0) ? r_t16_ops / r_t1_ops : -1;
+    double ceil = (r_ceil_t1 > 0 && r_ceil_t16 > 0) ? r_ceil_t16 / r_ceil_t1 : -1;
+    jnum(f, sp);
+    fprintf(f, ",\"threads16_heaps\":%u,\"threads16_speedup_one_heap\":", r_heaps);
+    jnum(f, (r_t1_ops_1heap > 0 && r_t16_ops_1heap > 0) ? r_t16_ops_1heap / r_t1_ops_1heap : -1);
+    fprintf(f, ",\"host_parallel_ceiling\":");
+    jnum(f, ceil);
+    fprintf(f, ",\"threads16_of_ceiling\":");
+    jnum(f, sp > 0 && ceil > 0 ? sp / ceil : -1);
     fprintf(f, ",\n \"trace_ratio\":{");
     for (int i = 0; i < n_traces; i++) {
         fprintf(f, "%s\"%s\":", i ? "," : "", r_trace_name[i]);
@@ -598,6 +611,65 @@ static double run_threads(int nt, mix_t *mixes, cudaStream_t *streams)
     return failed ? -1 : (double)ops * 1e9 / (double)(t1 - t0);
 }
 
+/* The host's own ceiling for trivially parallel code: the mix loop of
+ * mix_exec with the allocator taken out (each op flips a slot between
+ * empty and a size), over the same sequences, many rounds so that a run
+ * lasts tens of milliseconds. */
+#define CEIL_ROUNDS 200
+typedef struct ceil_run {
+    const mix_t *m;
+    pthread_barrier_t *bar;
+    uint64_t t_start, t_end, ops, sink;
+} ceil_run_t;
+
+static void *ceil_thread(void *arg)
+{
+    ceil_run_t *r = arg;
+    uint64_t slot[MIX_SLOTS] = {0};
+    uint64_t live = 0, peak = 0;
+    pthread_barrier_wait(r->bar);
+    r->t_start = now_ns();
+    for (int round = 0; round < CEIL_ROUNDS; round++)
+        for (size_t i = 0; i < r->m->n; i++) {
+            uint32_t k = r->m->slot[i];
+            if (slot[k]) {
+                live -= slot[k];
+                slot[k] = 0;
+            } else {
+                slot[k] = r->m->size[i];
+                live += slot[k];
+                if (live > peak) peak = live;
+            }
+        }
+    r->t_end = now_ns();
+    r->ops = (uint64_t)CEIL_ROUNDS * r->m->n;
+    r->sink = peak + live;
+    return NULL;
+}
+
+static double run_ceiling(int nt, mix_t *mixes)
+{
+    pthread_t th[N_THREADS];
+    ceil_run_t r[N_THREADS];
+    pthread_barrier_t bar;
+    if (pthread_barrier_init(&bar, NULL, (unsigned)nt)) die("pthread_barrier_init");
+    for (int t = 0; t < nt; t++) {
+        r[t] = (ceil_run_t){.m = &mixes[t], .bar = &bar};
+        if (pthread_create(&th[t], NULL, ceil_thread, &r[t])) die("pthread_create");
+    }
+    uint64_t t0 = UINT64_MAX, t1 = 0, ops = 0, sink = 0;
+    for (int t = 0; t < nt; t++) {
+        pthread_join(th[t], NULL);
+        if (r[t].t_start < t0) t0 = r[t].t_start;
+        if (r[t].t_end > t1) t1 = r[t].t_end;
+        ops += r[t].ops;
+        sink += r[t].sink;
+    }
+    pthread_barrier_destroy(&bar);
+    if (sink == 1) printf(" "); /* keep the loop */
+    return (double)ops * 1e9 / (double)(t1 - t0);
+}
+
 static void bench_threads(size_t per_thread, uint64_t seed)
 {
     mix_t mixes[N_THREADS];
@@ -607,19 +679,35 @@ static void bench_threads(size_t per_thread, uint64_t seed)
         CK(cudaStreamCreateWithFlags(&streams[t], cudaStreamNonBlocking));
     }
     r_thread_ops = per_thread;
-    A.reset();
-    /* Each figure is the second of two runs: the first warms the caches. */
-    double one = run_threads(1, mixes, streams);
-    if (one > 0) one = run_threads(1, mixes, streams);
-    double all = one > 0 ? run_threads(N_THREADS, mixes, streams) : -1;
-    if (all > 0) all = run_threads(N_THREADS, mixes, streams);
-    r_t1_ops = one;
-    r_t16_ops = all;
-    if (one > 0 && all > 0)
-        printf("  threads: 1 thread %.0f ops/s, 16 threads %.0f ops/s, speedup %.2f\n", one, all, all / one);
-    else
-        fprintf(stderr, "%s: thread mix failed\n", A.name);
+    /* gpumem runs twice: with its default (one heap), then with a heap per
+     * thread (gm_pool_config_t.heaps = 16), the figure the JSON leads with. */
+    for (int pass = 0; pass < (g_pool ? 2 : 1); pass++) {
+        if (g_pool) g_heaps = pass ? N_THREADS : 1;
+        A.reset();
+        /* Each figure is the second of two runs: the first warms the caches. */
+        double one = run_threads(1, mixes, streams);
+        if (one > 0) one = run_threads(1, mixes, streams);
+        double all = one > 0 ? run_threads(N_THREADS, mixes, streams) : -1;
+        if (all > 0) all = run_threads(N_THREADS, mixes, streams);
+        r_t1_ops = one;
+        r_t16_ops = all;
+        if (g_pool && pass == 0) r_t1_ops_1heap = one, r_t16_ops_1heap = all;
+        if (g_pool) r_heaps = g_heaps;
+        if (one > 0 && all > 0)
+            printf("  threads%s: 1 thread %.0f ops/s, 16 threads %.0f ops/s, speedup %.2f\n",
+                   !g_pool ? "" : pass ? " (16 heaps)" : " (1 heap)", one, all, all / one);
+        else
+            fprintf(stderr, "%s: thread mix failed\n", A.name);
+    }
+    g_heaps = 0;
     A.reset(); /* while the streams live: torch's expandable segments sync them */
+    /* The host's ceiling, measured in the same run. */
+    r_ceil_t1 = run_ceiling(1, mixes);
+    r_ceil_t1 = run_ceiling(1, mixes);
+    r_ceil_t16 = run_ceiling(N_THREADS, mixes);
+    r_ceil_t16 = run_ceiling(N_THREADS, mixes);
+    printf("  host ceiling (the loop without an allocator): 1 thread %.0f ops/s, 16 threads %.0f "
+           "ops/s, speedup %.2f\n", r_ceil_t1, r_ceil_t16, r_ceil_t16 / r_ceil_t1);
     for (int t = 0; t < N_THREADS; t++) {
         CK(cudaStreamDestroy(streams[t]));
         free(mixes[t].slot);

@@ -119,6 +119,10 @@ out = {
     "mix_ratio": {a: P[a]["mix_ratio"] for a in names if a in P},
     "trace_ratio": {a: P[a]["trace_ratio"] for a in names if a in P},
     "threads16_speedup": {a: P[a]["threads16_speedup"] for a in names if a in P},
+    "threads16_speedup_one_heap": P.get("gpumem", {}).get("threads16_speedup_one_heap"),
+    "threads16_heaps": P.get("gpumem", {}).get("threads16_heaps"),
+    "host_parallel_ceiling": {a: P[a].get("host_parallel_ceiling") for a in names if a in P},
+    "threads16_of_ceiling": {a: P[a].get("threads16_of_ceiling") for a in names if a in P},
     "steady_state_driver_calls": {a: P[a]["steady_state_driver_calls"] for a in names if a in P},
     "details": P,
 }
@@ -137,11 +141,12 @@ L.append(f"- code: commit {commit}; GPU {gpu}, driver {driver}; gpumem built Rel
 L.append("- mix p99: a third run of the same sequence with each op timed alone (the clock reads add to each op; not the ns/op run)")
 L.append("- pair: median over 21 batches of the mean alloc+free pair time (2000 pairs per batch; cudaMalloc 5)")
 L.append("- mix: 512 slots, log-uniform 256 B–64 MiB, one op = one alloc or one free, seed 12345; ns/op on the second (warm) run of the same sequence; ratio = reserved peak / requested-bytes peak of the first run from a trimmed allocator. cudaMalloc: 20 000 ops, one cold run, ratio 1.0 by definition")
-L.append("- threads: 16 threads, each its own non-blocking stream and mix (100 000 ops; cudaMalloc 1 000), aggregate ops/s / one thread's ops/s (warm runs)")
+L.append("- threads: 16 threads, each its own non-blocking stream and mix (100 000 ops; cudaMalloc 1 000), aggregate ops/s / one thread's ops/s (warm runs); gpumem with `heaps = 16` (a heap per thread), and with its default of one heap in the line below the table")
+L.append("- host ceiling: the same mix loop with the allocator taken out (200 rounds of each thread's sequence), 16 threads / 1 thread, measured in each allocator's process; of ceiling = 16-thread speedup / ceiling")
 L.append("- traces: reserved peak over 3 passes / trace live peak; cudaMalloc: 1 pass, peak of device memory in use (cudaMemGetInfo) above the start")
 L.append("- steady calls: driver calls in passes 2..3, summed over the traces — " + "; ".join(f"{a}: {P[a]['steady_state_calls_label']}" for a in present))
 L.append("")
-hdr = ["allocator"] + [f"pair {s} ns" for s in sizes] + ["mix ns/op", "mix p99 ns", "mix ratio"] + [f"{t} ratio" for t in traces] + ["16-thread speedup", "steady calls"]
+hdr = ["allocator"] + [f"pair {s} ns" for s in sizes] + ["mix ns/op", "mix p99 ns", "mix ratio"] + [f"{t} ratio" for t in traces] + ["16-thread speedup", "host ceiling", "of ceiling", "steady calls"]
 L.append("| " + " | ".join(hdr) + " |")
 L.append("|---" + "|---:" * (len(hdr) - 1) + "|")
 for a in present:
@@ -149,7 +154,8 @@ for a in present:
     row = [a] + [ns(d["pair_ns"].get(s)) for s in sizes]
     row += [ns(d["mix_ns_per_op"]), ns(d.get("mix_p99_ns")), f(d["mix_ratio"], "{:.3f}")]
     row += [f(d["trace_ratio"].get(t), "{:.3f}") for t in traces]
-    row += [f(d["threads16_speedup"], "{:.2f}"), f(d["steady_state_driver_calls"], "{:.0f}")]
+    row += [f(d["threads16_speedup"], "{:.2f}"), f(d.get("host_parallel_ceiling"), "{:.2f}"),
+            f(d.get("threads16_of_ceiling"), "{:.0%}"), f(d["steady_state_driver_calls"], "{:.0f}")]
     L.append("| " + " | ".join(row) + " |")
 missing = [a for a in names if a not in P]
 if missing:
@@ -164,6 +170,8 @@ L.append("\ndriver calls (or proxy) during the warm mix: " + "; ".join(
     f"{a}: {f(P[a].get('mix_warm_driver_calls'), '{:.0f}')}" for a in present))
 if "gpumem" in P:
     g = P["gpumem"]
+    L.append(f"\ngpumem 16 threads: {f(g.get('threads16_speedup'), '{:.2f}')}x with {g.get('threads16_heaps')} heaps, "
+             f"{f(g.get('threads16_speedup_one_heap'), '{:.2f}')}x with the default of one heap")
     L.append(f"\ngpumem backend calls by kind — warm mix: {g.get('gpumem_mix_warm_calls_by_kind') or 'none'} "
              f"({f(g.get('gpumem_mix_warm_backend_ms'), '{:.1f}')} ms inside the backend); steady passes: "
              + "; ".join(f"{t}: {v or 'none'}" for t, v in g.get("gpumem_steady_calls_by_kind", {}).items()))

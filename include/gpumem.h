@@ -125,7 +125,7 @@ GM_API int gm_call_from_name(const char *name);
 
 typedef struct gm_pool gm_pool_t;
 
-#define GM_POOL_CONFIG_VERSION 2
+#define GM_POOL_CONFIG_VERSION 3
 
 typedef struct gm_pool_config {
     size_t size;                /* sizeof(gm_pool_config_t) */
@@ -151,15 +151,26 @@ typedef struct gm_pool_config {
     double reserve_slack;       /* default 1/64 (GPUMEM_RESERVE_SLACK) */
     double reserve_slack_max;   /* default 0.018 (GPUMEM_RESERVE_SLACK_MAX) */
     double churn_target;        /* calls per 1000 ops, default 1 (GPUMEM_CHURN_TARGET) */
+    /* Version 3: heaps for programs that allocate from many threads at once.
+     * 1 (the default): one heap, one lock, the least memory.  N > 1 (at most
+     * 64): each thread allocates from one of N heaps (threads are given them
+     * in turn), each with its own lock, address space and pages, so threads
+     * on different heaps never wait for each other; a block may be freed by
+     * any thread.  Costs memory: each heap keeps its own free pages and
+     * reserve slack (see docs/design.md, "Heaps").  Ignored (one heap) while
+     * leak checking or tracing is on at creation, or with
+     * GM_POOL_SYSMEM_FALLBACK.  0: GPUMEM_HEAPS. */
+    unsigned heaps;
 } gm_pool_config_t;
 
 #define GM_POOL_CONFIG_INIT                                                    \
     { sizeof(gm_pool_config_t), GM_POOL_CONFIG_VERSION, GM_BACKEND_AUTO, 0,    \
-      0, 0, SIZE_MAX, 0, 0u, 0u, 0, 0.015625, 0.018, 1.0 }
+      0, 0, SIZE_MAX, 0, 0u, 0u, 0, 0.015625, 0.018, 1.0, 1u }
 
 /* Fill *cfg with the defaults, overridden by the environment (GPUMEM_BACKEND,
  * GPUMEM_LIMIT, GPUMEM_SIM_CAPACITY, GPUMEM_RELEASE_THRESHOLD, GPUMEM_DEVICE,
- * GPUMEM_RESERVE_SLACK, GPUMEM_RESERVE_SLACK_MAX, GPUMEM_CHURN_TARGET; the
+ * GPUMEM_RESERVE_SLACK, GPUMEM_RESERVE_SLACK_MAX, GPUMEM_CHURN_TARGET,
+ * GPUMEM_HEAPS; the
  * whole table: gpumem info --options). */
 GM_API int gm_config_from_env(gm_pool_config_t *cfg);
 

@@ -194,6 +194,7 @@ __attribute__((noinline)) static gm__stream_t *stream_add_locked(gm_pool_t *pool
 gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle)
 {
     gm__stream_t *s = gm__streams_find(&pool->streams, handle);
+    if (GM_UNLIKELY(s && s->retired)) s->retired = false; /* a new stream of that handle */
     return GM_LIKELY(s != NULL) ? s : stream_add_locked(pool, handle);
 }
 
@@ -273,7 +274,8 @@ static size_t process_pending(gm_pool_t *pool)
         *pp = b->fnext;
         destroy_recorded(pool, b);
         b->owner->users--; /* pending no more */
-        release_block(pool, b, b->owner);
+        /* A retired owner was waited for: the block is everyone's. */
+        release_block(pool, b, b->owner->retired ? &pool->global : b->owner);
         released++;
     }
     return released;
@@ -319,11 +321,16 @@ int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
     size_t held = gm__fm_held(s);
     /* Pending blocks whose order after s could not be set up yet cannot
      * get an event on s later: they need the wait too. */
-    bool unordered = false;
-    for (gm__block_t *b = pool->pending; b && !unordered; b = b->fnext)
+    bool unordered = false, owns_pending = false;
+    for (gm__block_t *b = pool->pending; b; b = b->fnext) {
+        if (b->owner == s) owns_pending = true;
         for (gm__recorded_t *r = b->recorded; r; r = r->next)
             if (r->unordered && r->stream == s) unordered = true;
-    if (held || unordered) {
+    }
+    /* Blocks freed on s that wait for other streams: once those pass, they
+     * would go into s's index, which no one would ever drain (s is gone).
+     * Wait for s now, and they go to everyone's index instead. */
+    if (held || unordered || owns_pending) {
         GM_CHECK(gm__fm_sync_migrate(pool, &DEVICE, &pool->blocks, s, &pool->global));
         for (gm__block_t *b = pool->pending; b; b = b->fnext)
             for (gm__recorded_t *r = b->recorded; r; r = r->next)
@@ -336,6 +343,7 @@ int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
         if (rc == GM_OK) s->ev_pending = false;
         gm__clear_error();
     }
+    if (owns_pending) s->retired = true;
     if (stream_idle(s)) forget_stream(pool, s);
     return GM_OK;
 }

@@ -105,6 +105,9 @@ typedef struct gm__stream {
     bool is_global;
     bool pinned;                /* device: never forgotten (the default stream) */
     bool active;                /* device: has allocated (counted in n_active) */
+    bool retired;               /* device: gm_stream_forget waited for it while blocks
+                                   freed on it were pending: they go to the global
+                                   index when their recorded streams pass */
     size_t slot;                /* index in its registry's list */
     /* Device: references that keep the record alive besides its free blocks:
      * live blocks allocated on it (b->owner), pending blocks freed on it, and

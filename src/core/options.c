@@ -62,6 +62,10 @@ static const gm__option_t table[GM_OPT_COUNT] = {
     [GM_OPT_CHURN_TARGET] = {"GPUMEM_CHURN_TARGET", T_RATE, "1",
                              "remapping calls per 1000 operations above which the reserve "
                              "slack grows", CFG(churn_target)},
+    [GM_OPT_HEAPS] = {"GPUMEM_HEAPS", T_INT, "1",
+                      "heaps threads allocate from (1 to 64; 1: one lock, the least memory; "
+                      "more: threads allocating at once do not wait for each other)",
+                      CFG(heaps)},
     [GM_OPT_SIM_CAPACITY] = {"GPUMEM_SIM_CAPACITY", T_SIZE, "80GiB",
                              "device size of the sim backend", CFG(sim_capacity)},
     [GM_OPT_SYSMEM_FALLBACK] = {"GPUMEM_SYSMEM_FALLBACK", T_SYSMEM_FLAG, "0",

@@ -133,10 +133,33 @@ static void lru_remove(gm_pool_t *pool, uint32_t id)
 
 /* Obtain a physical page from the provider; it starts free, mapped nowhere.
  * Past the pool limit: GM_LIMIT with no message (see gm__pages_limit_allows). */
+/* The pool limit applies to the reserved memory of all its heaps together
+ * (root->fam_reserved, see heaps.c): a page is counted there before it is
+ * asked for, atomically, so heaps growing at once never pass the limit. */
+static bool fam_take(gm_pool_t *pool)
+{
+    gm_pool_t *r = pool->root;
+    uint64_t cur = atomic_load_explicit(&r->fam_reserved, memory_order_relaxed);
+    do {
+        if (!gm__pages_limit_allows(pool, cur, pool->page)) return false;
+    } while (!atomic_compare_exchange_weak_explicit(&r->fam_reserved, &cur, cur + pool->page,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    uint64_t now = cur + pool->page, pk = atomic_load_explicit(&r->fam_reserved_peak, memory_order_relaxed);
+    while (now > pk && !atomic_compare_exchange_weak_explicit(&r->fam_reserved_peak, &pk, now,
+                                                              memory_order_relaxed, memory_order_relaxed)) {
+    }
+    return true;
+}
+
+static void fam_put(gm_pool_t *pool)
+{
+    atomic_fetch_sub_explicit(&pool->root->fam_reserved, pool->page, memory_order_relaxed);
+}
+
 static int phys_create(gm_pool_t *pool, uint32_t *out)
 {
     int rc;
-    if (!gm__pages_limit_allows(pool, pool->st.reserved, pool->page)) return GM_LIMIT;
+    if (!fam_take(pool)) return GM_LIMIT;
     uint32_t id;
     if (pool->n_dead) {
         id = pool->dead_ids[pool->n_dead - 1];
@@ -147,7 +170,10 @@ static int phys_create(gm_pool_t *pool, uint32_t *out)
             uint32_t *dd = gm__realloc(pool->dead_ids, cap * sizeof *dd);
             if (ph) pool->phys = ph;
             if (dd) pool->dead_ids = dd;
-            if (!ph || !dd) return GM_NO_HOST_MEMORY;
+            if (!ph || !dd) {
+                fam_put(pool);
+                return GM_NO_HOST_MEMORY;
+            }
             pool->cap_phys = cap;
         }
         id = pool->n_phys_ids;
@@ -155,7 +181,10 @@ static int phys_create(gm_pool_t *pool, uint32_t *out)
     gm__phys_t h;
     size_t got = 0;
     rc = pool->provider.ops->obtain(pool->provider.ctx, pool->page, 1, &h, &got);
-    if (rc != GM_OK) return rc;
+    if (rc != GM_OK) {
+        fam_put(pool);
+        return rc;
+    }
     gm_assert_internal(got == 1);
     if (pool->n_dead) pool->n_dead--;
     else pool->n_phys_ids++;
@@ -181,6 +210,9 @@ int gm__pages_refuse_locked(gm_pool_t *pool, int rc, size_t size)
     if (pool->provider.ops->describe)
         pool->provider.ops->describe(pool->provider.ctx, why, sizeof why);
     char a[32], r[32], l[32], f[32];
+    /* With heaps, the pool's reserved memory is all of theirs. */
+    uint64_t reserved = atomic_load_explicit(&pool->root->fam_reserved, memory_order_relaxed);
+    if (reserved < pool->st.reserved) reserved = pool->st.reserved;
     return gm__set_error(rc == GM_LIMIT ? GM_LIMIT : GM_OUT_OF_MEMORY,
                          "gm_alloc: cannot allocate %zu bytes: %s; allocated %s, reserved %s, "
                          "limit %s, device free %s",
@@ -189,9 +221,10 @@ int gm__pages_refuse_locked(gm_pool_t *pool, int rc, size_t size)
                          : rc == GM_LIMIT && pool->cfg.limit ? "the pool limit is reached"
                                                              : "out of device memory",
                          gm__fmt_bytes(pool->st.allocated, a, sizeof a),
-                         gm__fmt_bytes(pool->st.reserved, r, sizeof r),
+                         gm__fmt_bytes(reserved, r, sizeof r),
                          gm__fmt_bytes(pool->limit, l, sizeof l),
-                         gm__fmt_bytes(pool->info.total_memory - pool->st.reserved, f, sizeof f));
+                         gm__fmt_bytes(reserved < pool->info.total_memory
+                                           ? pool->info.total_memory - reserved : 0, f, sizeof f));
 }
 
 /* Map physical page id at VA page p of a. */
@@ -264,6 +297,7 @@ static int phys_release(gm_pool_t *pool, uint32_t id)
     pp->live = 0;
     pool->dead_ids[pool->n_dead++] = id;
     pool->st.reserved -= pool->page;
+    fam_put(pool);
     return GM_OK;
 }
 

@@ -69,6 +69,17 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: reserve_slack %g and "
                              "reserve_slack_max %g must lie in [0, 1], churn_target %g in "
                              "[0, 1e6]", d.reserve_slack, d.reserve_slack_max, d.churn_target);
+    if (d.heaps == 0) { /* GPUMEM_HEAPS, or one */
+        const char *v = gm__option_env(GM_OPT_HEAPS);
+        if (v && !gm__option_valid(GM_OPT_HEAPS, v))
+            return gm__set_error(GM_INVALID_ARGUMENT, "GPUMEM_HEAPS=\"%s\" is not valid: %s", v,
+                                 gm__option(GM_OPT_HEAPS)->doc);
+        d.heaps = v ? (unsigned)strtoul(v, NULL, 10) : 1;
+        if (d.heaps == 0) d.heaps = 1;
+    }
+    if (d.heaps > GM_HEAPS_MAX)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: heaps %u: at most %d",
+                             d.heaps, GM_HEAPS_MAX);
     *out = d;
     return GM_OK;
 }
@@ -87,26 +98,74 @@ static size_t pool_map_size(void)
     return GM_ALIGN_UP(sizeof(struct gm_pool), page);
 }
 
+/* A pool struct's own mapping (a pool's or a heap's), zeroed; NULL when
+ * out of host memory. */
+gm_pool_t *gm__pool_map_new(void)
+{
+    void *mem = mmap(NULL, pool_map_size(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                     -1, 0);
+    if (mem == MAP_FAILED) return NULL;
+    if (__lsan_register_root_region) __lsan_register_root_region(mem, pool_map_size());
+    return mem;
+}
+
+/* The struct's pages are given back and read as zeros (magic 0); the
+ * address space stays, so a stale pointer never names a later pool. */
+void gm__pool_map_dead(gm_pool_t *pool)
+{
+    pool->magic = 0;
+    if (__lsan_unregister_root_region) __lsan_unregister_root_region(pool, pool_map_size());
+    madvise(pool, pool_map_size(), MADV_DONTNEED);
+}
+
+uint64_t gm__pool_next_gen(void)
+{
+    static _Atomic uint64_t made;
+    return atomic_fetch_add_explicit(&made, 1, memory_order_relaxed) + 1;
+}
+
+/* What every heap has (the root and the others): the live table, the
+ * stream states with the default stream's, and the two arenas of small_va
+ * and large_va bytes of address space, each one free block. */
+int gm__pool_core_init(gm_pool_t *pool, size_t small_va, size_t large_va)
+{
+    GM_CHECK(gm__hash_init(&pool->live, 1024));
+    GM_CHECK(gm__hash_init(&pool->streams.of, 16));
+    if (!gm__stream_get_locked(pool, NULL))
+        return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
+    GM_CHECK(gm__arena_init(pool, &pool->arena[GM_CLASS_SMALL], GM_CLASS_SMALL, small_va, 0));
+    GM_CHECK(gm__arena_init(pool, &pool->arena[GM_CLASS_LARGE], GM_CLASS_LARGE, large_va,
+                            (uint32_t)pool->arena[GM_CLASS_SMALL].npages));
+    for (int c = 0; c < GM_CLASS_COUNT; c++) GM_CHECK(gm__alloc_arena_ready_locked(pool, &pool->arena[c]));
+    return GM_OK;
+}
+
+/* Undo gm__pool_core_init, however far it got (lock held or unneeded). */
+void gm__pool_core_fini(gm_pool_t *pool)
+{
+    gm__pages_fini(pool);
+    for (int c = 0; c < GM_CLASS_COUNT; c++) gm__arena_fini(pool, &pool->arena[c]);
+    gm__alloc_fini(pool);
+}
+
 /* Everything but the handle's own memory, which is never unmapped (so a
  * stale handle stays readable and can never name a later pool): its pages
  * are given back and read as zeros, magic 0. */
-static void pool_teardown(gm_pool_t *pool)
+static void pool_teardown(gm_pool_t *pool, uint64_t *blocks, uint64_t *bytes)
 {
     gm__process_pool_destroying(pool);
+    gm__heaps_destroy(pool, blocks, bytes); /* unregistered: no walk reaches them */
     gm__copy_fini(pool);
     gm__sysmem_fini(pool);
     gm__host_fini(pool);
     gm__lock(&pool->lock);
     pool->tc_gen = 0; /* every thread cache bound to it drops it */
     gm__observe_pool_fini_locked(pool);
-    gm__pages_fini(pool);
-    for (int c = 0; c < GM_CLASS_COUNT; c++) gm__arena_fini(pool, &pool->arena[c]);
-    gm__alloc_fini(pool);
+    gm__pool_core_fini(pool);
     if (pool->bk) pool->ops->close(pool->bk);
     gm__unlock(&pool->lock);
-    pool->magic = 0;
-    if (__lsan_unregister_root_region) __lsan_unregister_root_region(pool, pool_map_size());
-    madvise(pool, pool_map_size(), MADV_DONTNEED);
+    pthread_mutex_destroy(&pool->heaps_mu);
+    gm__pool_map_dead(pool);
 }
 
 void gm_pool_destroy(gm_pool_t *pool)
@@ -121,7 +180,7 @@ void gm_pool_destroy(gm_pool_t *pool)
     size_t sn = 0, sbytes = 0;
     if (pool->sysmem) gm__sysmem_count_locked(pool, &sn, &sbytes);
     gm__unlock(&pool->lock);
-    pool_teardown(pool);
+    pool_teardown(pool, &n, &bytes);
     if (n + sn)
         gm__set_error(GM_OK, "gm_pool_destroy: %llu live allocations (%llu bytes) released with "
                       "the pool (%zu of them from the sysmem fallback)",
@@ -135,17 +194,18 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     *out = NULL;
     gm__process_init();
     /* A mapping of its own, never unmapped: see pool_teardown. */
-    void *mem = mmap(NULL, pool_map_size(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                     -1, 0);
-    if (mem == MAP_FAILED) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
-    gm_pool_t *pool = mem;
-    if (__lsan_register_root_region) __lsan_register_root_region(pool, pool_map_size());
+    gm_pool_t *pool = gm__pool_map_new();
+    if (!pool) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
     pool->st.size = sizeof pool->st;
     pool->st.version = GM_STATS_VERSION;
     pool->global.is_global = true;
     pool->lru_head = pool->lru_tail = GM_NONE;
-    static _Atomic uint64_t pools_made;
-    pool->tc_gen = atomic_fetch_add_explicit(&pools_made, 1, memory_order_relaxed) + 1;
+    pool->tc_gen = gm__pool_next_gen();
+    pool->root = pool;
+    pool->heaps_max = 1;
+    atomic_store_explicit(&pool->heap[0], pool, memory_order_relaxed);
+    atomic_store_explicit(&pool->n_heaps, 1, memory_order_relaxed);
+    pthread_mutex_init(&pool->heaps_mu, NULL);
 
     if (cfg) GM_CHECK_GOTO(config_copy(cfg, &pool->cfg), rc, fail);
     else GM_CHECK_GOTO(gm_config_from_env(&pool->cfg), rc, fail);
@@ -175,24 +235,12 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     if (pool->cfg.limit && pool->cfg.limit < pool->limit) pool->limit = pool->cfg.limit;
     pool->slack_eff = pool->cfg.reserve_slack;
 
-    GM_CHECK_GOTO(gm__hash_init(&pool->live, 1024), rc, fail);
-    GM_CHECK_GOTO(gm__hash_init(&pool->streams.of, 16), rc, fail);
     GM_CHECK_GOTO(gm__host_init(pool), rc, fail);
     GM_CHECK_GOTO(gm__copy_init(pool), rc, fail);
-    if (!gm__stream_get_locked(pool, NULL)) {
-        rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
-        goto fail;
-    }
     /* Address space is cheap: room for the whole device several times over,
      * so holes never force a failure while physical pages are free. */
     size_t total = GM_ALIGN_UP(pool->info.total_memory, pool->page);
-    GM_CHECK_GOTO(gm__arena_init(pool, &pool->arena[GM_CLASS_SMALL], GM_CLASS_SMALL, total * 2, 0),
-                  rc, fail);
-    GM_CHECK_GOTO(gm__arena_init(pool, &pool->arena[GM_CLASS_LARGE], GM_CLASS_LARGE, total * 4,
-                                 (uint32_t)pool->arena[GM_CLASS_SMALL].npages),
-                  rc, fail);
-    for (int c = 0; c < GM_CLASS_COUNT; c++)
-        GM_CHECK_GOTO(gm__alloc_arena_ready_locked(pool, &pool->arena[c]), rc, fail);
+    GM_CHECK_GOTO(gm__pool_core_init(pool, total * 2, total * 4), rc, fail);
     if (pool->cfg.initial_reserve) {
         rc = gm__pages_prefault_locked(pool, pool->cfg.initial_reserve);
         if (rc != GM_OK) {
@@ -203,11 +251,18 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     }
     pool->magic = GM_POOL_MAGIC;
     gm__process_pool_created(pool);
+    /* Heaps only where every operation needs no view of the whole pool:
+     * leak stacks, a trace in order, the sysmem fallback live in the root. */
+    if (pool->cfg.heaps > 1 && !pool->leaks && !gm__leak_reporting() &&
+        !atomic_load_explicit(&gm__trace_on, memory_order_relaxed) &&
+        !(pool->cfg.flags & GM_POOL_SYSMEM_FALLBACK))
+        pool->heaps_max = pool->cfg.heaps;
     gm__clear_error();
     *out = pool;
     return GM_OK;
-fail:
-    pool_teardown(pool);
+fail:;
+    uint64_t nb = 0, nbytes = 0;
+    pool_teardown(pool, &nb, &nbytes);
     munmap(pool, pool_map_size()); /* never handed out: no stale handle can exist */
     return rc;
 }
@@ -266,17 +321,33 @@ static int alloc_slow_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, v
     if (rc != GM_OUT_OF_MEMORY && rc != GM_LIMIT) return rc;
     snprintf(reason, sizeof reason, "%s", gm_last_error());
 
-    bool nested = oom_handlers_running(pool);
-    for (int round = 0; round < GM_OOM_MAX_ROUNDS && pool->n_oom_handlers && !nested; round++) {
+    /* 1b. With heaps: the others give their free pages back (the lock is
+     * dropped meanwhile, so the stream state is looked up again). */
+    if (gm__heaps_reclaim_others(pool)) {
+        s = gm__stream_get_locked(pool, stream);
+        if (!s) return gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
+        rc = gm__alloc_locked(pool, size, s, ptr);
+        if (rc == GM_OK) goto served;
+        if (rc != GM_OUT_OF_MEMORY && rc != GM_LIMIT) return rc;
+        snprintf(reason, sizeof reason, "%s", gm_last_error());
+    }
+
+    /* The handlers are the root's, called with the root: the user's handle
+     * (a heap reads them under the root's lock, its own dropped). */
+    gm_pool_t *root = pool->root;
+    bool nested = oom_handlers_running(root);
+    for (int round = 0; round < GM_OOM_MAX_ROUNDS && !nested; round++) {
         struct gm__oom_handler h[GM_OOM_MAX_HANDLERS];
-        unsigned n = pool->n_oom_handlers;
-        memcpy(h, pool->oom_handlers, n * sizeof h[0]);
+        gm__unlock(&pool->lock);
+        if (root != pool) gm__lock(&root->lock);
+        unsigned n = root->n_oom_handlers;
+        memcpy(h, root->oom_handlers, n * sizeof h[0]);
+        if (root != pool) gm__unlock(&root->lock);
         int again = 0;
         unsigned calls = 0;
-        gm__unlock(&pool->lock);
-        oom_running[oom_depth++] = pool;
+        oom_running[oom_depth++] = root;
         for (unsigned i = 0; i < n && !again; i++, calls++)
-            again = h[i].fn(pool, size, stream, h[i].user);
+            again = h[i].fn(root, size, stream, h[i].user);
         oom_depth--;
         gm__lock(&pool->lock);
         pool->st.oom_handler_calls += calls;
@@ -310,6 +381,7 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
     *ptr = NULL;
     GM_CHECK(resolve(&pool));
     if (GM_UNLIKELY(size == 0)) return GM_OK;
+    pool = gm__heap_self(pool);
     if (size <= GM_TC_MAX) {
         if (gm__tcache_alloc(pool, size, stream, ptr) == GM_OK) return GM_OK;
         gm__tcache_prepare(pool);
@@ -393,6 +465,7 @@ int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
 {
     if (!ptr) return GM_OK;
     GM_CHECK(resolve(&pool));
+    pool = gm__heap_of(pool, ptr);
     int frc = gm__tcache_free(pool, ptr, stream);
     if (frc != GM_NOT_READY) return frc; /* taken, or a double free */
     gm__lock(&pool->lock);
@@ -423,6 +496,7 @@ int gm_record_stream(gm_pool_t *pool, void *ptr, gm_stream_t stream)
 {
     if (!ptr) return gm__set_error(GM_INVALID_ARGUMENT, "gm_record_stream: ptr is NULL");
     GM_CHECK(resolve(&pool));
+    pool = gm__heap_of(pool, ptr);
     gm__lock(&pool->lock);
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
     int rc = s ? gm__record_stream_locked(pool, ptr, s)
@@ -440,6 +514,7 @@ int gm_block_size(gm_pool_t *pool, const void *ptr, size_t *size)
 {
     if (!ptr || !size) return gm__set_error(GM_INVALID_ARGUMENT, "gm_block_size: NULL argument");
     GM_CHECK(resolve(&pool));
+    pool = gm__heap_of(pool, ptr);
     int rc = GM_OK;
     gm__lock(&pool->lock);
     gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
@@ -459,22 +534,45 @@ int gm_block_size(gm_pool_t *pool, const void *ptr, size_t *size)
 int gm_pool_set_limit(gm_pool_t *pool, size_t limit)
 {
     GM_CHECK(resolve(&pool));
-    gm__lock(&pool->lock);
-    pool->limit = limit && limit < pool->info.total_memory ? limit : pool->info.total_memory;
-    pool->cfg.limit = limit;
-    gm__unlock(&pool->lock);
+    gm_pool_t *hs[GM_HEAPS_MAX];
+    unsigned n;
+    pthread_mutex_lock(&pool->heaps_mu); /* a heap made meanwhile copies the new one */
+    gm__heaps_list(pool, hs, &n);
+    for (unsigned i = 0; i < n; i++) {
+        gm__lock(&hs[i]->lock);
+        hs[i]->limit = limit && limit < pool->info.total_memory ? limit : pool->info.total_memory;
+        hs[i]->cfg.limit = limit;
+        gm__unlock(&hs[i]->lock);
+    }
+    pthread_mutex_unlock(&pool->heaps_mu);
     return GM_OK;
 }
 
 int gm_trim(gm_pool_t *pool, size_t keep, size_t *released)
 {
     GM_CHECK(resolve(&pool));
-    gm__lock(&pool->lock);
-    gm__tcache_flush_self_locked(pool);
-    int rc = gm__pages_trim_locked(pool, keep, released);
-    gm__observe_trimmed_locked(pool);
-    VALIDATE_LOCKED(pool);
-    gm__unlock(&pool->lock);
+    /* With heaps, `keep` is shared out in heap order: each keeps what the
+     * earlier ones left of it. */
+    gm_pool_t *hs[GM_HEAPS_MAX];
+    unsigned n;
+    gm__heaps_list(pool, hs, &n);
+    int rc = GM_OK;
+    size_t total = 0;
+    for (unsigned i = 0; i < n; i++) {
+        gm_pool_t *h = hs[i];
+        size_t got = 0;
+        gm__lock(&h->lock);
+        gm__tcache_flush_self_locked(h);
+        int r = gm__pages_trim_locked(h, keep, &got);
+        if (r != GM_OK && rc == GM_OK) rc = r;
+        uint64_t cached = h->st.reserved - h->st.active;
+        keep = cached < keep ? keep - (size_t)cached : 0;
+        total += got;
+        gm__observe_trimmed_locked(h);
+        VALIDATE_LOCKED(h);
+        gm__unlock(&h->lock);
+    }
+    if (released) *released = total;
     return rc;
 }
 
@@ -533,12 +631,18 @@ int gm_stream_forget(gm_pool_t *pool, gm_stream_t stream)
     GM_CHECK(resolve(&pool));
     /* No event may be recorded on the stream after this: blocks freed on it
      * become everyone's first (after waiting for its work, if any). */
-    gm__lock(&pool->lock);
-    /* This thread's cached blocks go back first: one freed on the stream
-     * must wait for it like any other. */
-    gm__tcache_flush_self_locked(pool);
-    int rc = gm__stream_retire_locked(pool, stream);
-    gm__unlock(&pool->lock);
+    gm_pool_t *hs[GM_HEAPS_MAX];
+    unsigned n;
+    gm__heaps_list(pool, hs, &n);
+    int rc = GM_OK;
+    for (unsigned i = 0; i < n && rc == GM_OK; i++) {
+        gm__lock(&hs[i]->lock);
+        /* This thread's cached blocks go back first: one freed on the stream
+         * must wait for it like any other. */
+        gm__tcache_flush_self_locked(hs[i]);
+        rc = gm__stream_retire_locked(hs[i], stream);
+        gm__unlock(&hs[i]->lock);
+    }
     if (rc == GM_OK) rc = gm__host_stream_retire(pool, stream);
     if (rc != GM_OK)
         return gm__set_error(rc, "gm_stream_forget: waiting for the stream's work on memory "
@@ -579,9 +683,28 @@ int gm_pool_device_info(gm_pool_t *pool, gm_device_info_t *info)
 int gm_pool_check(gm_pool_t *pool)
 {
     GM_CHECK(resolve(&pool));
-    gm__lock(&pool->lock);
-    int rc = gm__alloc_check_locked(pool);
-    gm__unlock(&pool->lock);
+    /* Every heap at once (index order, the one place two heap locks are
+     * held), so the limit's shared figure can be checked against them. */
+    gm_pool_t *hs[GM_HEAPS_MAX];
+    unsigned n;
+    pthread_mutex_lock(&pool->heaps_mu);
+    gm__heaps_list(pool, hs, &n);
+    for (unsigned i = 0; i < n; i++) gm__lock(&hs[i]->lock);
+    int rc = GM_OK;
+    uint64_t sum = 0;
+    for (unsigned i = 0; i < n && rc == GM_OK; i++) {
+        rc = gm__alloc_check_locked(hs[i]);
+        if (rc == GM_OK && hs[i]->root != pool)
+            rc = gm__set_error(GM_INTERNAL, "heap %u does not name its pool", i);
+        sum += hs[i]->st.reserved;
+    }
+    uint64_t fam = atomic_load_explicit(&pool->fam_reserved, memory_order_relaxed);
+    if (rc == GM_OK && fam != sum)
+        rc = gm__set_error(GM_INTERNAL, "reserved memory of the pool's %u heaps is %llu bytes, "
+                           "but the limit's figure says %llu", n, (unsigned long long)sum,
+                           (unsigned long long)fam);
+    for (unsigned i = n; i-- > 0;) gm__unlock(&hs[i]->lock);
+    pthread_mutex_unlock(&pool->heaps_mu);
     return rc;
 }
 

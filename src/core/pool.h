@@ -119,6 +119,9 @@ typedef struct gm__ppage {
  * child of fork() every pool of the parent reads GM_POOL_FORKED. */
 #define GM_POOL_MAGIC UINT64_C(0x4c4f4f504d454d47)  /* "GMEMPOOL" */
 #define GM_POOL_FORKED UINT64_C(0x4b524f464d454d47) /* "GMEMFORK" */
+#define GM_HEAP_MAGIC UINT64_C(0x5041454850454d47)  /* "GMEPHEAP": a heap, not a handle */
+/* Most heaps one pool may have (gm_pool_config_t.heaps). */
+#define GM_HEAPS_MAX 64
 
 /* Accounting (checked by gm_pool_check):
  *   reserved == live physical pages * page;  mapped == n_maps * page
@@ -172,6 +175,24 @@ struct gm_pool {
     gm_stats_t st;               /* counters kept under the lock (backend_calls
                                     and backend_ns: in bk_calls) */
     gm__bk_calls_t bk_calls;     /* every backend call of the pool (GM_BK) */
+
+    /* Heaps (heaps.c).  A pool with cfg.heaps > 1 serves each thread from
+     * one of up to that many heaps: the pool itself is heap 0 (the root),
+     * the others are pool structs of their own (magic GM_HEAP_MAGIC, never a
+     * public handle) made on first use, each with its own lock, arenas,
+     * streams, physical pages and statistics, sharing the root's backend.
+     * root == the pool itself for the root. */
+    struct gm_pool *root;
+    unsigned heap_index;         /* 0 for the root */
+    unsigned heaps_max;          /* root: heaps a thread may be given (1: none) */
+    _Atomic(struct gm_pool *) heap[GM_HEAPS_MAX]; /* root: heap[0] = root, others once made */
+    _Atomic unsigned n_heaps;    /* root: heap[0..n_heaps) may be non-NULL */
+    unsigned next_heap;          /* root: the next heap a thread is given (heaps_mu) */
+    pthread_mutex_t heaps_mu;    /* root: making heaps and binding threads */
+    /* Root: reserved memory of every heap together (pages obtained minus
+     * pages given back), the one figure the pool limit applies to, and its
+     * peak.  Changed by each heap under its own lock, atomically. */
+    _Atomic uint64_t fam_reserved, fam_reserved_peak;
 
     struct gm__host *host;       /* pinned host pool (host.c), own lock */
     struct gm__copy *copy;       /* staged copy engine (copy.c), made at pool creation */
@@ -242,6 +263,50 @@ typedef enum gm__owner {
 gm__owner_t gm__owner_locked(gm_pool_t *pool, const void *ptr, size_t *size);
 /* "device memory (gm_alloc)" ... for messages. */
 const char *gm__owner_name(gm__owner_t o);
+
+/* ---- defined in src/core/heaps.c -------------------------------------------- */
+
+/* The heap this thread allocates from in root (the root itself when the pool
+ * has no heaps).  No lock held; makes the heap on first use (a heap that
+ * cannot be made: the root). */
+gm_pool_t *gm__heap_self_slow(gm_pool_t *root);
+extern _Thread_local struct gm__heap_binding {
+    gm_pool_t *root;
+    uint64_t gen;                /* root->tc_gen when bound */
+    gm_pool_t *heap;
+} gm__heap_bound;
+static inline gm_pool_t *gm__heap_self(gm_pool_t *root)
+{
+    if (GM_LIKELY(root->heaps_max <= 1)) return root;
+    if (GM_LIKELY(gm__heap_bound.root == root && gm__heap_bound.gen == root->tc_gen))
+        return gm__heap_bound.heap;
+    return gm__heap_self_slow(root);
+}
+static inline bool gm__heap_holds(const gm_pool_t *h, uintptr_t p);
+/* The heap whose address space holds ptr; the root for any other pointer
+ * (sysmem and host blocks, garbage: the root's checks word the error). */
+static inline gm_pool_t *gm__heap_of(gm_pool_t *root, const void *ptr)
+{
+    if (GM_LIKELY(root->heaps_max <= 1)) return root;
+    uintptr_t p = (uintptr_t)ptr;
+    if (gm__heap_bound.root == root && gm__heap_holds(gm__heap_bound.heap, p))
+        return gm__heap_bound.heap;
+    unsigned n = atomic_load_explicit(&root->n_heaps, memory_order_acquire);
+    for (unsigned i = 1; i < n; i++) {
+        gm_pool_t *h = atomic_load_explicit(&root->heap[i], memory_order_acquire);
+        if (h && gm__heap_holds(h, p)) return h;
+    }
+    return root;
+}
+/* The heaps of root made so far, root first: *n of them into out. */
+void gm__heaps_list(gm_pool_t *root, gm_pool_t **out, unsigned *n);
+/* Teardown of root's other heaps (root's destruction, no lock held); their
+ * live blocks and bytes are added to *blocks and *bytes. */
+void gm__heaps_destroy(gm_pool_t *root, uint64_t *blocks, uint64_t *bytes);
+/* Out of memory in heap h (its lock held, dropped and taken again inside):
+ * every other heap of its pool drains its streams and gives its free pages
+ * back, so that h may make new ones.  Returns whether any page went back. */
+bool gm__heaps_reclaim_others(gm_pool_t *h);
 
 /* ---- defined in src/core/pages.c -------------------------------------------- */
 
@@ -334,5 +399,10 @@ int gm__alloc_check_locked(gm_pool_t *pool);
 /* Largest mapped free run and total free mapped bytes, for stats. */
 void gm__alloc_free_summary_locked(gm_pool_t *pool, uint64_t *largest, uint64_t *free_blocks);
 void gm__alloc_fini(gm_pool_t *pool);
+
+static inline bool gm__heap_holds(const gm_pool_t *h, uintptr_t p)
+{
+    return p - h->arena[0].base < h->arena[0].size || p - h->arena[1].base < h->arena[1].size;
+}
 
 #endif /* GM_POOL_H */

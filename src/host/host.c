@@ -530,9 +530,10 @@ int gm_host_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     int rc = gm__host_free_kind(pool, GM__HOST_USER, ptr, stream);
     if (rc == GM_INVALID_POINTER) {
         /* Not the host pool's: device memory given to the wrong free? */
-        gm__lock(&pool->lock);
-        gm__owner_t owner = gm__owner_locked(pool, ptr, NULL);
-        gm__unlock(&pool->lock);
+        gm_pool_t *h = gm__heap_of(pool, ptr);
+        gm__lock(&h->lock);
+        gm__owner_t owner = gm__owner_locked(h, ptr, NULL);
+        gm__unlock(&h->lock);
         if (owner == GM__OWNER_DEVICE || owner == GM__OWNER_SYSMEM)
             rc = gm__set_error(GM_INVALID_ARGUMENT, "gm_host_free: %p is %s: nothing was freed "
                                "(free it with gm_free)", ptr, gm__owner_name(owner));

@@ -306,9 +306,14 @@ typedef struct all_arg {
 static void report_one(gm_pool_t *pool, void *arg)
 {
     all_arg_t *a = arg;
-    gm__lock(&pool->lock);
-    report_pool_locked(pool, a->o, &a->bytes, &a->count);
-    gm__unlock(&pool->lock);
+    gm_pool_t *hs[GM_HEAPS_MAX];
+    unsigned n;
+    gm__heaps_list(pool, hs, &n);
+    for (unsigned i = 0; i < n; i++) {
+        gm__lock(&hs[i]->lock);
+        report_pool_locked(hs[i], a->o, &a->bytes, &a->count);
+        gm__unlock(&hs[i]->lock);
+    }
 }
 
 int gm_leak_report(gm_pool_t *pool, char *buf, size_t cap, size_t *len)

@@ -70,15 +70,68 @@ static int stats_out(const gm_stats_t *s, gm_stats_t *stats)
     return GM_OK;
 }
 
+/* Sum s into *sum (the additive fields); *largest: the largest free block. */
+static void stats_add(gm_stats_t *sum, const gm_stats_t *s, uint64_t *largest)
+{
+#define GM__STAT_ADD(name, desc) sum->name += s->name;
+    GM_STAT_FIELDS(GM__STAT_ADD)
+#undef GM__STAT_ADD
+    for (int k = 0; k < GM_CALL_COUNT; k++) sum->backend_calls[k] += s->backend_calls[k];
+    if (s->largest_free_block > *largest) *largest = s->largest_free_block;
+}
+
+/* The fields a sum cannot give: largest_free_block (the largest of any
+ * part: one allocation is served by one) and fragmentation_ppm (the
+ * per-pool formula over the summed figures). */
+static void stats_finish(gm_stats_t *s, uint64_t largest)
+{
+    s->largest_free_block = largest;
+    uint64_t free_mapped = s->mapped > s->active ? s->mapped - s->active : 0;
+    s->fragmentation_ppm =
+        free_mapped && s->largest_free_block < free_mapped
+            ? (uint64_t)(1e6 * (1.0 - (double)s->largest_free_block / (double)free_mapped))
+            : 0;
+    s->size = sizeof *s;
+    s->version = GM_STATS_VERSION;
+}
+
+/* A pool's figures: its heaps' summed (each read under its own lock, one
+ * after the other).  reserved_peak is the pool's own (the limit's figure),
+ * the other peaks are sums of the heaps' peaks, so an upper bound. */
+static void pool_snapshot(gm_pool_t *pool, gm_stats_t *out)
+{
+    gm_pool_t *hs[GM_HEAPS_MAX];
+    unsigned n;
+    gm__heaps_list(pool, hs, &n);
+    gm__lock(&pool->lock);
+    gm__stats_snapshot_locked(pool, out);
+    gm__unlock(&pool->lock);
+    if (n == 1) return;
+    uint64_t largest = out->largest_free_block;
+    for (unsigned i = 1; i < n; i++) {
+        gm_stats_t s;
+        gm__lock(&hs[i]->lock);
+        gm__stats_snapshot_locked(hs[i], &s);
+        gm__unlock(&hs[i]->lock);
+        s.modeled_device_ns = 0; /* the root's backend, read once */
+        stats_add(out, &s, &largest);
+    }
+    /* The heaps were read one after the other while pages may move between
+     * them: the pool's own figure is exact. */
+    out->reserved = atomic_load_explicit(&pool->fam_reserved, memory_order_relaxed);
+    out->cached = out->reserved > out->active ? out->reserved - out->active : 0;
+    out->reserved_peak = atomic_load_explicit(&pool->fam_reserved_peak, memory_order_relaxed);
+    if (out->reserved_peak < out->reserved) out->reserved_peak = out->reserved;
+    stats_finish(out, largest);
+}
+
 int gm_pool_stats(gm_pool_t *pool, gm_stats_t *stats)
 {
     if (!stats || stats->size < offsetof(gm_stats_t, allocated))
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_stats: initialise stats with GM_STATS_INIT");
     GM_CHECK(gm__pool_resolve(&pool, "gm_pool_stats"));
     gm_stats_t s;
-    gm__lock(&pool->lock);
-    gm__stats_snapshot_locked(pool, &s);
-    gm__unlock(&pool->lock);
+    pool_snapshot(pool, &s);
     host_stats(pool, &s);
     return stats_out(&s, stats);
 }
@@ -92,6 +145,10 @@ static void reset_peaks_locked(gm_pool_t *pool)
     pool->st.active_peak = now.active;
     pool->st.reserved_peak = pool->st.reserved;
     pool->st.sysmem_allocated_peak = pool->st.sysmem_allocated;
+    if (pool->root == pool)
+        atomic_store_explicit(&pool->fam_reserved_peak,
+                              atomic_load_explicit(&pool->fam_reserved, memory_order_relaxed),
+                              memory_order_relaxed);
     gm__monitor_invalidate_locked(pool);
     gm__monitor_publish_locked(pool);
 }
@@ -99,9 +156,14 @@ static void reset_peaks_locked(gm_pool_t *pool)
 int gm_pool_reset_peaks(gm_pool_t *pool)
 {
     GM_CHECK(gm__pool_resolve(&pool, "gm_pool_reset_peaks"));
-    gm__lock(&pool->lock);
-    reset_peaks_locked(pool);
-    gm__unlock(&pool->lock);
+    gm_pool_t *hs[GM_HEAPS_MAX];
+    unsigned n;
+    gm__heaps_list(pool, hs, &n);
+    for (unsigned i = 0; i < n; i++) {
+        gm__lock(&hs[i]->lock);
+        reset_peaks_locked(hs[i]);
+        gm__unlock(&hs[i]->lock);
+    }
     gm__host_reset_peaks(pool);
     return GM_OK;
 }
@@ -116,16 +178,10 @@ typedef struct process_sum {
 static void add_pool(gm_pool_t *pool, void *arg)
 {
     process_sum_t *ps = arg;
-    gm_stats_t *sum = &ps->sum, s;
-    gm__lock(&pool->lock);
-    gm__stats_snapshot_locked(pool, &s);
-    gm__unlock(&pool->lock);
+    gm_stats_t s;
+    pool_snapshot(pool, &s);
     host_stats(pool, &s);
-#define GM__STAT_ADD(name, desc) sum->name += s.name;
-    GM_STAT_FIELDS(GM__STAT_ADD)
-#undef GM__STAT_ADD
-    for (int k = 0; k < GM_CALL_COUNT; k++) sum->backend_calls[k] += s.backend_calls[k];
-    if (s.largest_free_block > ps->largest) ps->largest = s.largest_free_block;
+    stats_add(&ps->sum, &s, &ps->largest);
 }
 
 /* Not additive: largest_free_block is the largest block of any pool (one
@@ -141,24 +197,14 @@ int gm_process_stats(gm_stats_t *stats)
     memset(&ps, 0, sizeof ps);
     gm__registry_foreach(add_pool, &ps);
     gm_stats_t s = ps.sum;
-    s.largest_free_block = ps.largest;
-    uint64_t free_mapped = s.mapped > s.active ? s.mapped - s.active : 0;
-    s.fragmentation_ppm =
-        free_mapped && s.largest_free_block < free_mapped
-            ? (uint64_t)(1e6 * (1.0 - (double)s.largest_free_block / (double)free_mapped))
-            : 0;
-    s.size = sizeof s;
-    s.version = GM_STATS_VERSION;
+    stats_finish(&s, ps.largest);
     return stats_out(&s, stats);
 }
 
 static void reset_pool(gm_pool_t *pool, void *arg)
 {
     (void)arg;
-    gm__lock(&pool->lock);
-    reset_peaks_locked(pool);
-    gm__unlock(&pool->lock);
-    gm__host_reset_peaks(pool);
+    gm_pool_reset_peaks(pool);
 }
 
 int gm_process_reset_peaks(void)

@@ -296,9 +296,18 @@ void gm__trace_pool_fini(gm_pool_t *pool)
 
 /* ---- start and stop --------------------------------------------------------------- */
 
-static void collect(gm_pool_t *pool, void *arg)
+static void collect_heap(gm_pool_t *pool);
+static void collect(gm_pool_t *root, void *arg)
 {
     (void)arg;
+    gm_pool_t *hs[GM_HEAPS_MAX];
+    unsigned n;
+    gm__heaps_list(root, hs, &n);
+    for (unsigned i = 0; i < n; i++) collect_heap(hs[i]);
+}
+
+static void collect_heap(gm_pool_t *pool)
+{
     gm__lock(&pool->lock);
     struct gm__trace_buf *b = pool->trace_buf;
     pool->trace_buf = NULL;
