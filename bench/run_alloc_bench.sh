@@ -121,6 +121,8 @@ out = {
     "threads16_speedup": {a: P[a]["threads16_speedup"] for a in names if a in P},
     "threads16_speedup_one_heap": P.get("gpumem", {}).get("threads16_speedup_one_heap"),
     "threads16_heaps": P.get("gpumem", {}).get("threads16_heaps"),
+    "threads16_speedup_slack": P.get("gpumem", {}).get("threads16_speedup_slack"),
+    "threads16_backend_calls": P.get("gpumem", {}).get("threads16_backend_calls"),
     "host_parallel_ceiling": {a: P[a].get("host_parallel_ceiling") for a in names if a in P},
     "threads16_of_ceiling": {a: P[a].get("threads16_of_ceiling") for a in names if a in P},
     "steady_state_driver_calls": {a: P[a]["steady_state_driver_calls"] for a in names if a in P},
@@ -170,8 +172,12 @@ L.append("\ndriver calls (or proxy) during the warm mix: " + "; ".join(
     f"{a}: {f(P[a].get('mix_warm_driver_calls'), '{:.0f}')}" for a in present))
 if "gpumem" in P:
     g = P["gpumem"]
-    L.append(f"\ngpumem 16 threads: {f(g.get('threads16_speedup'), '{:.2f}')}x with {g.get('threads16_heaps')} heaps, "
-             f"{f(g.get('threads16_speedup_one_heap'), '{:.2f}')}x with the default of one heap")
+    bc = g.get("threads16_backend_calls") or {}
+    L.append(f"\ngpumem 16 threads: {f(g.get('threads16_speedup'), '{:.2f}')}x with {g.get('threads16_heaps')} heaps "
+             f"({f(bc.get('heaps'), '{:.0f}')} backend calls in the timed run), "
+             f"{f(g.get('threads16_speedup_slack'), '{:.2f}')}x with 16 heaps and reserve slack {g.get('threads16_slack')} "
+             f"({f(bc.get('heaps_slack'), '{:.0f}')} calls), "
+             f"{f(g.get('threads16_speedup_one_heap'), '{:.2f}')}x with the default of one heap ({f(bc.get('one_heap'), '{:.0f}')} calls)")
     L.append(f"\ngpumem backend calls by kind — warm mix: {g.get('gpumem_mix_warm_calls_by_kind') or 'none'} "
              f"({f(g.get('gpumem_mix_warm_backend_ms'), '{:.1f}')} ms inside the backend); steady passes: "
              + "; ".join(f"{t}: {v or 'none'}" for t, v in g.get("gpumem_steady_calls_by_kind", {}).items()))
