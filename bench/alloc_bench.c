@@ -745,6 +745,10 @@ static void bench_threads(size_t per_thread, uint64_t seed)
             uint64_t c = 0;
             for (int k = 0; k < GM_CALL_COUNT; k++) c += g1.backend_calls[k] - g0.backend_calls[k];
             r_t16_calls[pass] = (double)c;
+            char kinds[512];
+            gpumem_kinds(&g0, &g1, kinds, sizeof kinds);
+            printf("    16 threads, timed run: %s; %.1f ms inside the backend (all threads)\n", kinds,
+                   (double)(g1.backend_ns - g0.backend_ns) / 1e6);
         }
         workers_stop();
         if (pass == 0) r_t1_ops = one, r_t16_ops = all;

@@ -129,8 +129,18 @@ typedef struct gm__ppage {
  *   live_blocks == hash.count
  *   cached   == reserved - active */
 struct gm_pool {
+    /* Read by every call of every thread, written only when the pool (or
+     * heap) is made or destroyed: a cache line of their own, so that the
+     * threads of other heaps never miss on it when this heap's lock or
+     * counters change. */
     uint64_t magic;              /* GM_POOL_MAGIC while usable (see above) */
-    gm__lock_t lock;
+    uint64_t tc_gen;             /* this pool's number for the thread caches
+                                    (unique per pool made; 0 once destroyed) */
+    struct gm_pool *root;        /* heaps.c: the pool a heap belongs to (itself for the root) */
+    unsigned heap_index;         /* 0 for the root */
+    unsigned heaps_max;          /* root: heaps a thread may be given (1: none) */
+
+    _Alignas(64) gm__lock_t lock;
     gm_pool_config_t cfg;
     const gm__backend_ops_t *ops;
     void *bk;                    /* backend context */
@@ -142,8 +152,6 @@ struct gm_pool {
     size_t limit;                /* effective hard limit on reserved (see
                                     gm__pages_limit_allows) */
     gm__page_provider_t provider; /* where physical pages come from (provider.h) */
-    uint64_t tc_gen;             /* this pool's number for the thread caches
-                                    (unique per pool made; 0 once destroyed) */
     uint64_t tc_next;            /* the next block generation (tcache.h) */
     double slack_eff;            /* reserve slack in force (gm__pages_budget),
                                     between cfg.reserve_slack and its max */
@@ -181,18 +189,17 @@ struct gm_pool {
      * the others are pool structs of their own (magic GM_HEAP_MAGIC, never a
      * public handle) made on first use, each with its own lock, arenas,
      * streams, physical pages and statistics, sharing the root's backend.
-     * root == the pool itself for the root. */
-    struct gm_pool *root;
-    unsigned heap_index;         /* 0 for the root */
-    unsigned heaps_max;          /* root: heaps a thread may be given (1: none) */
-    _Atomic(struct gm_pool *) heap[GM_HEAPS_MAX]; /* root: heap[0] = root, others once made */
+     * root == the pool itself for the root (root, heap_index and heaps_max
+     * are at the top, with the fields every call reads). */
+    _Alignas(64) _Atomic(struct gm_pool *) heap[GM_HEAPS_MAX]; /* root: heap[0] = root, others once made */
     _Atomic unsigned n_heaps;    /* root: heap[0..n_heaps) may be non-NULL */
     unsigned next_heap;          /* root: the next heap a thread is given (heaps_mu) */
     pthread_mutex_t heaps_mu;    /* root: making heaps and binding threads */
     /* Root: reserved memory of every heap together (pages obtained minus
      * pages given back), the one figure the pool limit applies to, and its
      * peak.  Changed by each heap under its own lock, atomically. */
-    _Atomic uint64_t fam_reserved, fam_reserved_peak;
+    _Alignas(64) _Atomic uint64_t fam_reserved, fam_reserved_peak;
+    _Alignas(64) char pad_after_fam;
 
     struct gm__host *host;       /* pinned host pool (host.c), own lock */
     struct gm__copy *copy;       /* staged copy engine (copy.c), made at pool creation */
