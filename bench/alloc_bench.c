@@ -463,7 +463,11 @@ static mix_t mix_make(size_t n, uint64_t seed)
 {
     mix_t m = {malloc(n * sizeof(uint32_t)), malloc(n * sizeof(uint64_t)), n};
     if (!m.slot || !m.size) die("out of host memory");
-    const double lo = log(MIX_MIN), hi = log(MIX_MAX);
+    /* ALLOC_BENCH_MIX_MAX: a smaller largest size, for diagnosis (the
+     * committed results use the default). */
+    const char *mm = getenv("ALLOC_BENCH_MIX_MAX");
+    double mix_max = mm && atof(mm) >= MIX_MIN ? atof(mm) : MIX_MAX;
+    const double lo = log(MIX_MIN), hi = log(mix_max);
     for (size_t i = 0; i < n; i++) {
         m.slot[i] = (uint32_t)(rng_next(&seed) % MIX_SLOTS);
         uint64_t sz = (uint64_t)exp(lo + (hi - lo) * rng_unit(&seed));
