@@ -40,25 +40,16 @@ _Thread_local struct gm__heap_binding gm__heap_bound;
 
 /* Defined in pool.c: a pool struct's own mapping, and the parts every heap
  * has. */
-gm_pool_t *gm__pool_map_new(void);
+gm_pool_t *gm__pool_map_new(gm_pool_t *root, unsigned idx);
 void gm__pool_map_dead(gm_pool_t *pool);
 int gm__pool_core_init(gm_pool_t *pool, size_t small_va, size_t large_va);
 void gm__pool_core_fini(gm_pool_t *pool);
-uint64_t gm__pool_next_gen(void);
 
 /* Make heap idx of root (heaps_mu held). */
 static gm_pool_t *heap_make(gm_pool_t *root, unsigned idx)
 {
-    gm_pool_t *h = gm__pool_map_new();
+    gm_pool_t *h = gm__pool_map_new(root, idx);
     if (!h) return NULL;
-    h->st.size = sizeof h->st;
-    h->st.version = GM_STATS_VERSION;
-    h->global.is_global = true;
-    h->lru_head = h->lru_tail = GM_NONE;
-    h->tc_gen = gm__pool_next_gen();
-    h->root = root;
-    h->heap_index = idx;
-    h->heaps_max = 1;
     h->cfg = root->cfg;
     h->cfg.initial_reserve = 0;
     h->ops = root->ops;

@@ -98,15 +98,31 @@ static size_t pool_map_size(void)
     return GM_ALIGN_UP(sizeof(struct gm_pool), page);
 }
 
-/* A pool struct's own mapping (a pool's or a heap's), zeroed; NULL when
- * out of host memory. */
-gm_pool_t *gm__pool_map_new(void)
+uint64_t gm__pool_next_gen(void)
+{
+    static _Atomic uint64_t made;
+    return atomic_fetch_add_explicit(&made, 1, memory_order_relaxed) + 1;
+}
+
+/* A pool struct in a mapping of its own (a pool's, or a heap's), its empty
+ * state set: heap idx of root (root NULL: a new pool, its own root).  NULL
+ * when out of host memory. */
+gm_pool_t *gm__pool_map_new(gm_pool_t *root, unsigned idx)
 {
     void *mem = mmap(NULL, pool_map_size(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                      -1, 0);
     if (mem == MAP_FAILED) return NULL;
     if (__lsan_register_root_region) __lsan_register_root_region(mem, pool_map_size());
-    return mem;
+    gm_pool_t *pool = mem;
+    pool->st.size = sizeof pool->st;
+    pool->st.version = GM_STATS_VERSION;
+    pool->global.is_global = true;
+    pool->lru_head = pool->lru_tail = GM_NONE;
+    pool->tc_gen = gm__pool_next_gen();
+    pool->root = root ? root : pool;
+    pool->heap_index = idx;
+    pool->heaps_max = 1;
+    return pool;
 }
 
 /* The struct's pages are given back and read as zeros (magic 0); the
@@ -116,12 +132,6 @@ void gm__pool_map_dead(gm_pool_t *pool)
     pool->magic = 0;
     if (__lsan_unregister_root_region) __lsan_unregister_root_region(pool, pool_map_size());
     madvise(pool, pool_map_size(), MADV_DONTNEED);
-}
-
-uint64_t gm__pool_next_gen(void)
-{
-    static _Atomic uint64_t made;
-    return atomic_fetch_add_explicit(&made, 1, memory_order_relaxed) + 1;
 }
 
 /* What every heap has (the root and the others): the live table, the
@@ -194,15 +204,8 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     *out = NULL;
     gm__process_init();
     /* A mapping of its own, never unmapped: see pool_teardown. */
-    gm_pool_t *pool = gm__pool_map_new();
+    gm_pool_t *pool = gm__pool_map_new(NULL, 0);
     if (!pool) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
-    pool->st.size = sizeof pool->st;
-    pool->st.version = GM_STATS_VERSION;
-    pool->global.is_global = true;
-    pool->lru_head = pool->lru_tail = GM_NONE;
-    pool->tc_gen = gm__pool_next_gen();
-    pool->root = pool;
-    pool->heaps_max = 1;
     atomic_store_explicit(&pool->heap[0], pool, memory_order_relaxed);
     atomic_store_explicit(&pool->n_heaps, 1, memory_order_relaxed);
     pthread_mutex_init(&pool->heaps_mu, NULL);
@@ -297,11 +300,31 @@ static bool oom_handlers_running(const gm_pool_t *pool)
     return oom_depth == OOM_NEST_MAX; /* deeper: no more handlers at all */
 }
 
+/* One more attempt of the slow path (lock held; the stream state is looked
+ * up again, since the lock may have been dropped).  Returns whether it is
+ * over: *rc GM_OK (served), or a failure that is not a lack of memory;
+ * otherwise *rc is the refusal and reason holds its message. */
+static bool retry_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr, int *rc,
+                         char *reason, size_t cap)
+{
+    gm__stream_t *s = gm__stream_get_locked(pool, stream);
+    if (!s) {
+        *rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
+        return true;
+    }
+    *rc = gm__alloc_locked(pool, size, s, ptr);
+    if (*rc != GM_OUT_OF_MEMORY && *rc != GM_LIMIT) return true;
+    snprintf(reason, cap, "%s", gm_last_error());
+    return false;
+}
+
 /* Everything after a failed first attempt, lock held (released around the
- * handlers).  The steps, each followed by a retry:
+ * handlers and while other heaps give pages back).  The steps, each
+ * followed by a retry:
  *   1. drain the streams and trim the cache (free pages go back to the
- *      device, so a large range can get fresh ones);
- *   2. the user's out-of-memory handlers, called without the lock;
+ *      device, so a large range can get fresh ones); with heaps, then the
+ *      other heaps do the same;
+ *   2. the user's out-of-memory handlers (the root's), called without the lock;
  *   3. a last resort (see below);
  * then the report.  `retries` counts allocations served by a retry,
  * `alloc_failures` the entries here, `oom_count` (in oom.c) the failures. */
@@ -314,23 +337,9 @@ static int alloc_slow_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, v
     gm__tcache_flush_self_locked(pool);
     gm__drain_streams_locked(pool);
     if (gm__pages_trim_locked(pool, 0, NULL) != GM_OK) gm__clear_error();
-    gm__stream_t *s = gm__stream_get_locked(pool, stream);
-    if (!s) return gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
-    rc = gm__alloc_locked(pool, size, s, ptr);
-    if (rc == GM_OK) goto served;
-    if (rc != GM_OUT_OF_MEMORY && rc != GM_LIMIT) return rc;
-    snprintf(reason, sizeof reason, "%s", gm_last_error());
-
-    /* 1b. With heaps: the others give their free pages back (the lock is
-     * dropped meanwhile, so the stream state is looked up again). */
-    if (gm__heaps_reclaim_others(pool)) {
-        s = gm__stream_get_locked(pool, stream);
-        if (!s) return gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
-        rc = gm__alloc_locked(pool, size, s, ptr);
-        if (rc == GM_OK) goto served;
-        if (rc != GM_OUT_OF_MEMORY && rc != GM_LIMIT) return rc;
-        snprintf(reason, sizeof reason, "%s", gm_last_error());
-    }
+    if (retry_locked(pool, size, stream, ptr, &rc, reason, sizeof reason)) goto over;
+    if (gm__heaps_reclaim_others(pool) && retry_locked(pool, size, stream, ptr, &rc, reason, sizeof reason))
+        goto over;
 
     /* The handlers are the root's, called with the root: the user's handle
      * (a heap reads them under the root's lock, its own dropped). */
@@ -352,24 +361,20 @@ static int alloc_slow_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, v
         gm__lock(&pool->lock);
         pool->st.oom_handler_calls += calls;
         if (!again) break;
-        s = gm__stream_get_locked(pool, stream);
-        if (!s) return gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
-        rc = gm__alloc_locked(pool, size, s, ptr);
-        if (rc == GM_OK) goto served;
-        if (rc != GM_OUT_OF_MEMORY && rc != GM_LIMIT) return rc;
-        snprintf(reason, sizeof reason, "%s", gm_last_error());
+        if (retry_locked(pool, size, stream, ptr, &rc, reason, sizeof reason)) goto over;
     }
 
     /* The last resort: pinned host memory the device can address (opt-in,
      * counted apart in stats, announced on stderr; src/host/sysmem.c). */
     if (pool->cfg.flags & GM_POOL_SYSMEM_FALLBACK) {
-        s = gm__stream_get_locked(pool, stream);
+        gm__stream_t *s = gm__stream_get_locked(pool, stream);
         if (s && gm__sysmem_alloc_locked(pool, size, s, ptr, rc) == GM_OK) return GM_OK;
         snprintf(reason, sizeof reason, "%s", gm_last_error());
     }
 
     return gm__observe_alloc_failure_locked(pool, size, stream, rc, reason);
-served:
+over:
+    if (rc != GM_OK) return rc;
     pool->st.retries++;
     gm__clear_error();
     return GM_OK;
