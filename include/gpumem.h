@@ -157,7 +157,10 @@ typedef struct gm_pool_config {
      * in turn), each with its own lock, address space and pages, so threads
      * on different heaps never wait for each other; a block may be freed by
      * any thread.  Costs memory: each heap keeps its own free pages and
-     * reserve slack (see docs/design.md, "Heaps").  Ignored (one heap) while
+     * reserve slack.  For threads that each allocate and free their own
+     * memory; where one thread frees what another allocated at every step
+     * (PyTorch's autograd thread), pages move between heaps all the time
+     * (see docs/design.md, "Heaps").  Ignored (one heap) while
      * leak checking or tracing is on at creation, or with
      * GM_POOL_SYSMEM_FALLBACK.  0: GPUMEM_HEAPS. */
     unsigned heaps;
