@@ -194,7 +194,6 @@ __attribute__((noinline)) static gm__stream_t *stream_add_locked(gm_pool_t *pool
 gm__stream_t *gm__stream_get_locked(gm_pool_t *pool, gm_stream_t handle)
 {
     gm__stream_t *s = gm__streams_find(&pool->streams, handle);
-    if (GM_UNLIKELY(s && s->retired)) s->retired = false; /* a new stream of that handle */
     return GM_LIKELY(s != NULL) ? s : stream_add_locked(pool, handle);
 }
 
@@ -274,8 +273,7 @@ static size_t process_pending(gm_pool_t *pool)
         *pp = b->fnext;
         destroy_recorded(pool, b);
         b->owner->users--; /* pending no more */
-        /* A retired owner was waited for: the block is everyone's. */
-        release_block(pool, b, b->owner->retired ? &pool->global : b->owner);
+        release_block(pool, b, b->owner);
         released++;
     }
     return released;
@@ -329,12 +327,19 @@ int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
     }
     /* Blocks freed on s that wait for other streams: once those pass, they
      * would go into s's index, which no one would ever drain (s is gone).
-     * Wait for s now, and they go to everyone's index instead. */
+     * Wait for s now, and they become the global index's (freed on a stream
+     * that has passed the free). */
     if (held || unordered || owns_pending) {
         GM_CHECK(gm__fm_sync_migrate(pool, &DEVICE, &pool->blocks, s, &pool->global));
-        for (gm__block_t *b = pool->pending; b; b = b->fnext)
+        for (gm__block_t *b = pool->pending; b; b = b->fnext) {
             for (gm__recorded_t *r = b->recorded; r; r = r->next)
                 if (r->stream == s) r->unordered = false;
+            if (b->owner == s) {
+                s->users--;
+                b->owner = &pool->global;
+                pool->global.users++;
+            }
+        }
     }
     /* Its event (recorded on a finished stream) is not needed any more. */
     if (s->ev_pending) {
@@ -343,7 +348,6 @@ int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
         if (rc == GM_OK) s->ev_pending = false;
         gm__clear_error();
     }
-    if (owns_pending) s->retired = true;
     if (stream_idle(s)) forget_stream(pool, s);
     return GM_OK;
 }
@@ -678,9 +682,10 @@ int gm__alloc_check_locked(gm_pool_t *pool)
         return gm__set_error(GM_INTERNAL, "active/allocated counters drifted");
     /* Stream states: table and list agree; users == live blocks allocated
      * on it + pending blocks freed on it + record_stream entries naming it,
-     * summed over all states. */
+     * summed over all states and the global one. */
     GM_CHECK(gm__streams_check(&pool->streams));
-    size_t users = 0, refs = 0;
+    size_t refs = 0;
+    size_t users = pool->global.users; /* pending blocks of a forgotten stream */
     for (size_t i = 0; i < pool->streams.n; i++) users += pool->streams.all[i]->users;
     for (int c = 0; c < GM_CLASS_COUNT; c++)
         for (gm__block_t *b = pool->arena[c].first; b; b = b->next) {

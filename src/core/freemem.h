@@ -105,14 +105,13 @@ typedef struct gm__stream {
     bool is_global;
     bool pinned;                /* device: never forgotten (the default stream) */
     bool active;                /* device: has allocated (counted in n_active) */
-    bool retired;               /* device: gm_stream_forget waited for it while blocks
-                                   freed on it were pending: they go to the global
-                                   index when their recorded streams pass */
     size_t slot;                /* index in its registry's list */
     /* Device: references that keep the record alive besides its free blocks:
      * live blocks allocated on it (b->owner), pending blocks freed on it, and
-     * gm_record_stream entries naming it.  A record with users == 0, empty
-     * indexes and no pending event is idle: alloc.c's sweep frees it. */
+     * gm_record_stream entries naming it (the global state: pending blocks
+     * whose stream was forgotten, gm__stream_retire_locked).  A record with
+     * users == 0, empty indexes and no pending event is idle: alloc.c's
+     * sweep frees it. */
     size_t users;
     uint64_t free_seq;          /* counts frees into this index */
     uint64_t done_seq;          /* the stream is known to have passed this free_seq */
