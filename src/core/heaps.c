@@ -38,17 +38,10 @@
 
 _Thread_local struct gm__heap_binding gm__heap_bound;
 
-/* Defined in pool.c: a pool struct's own mapping, and the parts every heap
- * has. */
-gm_pool_t *gm__pool_map_new(gm_pool_t *root, unsigned idx);
-void gm__pool_map_dead(gm_pool_t *pool);
-int gm__pool_core_init(gm_pool_t *pool, size_t small_va, size_t large_va);
-void gm__pool_core_fini(gm_pool_t *pool);
-
-/* Make heap idx of root (heaps_mu held). */
-static gm_pool_t *heap_make(gm_pool_t *root, unsigned idx)
+/* Make a heap of root (heaps_mu held). */
+static gm_pool_t *heap_make(gm_pool_t *root)
 {
-    gm_pool_t *h = gm__pool_map_new(root, idx);
+    gm_pool_t *h = gm__pool_map_new(root);
     if (!h) return NULL;
     h->cfg = root->cfg;
     h->cfg.initial_reserve = 0;
@@ -67,7 +60,8 @@ static gm_pool_t *heap_make(gm_pool_t *root, unsigned idx)
     /* Less address space than the root's: a heap serves one thread's share. */
     size_t total = GM_ALIGN_UP(h->info.total_memory, h->page);
     if (gm__pool_core_init(h, total, total * 2) != GM_OK) {
-        gm__pool_core_fini(h);
+        uint64_t none = 0, zero = 0;
+        gm__pool_core_fini_locked(h, &none, &zero); /* no one sees it yet */
         gm__pool_map_dead(h);
         return NULL;
     }
@@ -108,7 +102,7 @@ gm_pool_t *gm__heap_self_slow(gm_pool_t *root)
     if (idx != 0) {
         h = atomic_load_explicit(&root->heap[idx], memory_order_relaxed);
         if (!h) {
-            h = heap_make(root, idx);
+            h = heap_make(root);
             if (h) {
                 atomic_store_explicit(&root->heap[idx], h, memory_order_release);
                 if (atomic_load_explicit(&root->n_heaps, memory_order_relaxed) <= idx)
@@ -123,18 +117,6 @@ gm_pool_t *gm__heap_self_slow(gm_pool_t *root)
     return bind(root, h);
 }
 
-void gm__heaps_list(gm_pool_t *root, gm_pool_t **out, unsigned *n)
-{
-    unsigned k = 0;
-    out[k++] = root;
-    unsigned m = atomic_load_explicit(&root->n_heaps, memory_order_acquire);
-    for (unsigned i = 1; i < m; i++) {
-        gm_pool_t *h = atomic_load_explicit(&root->heap[i], memory_order_acquire);
-        if (h) out[k++] = h;
-    }
-    *n = k;
-}
-
 void gm__heaps_destroy(gm_pool_t *root, uint64_t *blocks, uint64_t *bytes)
 {
     unsigned m = atomic_load_explicit(&root->n_heaps, memory_order_acquire);
@@ -145,16 +127,8 @@ void gm__heaps_destroy(gm_pool_t *root, uint64_t *blocks, uint64_t *bytes)
         gm__trace_pool_flush(h);
         gm__monitor_detach(h);
         gm__lock(&h->lock);
-        gm_stats_t adj = {.allocated = h->st.allocated, .live_blocks = h->live.count};
-        gm__tcache_adjust_locked(h, &adj);
-        *blocks += adj.live_blocks;
-        *bytes += adj.allocated;
-        gm__tcache_pool_fini_locked(h);
-        h->tc_gen = 0;
-        gm__observe_pool_fini_locked(h);
-        gm__pool_core_fini(h);
+        gm__pool_core_fini_locked(h, blocks, bytes);
         gm__unlock(&h->lock);
-        h->magic = 0;
         gm__pool_map_dead(h);
     }
     atomic_store_explicit(&root->n_heaps, 1, memory_order_release);
@@ -162,16 +136,11 @@ void gm__heaps_destroy(gm_pool_t *root, uint64_t *blocks, uint64_t *bytes)
 
 bool gm__heaps_reclaim_others(gm_pool_t *h)
 {
-    gm_pool_t *root = h->root;
-    if (root->heaps_max <= 1) return false;
-    gm_pool_t *all[GM_HEAPS_MAX];
-    unsigned n;
-    gm__heaps_list(root, all, &n);
-    if (n <= 1) return false;
+    gm_pool_t *root = h->root, *o;
+    if (atomic_load_explicit(&root->n_heaps, memory_order_acquire) <= 1) return false;
     size_t got = 0;
     gm__unlock(&h->lock);
-    for (unsigned i = 0; i < n; i++) {
-        gm_pool_t *o = all[i];
+    for (unsigned i = 0; (o = gm__heap_next(root, &i));) {
         if (o == h) continue;
         gm__lock(&o->lock);
         gm__drain_streams_locked(o);

@@ -223,20 +223,26 @@ static void apply(const gm__option_t *o, uint64_t x, gm_pool_config_t *d)
     }
 }
 
+int gm__option_read(gm__opt_t i, uint64_t *x)
+{
+    const gm__option_t *o = &table[i];
+    const char *v = getenv(o->name);
+    if (!v || !*v) v = o->def;
+    if (parse(o, v, x) != GM_OK)
+        return gm__set_error(GM_INVALID_ARGUMENT, "%s=\"%s\" is not valid: %s", o->name, v,
+                             o->doc);
+    return GM_OK;
+}
+
 int gm_config_from_env(gm_pool_config_t *cfg)
 {
     if (!cfg) return gm__set_error(GM_INVALID_ARGUMENT, "gm_config_from_env: cfg is NULL");
     gm_pool_config_t d = GM_POOL_CONFIG_INIT;
     for (int i = 0; i < GM_OPT_COUNT; i++) {
-        const gm__option_t *o = &table[i];
-        if (!o->config) continue;
-        const char *v = getenv(o->name);
-        if (!v || !*v) v = o->def;
         uint64_t x;
-        if (parse(o, v, &x) != GM_OK)
-            return gm__set_error(GM_INVALID_ARGUMENT, "%s=\"%s\" is not valid: %s", o->name, v,
-                                 o->doc);
-        apply(o, x, &d);
+        if (!table[i].config) continue;
+        GM_CHECK(gm__option_read((gm__opt_t)i, &x));
+        apply(&table[i], x, &d);
     }
     *cfg = d;
     return GM_OK;

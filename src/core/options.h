@@ -73,6 +73,10 @@ bool gm__option_valid(gm__opt_t o, const char *v);
  *                    GPUMEM_TORCH_OOM (1 for "null"). */
 const char *gm__option_str(gm__opt_t o);
 uint64_t gm__option_num(gm__opt_t o);
+/* Config row o's value now: the environment's, or the default when unset or
+ * empty.  A bad value: GM_INVALID_ARGUMENT with the message every config
+ * row gives ("GPUMEM_X=\"v\" is not valid: <doc>").  Arms nothing. */
+int gm__option_read(gm__opt_t o, uint64_t *x);
 /* The sim's device size for a config that leaves it 0: GPUMEM_SIM_CAPACITY
  * when set, valid and not 0, else the row's default (80 GiB, written only in
  * the table).  Read at each call (pool creation), like the other config rows. */

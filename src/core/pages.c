@@ -131,8 +131,6 @@ static void lru_remove(gm_pool_t *pool, uint32_t id)
 
 /* ---- physical pages ------------------------------------------------------ */
 
-/* Obtain a physical page from the provider; it starts free, mapped nowhere.
- * Past the pool limit: GM_LIMIT with no message (see gm__pages_limit_allows). */
 /* The pool limit applies to the reserved memory of all its heaps together
  * (root->fam_reserved, see heaps.c): a page is counted there before it is
  * asked for, atomically, so heaps growing at once never pass the limit. */
@@ -156,6 +154,8 @@ static void fam_put(gm_pool_t *pool)
     atomic_fetch_sub_explicit(&pool->root->fam_reserved, pool->page, memory_order_relaxed);
 }
 
+/* Obtain a physical page from the provider; it starts free, mapped nowhere.
+ * Past the pool limit: GM_LIMIT with no message (see gm__pages_limit_allows). */
 static int phys_create(gm_pool_t *pool, uint32_t *out)
 {
     int rc;
@@ -212,7 +212,6 @@ int gm__pages_refuse_locked(gm_pool_t *pool, int rc, size_t size)
     char a[32], r[32], l[32], f[32];
     /* With heaps, the pool's reserved memory is all of theirs. */
     uint64_t reserved = atomic_load_explicit(&pool->root->fam_reserved, memory_order_relaxed);
-    if (reserved < pool->st.reserved) reserved = pool->st.reserved;
     return gm__set_error(rc == GM_LIMIT ? GM_LIMIT : GM_OUT_OF_MEMORY,
                          "gm_alloc: cannot allocate %zu bytes: %s; allocated %s, reserved %s, "
                          "limit %s, device free %s",

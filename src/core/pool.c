@@ -69,13 +69,10 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: reserve_slack %g and "
                              "reserve_slack_max %g must lie in [0, 1], churn_target %g in "
                              "[0, 1e6]", d.reserve_slack, d.reserve_slack_max, d.churn_target);
-    if (d.heaps == 0) { /* GPUMEM_HEAPS, or one */
-        const char *v = gm__option_env(GM_OPT_HEAPS);
-        if (v && !gm__option_valid(GM_OPT_HEAPS, v))
-            return gm__set_error(GM_INVALID_ARGUMENT, "GPUMEM_HEAPS=\"%s\" is not valid: %s", v,
-                                 gm__option(GM_OPT_HEAPS)->doc);
-        d.heaps = v ? (unsigned)strtoul(v, NULL, 10) : 1;
-        if (d.heaps == 0) d.heaps = 1;
+    if (d.heaps == 0) { /* GPUMEM_HEAPS (0 there: one) */
+        uint64_t x;
+        GM_CHECK(gm__option_read(GM_OPT_HEAPS, &x));
+        d.heaps = x > 1 ? (unsigned)x : 1; /* the row's parser caps it at 2^20 */
     }
     if (d.heaps > GM_HEAPS_MAX)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: heaps %u: at most %d",
@@ -104,10 +101,8 @@ uint64_t gm__pool_next_gen(void)
     return atomic_fetch_add_explicit(&made, 1, memory_order_relaxed) + 1;
 }
 
-/* A pool struct in a mapping of its own (a pool's, or a heap's), its empty
- * state set: heap idx of root (root NULL: a new pool, its own root).  NULL
- * when out of host memory. */
-gm_pool_t *gm__pool_map_new(gm_pool_t *root, unsigned idx)
+/* NULL when out of host memory. */
+gm_pool_t *gm__pool_map_new(gm_pool_t *root)
 {
     void *mem = mmap(NULL, pool_map_size(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                      -1, 0);
@@ -120,7 +115,6 @@ gm_pool_t *gm__pool_map_new(gm_pool_t *root, unsigned idx)
     pool->lru_head = pool->lru_tail = GM_NONE;
     pool->tc_gen = gm__pool_next_gen();
     pool->root = root ? root : pool;
-    pool->heap_index = idx;
     pool->heaps_max = 1;
     return pool;
 }
@@ -150,9 +144,17 @@ int gm__pool_core_init(gm_pool_t *pool, size_t small_va, size_t large_va)
     return GM_OK;
 }
 
-/* Undo gm__pool_core_init, however far it got (lock held or unneeded). */
-void gm__pool_core_fini(gm_pool_t *pool)
+/* Undo gm__pool_core_init, however far it got (lock held, or the struct
+ * not yet seen by anyone): every thread cache bound to it drops it. */
+void gm__pool_core_fini_locked(gm_pool_t *pool, uint64_t *blocks, uint64_t *bytes)
 {
+    gm_stats_t left = {.allocated = pool->st.allocated, .live_blocks = pool->live.count};
+    gm__tcache_adjust_locked(pool, &left); /* cached blocks were freed by the program */
+    *blocks += left.live_blocks;
+    *bytes += left.allocated;
+    gm__tcache_pool_fini_locked(pool);
+    pool->tc_gen = 0;
+    gm__observe_pool_fini_locked(pool);
     gm__pages_fini(pool);
     for (int c = 0; c < GM_CLASS_COUNT; c++) gm__arena_fini(pool, &pool->arena[c]);
     gm__alloc_fini(pool);
@@ -169,9 +171,7 @@ static void pool_teardown(gm_pool_t *pool, uint64_t *blocks, uint64_t *bytes)
     gm__sysmem_fini(pool);
     gm__host_fini(pool);
     gm__lock(&pool->lock);
-    pool->tc_gen = 0; /* every thread cache bound to it drops it */
-    gm__observe_pool_fini_locked(pool);
-    gm__pool_core_fini(pool);
+    gm__pool_core_fini_locked(pool, blocks, bytes);
     if (pool->bk) pool->ops->close(pool->bk);
     gm__unlock(&pool->lock);
     pthread_mutex_destroy(&pool->heaps_mu);
@@ -182,14 +182,10 @@ void gm_pool_destroy(gm_pool_t *pool)
 {
     if (!pool || pool->magic != GM_POOL_MAGIC) return; /* see gm_pool_create's notes */
     gm__lock(&pool->lock);
-    /* Blocks in thread caches were freed by the program: not live. */
-    gm_stats_t adj = {.allocated = pool->st.allocated, .live_blocks = pool->live.count};
-    gm__tcache_adjust_locked(pool, &adj);
-    gm__tcache_pool_fini_locked(pool);
-    uint64_t n = adj.live_blocks, bytes = adj.allocated;
     size_t sn = 0, sbytes = 0;
     if (pool->sysmem) gm__sysmem_count_locked(pool, &sn, &sbytes);
     gm__unlock(&pool->lock);
+    uint64_t n = 0, bytes = 0; /* live blocks of every heap */
     pool_teardown(pool, &n, &bytes);
     if (n + sn)
         gm__set_error(GM_OK, "gm_pool_destroy: %llu live allocations (%llu bytes) released with "
@@ -204,7 +200,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     *out = NULL;
     gm__process_init();
     /* A mapping of its own, never unmapped: see pool_teardown. */
-    gm_pool_t *pool = gm__pool_map_new(NULL, 0);
+    gm_pool_t *pool = gm__pool_map_new(NULL);
     if (!pool) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
     atomic_store_explicit(&pool->heap[0], pool, memory_order_relaxed);
     atomic_store_explicit(&pool->n_heaps, 1, memory_order_relaxed);
@@ -539,15 +535,14 @@ int gm_block_size(gm_pool_t *pool, const void *ptr, size_t *size)
 int gm_pool_set_limit(gm_pool_t *pool, size_t limit)
 {
     GM_CHECK(resolve(&pool));
-    gm_pool_t *hs[GM_HEAPS_MAX];
-    unsigned n;
+    size_t eff = limit && limit < pool->info.total_memory ? limit : pool->info.total_memory;
+    gm_pool_t *h;
     pthread_mutex_lock(&pool->heaps_mu); /* a heap made meanwhile copies the new one */
-    gm__heaps_list(pool, hs, &n);
-    for (unsigned i = 0; i < n; i++) {
-        gm__lock(&hs[i]->lock);
-        hs[i]->limit = limit && limit < pool->info.total_memory ? limit : pool->info.total_memory;
-        hs[i]->cfg.limit = limit;
-        gm__unlock(&hs[i]->lock);
+    for (unsigned i = 0; (h = gm__heap_next(pool, &i));) {
+        gm__lock(&h->lock);
+        h->limit = eff;
+        h->cfg.limit = limit;
+        gm__unlock(&h->lock);
     }
     pthread_mutex_unlock(&pool->heaps_mu);
     return GM_OK;
@@ -558,13 +553,10 @@ int gm_trim(gm_pool_t *pool, size_t keep, size_t *released)
     GM_CHECK(resolve(&pool));
     /* With heaps, `keep` is shared out in heap order: each keeps what the
      * earlier ones left of it. */
-    gm_pool_t *hs[GM_HEAPS_MAX];
-    unsigned n;
-    gm__heaps_list(pool, hs, &n);
     int rc = GM_OK;
     size_t total = 0;
-    for (unsigned i = 0; i < n; i++) {
-        gm_pool_t *h = hs[i];
+    gm_pool_t *h;
+    for (unsigned i = 0; (h = gm__heap_next(pool, &i));) {
         size_t got = 0;
         gm__lock(&h->lock);
         gm__tcache_flush_self_locked(h);
@@ -636,17 +628,15 @@ int gm_stream_forget(gm_pool_t *pool, gm_stream_t stream)
     GM_CHECK(resolve(&pool));
     /* No event may be recorded on the stream after this: blocks freed on it
      * become everyone's first (after waiting for its work, if any). */
-    gm_pool_t *hs[GM_HEAPS_MAX];
-    unsigned n;
-    gm__heaps_list(pool, hs, &n);
     int rc = GM_OK;
-    for (unsigned i = 0; i < n && rc == GM_OK; i++) {
-        gm__lock(&hs[i]->lock);
+    gm_pool_t *h;
+    for (unsigned i = 0; rc == GM_OK && (h = gm__heap_next(pool, &i));) {
+        gm__lock(&h->lock);
         /* This thread's cached blocks go back first: one freed on the stream
          * must wait for it like any other. */
-        gm__tcache_flush_self_locked(hs[i]);
-        rc = gm__stream_retire_locked(hs[i], stream);
-        gm__unlock(&hs[i]->lock);
+        gm__tcache_flush_self_locked(h);
+        rc = gm__stream_retire_locked(h, stream);
+        gm__unlock(&h->lock);
     }
     if (rc == GM_OK) rc = gm__host_stream_retire(pool, stream);
     if (rc != GM_OK)
@@ -690,25 +680,23 @@ int gm_pool_check(gm_pool_t *pool)
     GM_CHECK(resolve(&pool));
     /* Every heap at once (index order, the one place two heap locks are
      * held), so the limit's shared figure can be checked against them. */
-    gm_pool_t *hs[GM_HEAPS_MAX];
-    unsigned n;
-    pthread_mutex_lock(&pool->heaps_mu);
-    gm__heaps_list(pool, hs, &n);
-    for (unsigned i = 0; i < n; i++) gm__lock(&hs[i]->lock);
+    gm_pool_t *h;
+    pthread_mutex_lock(&pool->heaps_mu); /* no heap is made meanwhile */
+    for (unsigned i = 0; (h = gm__heap_next(pool, &i));) gm__lock(&h->lock);
     int rc = GM_OK;
     uint64_t sum = 0;
-    for (unsigned i = 0; i < n && rc == GM_OK; i++) {
-        rc = gm__alloc_check_locked(hs[i]);
-        if (rc == GM_OK && hs[i]->root != pool)
-            rc = gm__set_error(GM_INTERNAL, "heap %u does not name its pool", i);
-        sum += hs[i]->st.reserved;
+    for (unsigned i = 0; rc == GM_OK && (h = gm__heap_next(pool, &i));) {
+        rc = gm__alloc_check_locked(h);
+        if (rc == GM_OK && h->root != pool)
+            rc = gm__set_error(GM_INTERNAL, "heap %u does not name its pool", i - 1);
+        sum += h->st.reserved;
     }
     uint64_t fam = atomic_load_explicit(&pool->fam_reserved, memory_order_relaxed);
     if (rc == GM_OK && fam != sum)
-        rc = gm__set_error(GM_INTERNAL, "reserved memory of the pool's %u heaps is %llu bytes, "
-                           "but the limit's figure says %llu", n, (unsigned long long)sum,
+        rc = gm__set_error(GM_INTERNAL, "reserved memory of the pool's heaps is %llu bytes, "
+                           "but the limit's figure says %llu", (unsigned long long)sum,
                            (unsigned long long)fam);
-    for (unsigned i = n; i-- > 0;) gm__unlock(&hs[i]->lock);
+    for (unsigned i = 0; (h = gm__heap_next(pool, &i));) gm__unlock(&h->lock);
     pthread_mutex_unlock(&pool->heaps_mu);
     return rc;
 }

@@ -137,7 +137,6 @@ struct gm_pool {
     uint64_t tc_gen;             /* this pool's number for the thread caches
                                     (unique per pool made; 0 once destroyed) */
     struct gm_pool *root;        /* heaps.c: the pool a heap belongs to (itself for the root) */
-    unsigned heap_index;         /* 0 for the root */
     unsigned heaps_max;          /* root: heaps a thread may be given (1: none) */
 
     _Alignas(64) gm__lock_t lock;
@@ -189,7 +188,7 @@ struct gm_pool {
      * the others are pool structs of their own (magic GM_HEAP_MAGIC, never a
      * public handle) made on first use, each with its own lock, arenas,
      * streams, physical pages and statistics, sharing the root's backend.
-     * root == the pool itself for the root (root, heap_index and heaps_max
+     * root == the pool itself for the root (root and heaps_max
      * are at the top, with the fields every call reads). */
     _Alignas(64) _Atomic(struct gm_pool *) heap[GM_HEAPS_MAX]; /* root: heap[0] = root, others once made */
     _Atomic unsigned n_heaps;    /* root: heap[0..n_heaps) may be non-NULL */
@@ -289,7 +288,23 @@ static inline gm_pool_t *gm__heap_self(gm_pool_t *root)
         return gm__heap_bound.heap;
     return gm__heap_self_slow(root);
 }
-static inline bool gm__heap_holds(const gm_pool_t *h, uintptr_t p);
+/* The heaps of root made so far, root first:
+ *     for (unsigned i = 0; (h = gm__heap_next(root, &i));) ...
+ * A heap made meanwhile may be missed (none is removed before the root's
+ * destruction). */
+static inline gm_pool_t *gm__heap_next(gm_pool_t *root, unsigned *i)
+{
+    unsigned n = atomic_load_explicit(&root->n_heaps, memory_order_acquire);
+    while (*i < n) {
+        gm_pool_t *h = atomic_load_explicit(&root->heap[(*i)++], memory_order_acquire);
+        if (h) return h;
+    }
+    return NULL;
+}
+static inline bool gm__heap_holds(const gm_pool_t *h, uintptr_t p)
+{
+    return p - h->arena[0].base < h->arena[0].size || p - h->arena[1].base < h->arena[1].size;
+}
 /* The heap whose address space holds ptr; the root for any other pointer
  * (sysmem and host blocks, garbage: the root's checks word the error). */
 static inline gm_pool_t *gm__heap_of(gm_pool_t *root, const void *ptr)
@@ -298,15 +313,21 @@ static inline gm_pool_t *gm__heap_of(gm_pool_t *root, const void *ptr)
     uintptr_t p = (uintptr_t)ptr;
     if (gm__heap_bound.root == root && gm__heap_holds(gm__heap_bound.heap, p))
         return gm__heap_bound.heap;
-    unsigned n = atomic_load_explicit(&root->n_heaps, memory_order_acquire);
-    for (unsigned i = 1; i < n; i++) {
-        gm_pool_t *h = atomic_load_explicit(&root->heap[i], memory_order_acquire);
-        if (h && gm__heap_holds(h, p)) return h;
-    }
+    gm_pool_t *h;
+    for (unsigned i = 1; (h = gm__heap_next(root, &i));)
+        if (gm__heap_holds(h, p)) return h;
     return root;
 }
-/* The heaps of root made so far, root first: *n of them into out. */
-void gm__heaps_list(gm_pool_t *root, gm_pool_t **out, unsigned *n);
+/* Pool struct plumbing shared by pool.c and heaps.c (defined in pool.c): a
+ * struct in a mapping of its own with its empty state set (root NULL: a new
+ * pool), its death (pages dropped, address space kept), and the engine every
+ * heap has, set up and (lock held) torn down; the fini adds the blocks and
+ * bytes still live (those waiting in thread caches were freed) to *blocks
+ * and *bytes. */
+gm_pool_t *gm__pool_map_new(gm_pool_t *root);
+void gm__pool_map_dead(gm_pool_t *pool);
+int gm__pool_core_init(gm_pool_t *pool, size_t small_va, size_t large_va);
+void gm__pool_core_fini_locked(gm_pool_t *pool, uint64_t *blocks, uint64_t *bytes);
 /* Teardown of root's other heaps (root's destruction, no lock held); their
  * live blocks and bytes are added to *blocks and *bytes. */
 void gm__heaps_destroy(gm_pool_t *root, uint64_t *blocks, uint64_t *bytes);
@@ -406,10 +427,5 @@ int gm__alloc_check_locked(gm_pool_t *pool);
 /* Largest mapped free run and total free mapped bytes, for stats. */
 void gm__alloc_free_summary_locked(gm_pool_t *pool, uint64_t *largest, uint64_t *free_blocks);
 void gm__alloc_fini(gm_pool_t *pool);
-
-static inline bool gm__heap_holds(const gm_pool_t *h, uintptr_t p)
-{
-    return p - h->arena[0].base < h->arena[0].size || p - h->arena[1].base < h->arena[1].size;
-}
 
 #endif /* GM_POOL_H */

@@ -306,13 +306,11 @@ typedef struct all_arg {
 static void report_one(gm_pool_t *pool, void *arg)
 {
     all_arg_t *a = arg;
-    gm_pool_t *hs[GM_HEAPS_MAX];
-    unsigned n;
-    gm__heaps_list(pool, hs, &n);
-    for (unsigned i = 0; i < n; i++) {
-        gm__lock(&hs[i]->lock);
-        report_pool_locked(hs[i], a->o, &a->bytes, &a->count);
-        gm__unlock(&hs[i]->lock);
+    gm_pool_t *h;
+    for (unsigned i = 0; (h = gm__heap_next(pool, &i));) {
+        gm__lock(&h->lock);
+        report_pool_locked(h, a->o, &a->bytes, &a->count);
+        gm__unlock(&h->lock);
     }
 }
 

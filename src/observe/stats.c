@@ -100,19 +100,17 @@ static void stats_finish(gm_stats_t *s, uint64_t largest)
  * the other peaks are sums of the heaps' peaks, so an upper bound. */
 static void pool_snapshot(gm_pool_t *pool, gm_stats_t *out)
 {
-    gm_pool_t *hs[GM_HEAPS_MAX];
-    unsigned n;
-    gm__heaps_list(pool, hs, &n);
     gm__lock(&pool->lock);
     gm__stats_snapshot_locked(pool, out);
     gm__unlock(&pool->lock);
-    if (n == 1) return;
+    if (atomic_load_explicit(&pool->n_heaps, memory_order_acquire) <= 1) return;
     uint64_t largest = out->largest_free_block;
-    for (unsigned i = 1; i < n; i++) {
+    gm_pool_t *h;
+    for (unsigned i = 1; (h = gm__heap_next(pool, &i));) {
         gm_stats_t s;
-        gm__lock(&hs[i]->lock);
-        gm__stats_snapshot_locked(hs[i], &s);
-        gm__unlock(&hs[i]->lock);
+        gm__lock(&h->lock);
+        gm__stats_snapshot_locked(h, &s);
+        gm__unlock(&h->lock);
         s.modeled_device_ns = 0; /* the root's backend, read once */
         stats_add(out, &s, &largest);
     }
@@ -156,13 +154,11 @@ static void reset_peaks_locked(gm_pool_t *pool)
 int gm_pool_reset_peaks(gm_pool_t *pool)
 {
     GM_CHECK(gm__pool_resolve(&pool, "gm_pool_reset_peaks"));
-    gm_pool_t *hs[GM_HEAPS_MAX];
-    unsigned n;
-    gm__heaps_list(pool, hs, &n);
-    for (unsigned i = 0; i < n; i++) {
-        gm__lock(&hs[i]->lock);
-        reset_peaks_locked(hs[i]);
-        gm__unlock(&hs[i]->lock);
+    gm_pool_t *h;
+    for (unsigned i = 0; (h = gm__heap_next(pool, &i));) {
+        gm__lock(&h->lock);
+        reset_peaks_locked(h);
+        gm__unlock(&h->lock);
     }
     gm__host_reset_peaks(pool);
     return GM_OK;

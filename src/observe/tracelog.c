@@ -296,16 +296,7 @@ void gm__trace_pool_fini(gm_pool_t *pool)
 
 /* ---- start and stop --------------------------------------------------------------- */
 
-static void collect_heap(gm_pool_t *pool);
-static void collect(gm_pool_t *root, void *arg)
-{
-    (void)arg;
-    gm_pool_t *hs[GM_HEAPS_MAX];
-    unsigned n;
-    gm__heaps_list(root, hs, &n);
-    for (unsigned i = 0; i < n; i++) collect_heap(hs[i]);
-}
-
+/* Hand a heap's buffer to the writer. */
 static void collect_heap(gm_pool_t *pool)
 {
     gm__lock(&pool->lock);
@@ -317,6 +308,13 @@ static void collect_heap(gm_pool_t *pool)
     if (b->n && b->gen == gen) enqueue(b);
     else buf_free(b);
     pthread_mutex_unlock(&mu);
+}
+
+static void collect(gm_pool_t *root, void *arg)
+{
+    (void)arg;
+    gm_pool_t *h;
+    for (unsigned i = 0; (h = gm__heap_next(root, &i));) collect_heap(h);
 }
 
 static int close_file_locked(void)
