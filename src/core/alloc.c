@@ -506,7 +506,10 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
     pool->st.active += asize;
     pool->st.alloc_count++;
     pool->st.live_blocks++;
-    if (pool->st.allocated > pool->st.allocated_peak) pool->st.allocated_peak = pool->st.allocated;
+    if (pool->st.allocated > pool->st.allocated_peak) {
+        gm__fam_peak_add(pool, (int64_t)(pool->st.allocated - pool->st.allocated_peak));
+        pool->st.allocated_peak = pool->st.allocated;
+    }
     if (pool->st.active > pool->st.active_peak) pool->st.active_peak = pool->st.active;
     *ptr = (void *)b->addr;
     return GM_OK;

@@ -559,6 +559,14 @@ static uint32_t pick_free(gm_pool_t *pool, const gm__stream_t *s, bool ask)
     return GM_NONE;
 }
 
+/* The reserved memory the growth budget is compared with: the pool's, over
+ * all heaps (one heap: its own). */
+static uint64_t budget_reserved(const gm_pool_t *pool)
+{
+    if (pool->root->heaps_max <= 1) return pool->st.reserved;
+    return atomic_load_explicit(&pool->root->fam_reserved, memory_order_relaxed);
+}
+
 /* A physical page for a range of stream s being mapped: a new one while
  * reserved stays within `allow` (or within the conflict cap, for a page
  * that lost its own physical page to a range live at the same time: the
@@ -569,7 +577,7 @@ static int take_phys(gm_pool_t *pool, uint32_t *id, uint64_t allow, uint64_t cap
                      bool conflict, const gm__stream_t *s)
 {
     uint64_t room = conflict && cap > allow ? cap : allow;
-    if (pool->st.reserved + pool->page <= room) {
+    if (budget_reserved(pool) + pool->page <= room) {
         int rc = phys_create(pool, id);
         if (rc == GM_OK) return GM_OK;
         if (rc != GM_LIMIT && rc != GM_OUT_OF_MEMORY) return rc;
@@ -651,9 +659,13 @@ int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
 
     /* Pages that may be created before free ones are reused: a budget over
      * the larger of the live bytes and their peak so far (the slack is the
-     * pool's, see gm__pages_budget). */
+     * pool's, see gm__pages_budget).  With heaps, over the pool: the sum of
+     * the heaps' peaks, plus what this request takes this heap past its own. */
     uint64_t live = pool->st.allocated + asked;
     if (pool->st.allocated_peak > live) live = pool->st.allocated_peak;
+    if (pool->root->heaps_max > 1)
+        live += atomic_load_explicit(&pool->root->fam_peak_sum, memory_order_relaxed) -
+                pool->st.allocated_peak;
     uint64_t allow, cap;
     gm__pages_budget(pool, live, &allow, &cap);
     bool drained = false;

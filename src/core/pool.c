@@ -696,6 +696,12 @@ int gm_pool_check(gm_pool_t *pool)
         rc = gm__set_error(GM_INTERNAL, "reserved memory of the pool's heaps is %llu bytes, "
                            "but the limit's figure says %llu", (unsigned long long)sum,
                            (unsigned long long)fam);
+    uint64_t peaks = 0, fam_peaks = atomic_load_explicit(&pool->fam_peak_sum, memory_order_relaxed);
+    for (unsigned i = 0; (h = gm__heap_next(pool, &i));) peaks += h->st.allocated_peak;
+    if (rc == GM_OK && pool->heaps_max > 1 && fam_peaks != peaks)
+        rc = gm__set_error(GM_INTERNAL, "allocated peaks of the pool's heaps sum to %llu bytes, "
+                           "but the budget's figure says %llu", (unsigned long long)peaks,
+                           (unsigned long long)fam_peaks);
     for (unsigned i = 0; (h = gm__heap_next(pool, &i));) gm__unlock(&h->lock);
     pthread_mutex_unlock(&pool->heaps_mu);
     return rc;

@@ -198,6 +198,11 @@ struct gm_pool {
      * pages given back), the one figure the pool limit applies to, and its
      * peak.  Changed by each heap under its own lock, atomically. */
     _Alignas(64) _Atomic uint64_t fam_reserved, fam_reserved_peak;
+    /* Root, with heaps: the sum of the heaps' allocated peaks, which the
+     * growth budget of every heap is taken over (gm__pages_budget), so that
+     * live memory moving from one heap to another does not make either remap
+     * pages.  Kept only while heaps_max > 1 (gm__fam_peak_add). */
+    _Atomic uint64_t fam_peak_sum;
     _Alignas(64) char pad_after_fam;
 
     struct gm__host *host;       /* pinned host pool (host.c), own lock */
@@ -317,6 +322,12 @@ static inline gm_pool_t *gm__heap_of(gm_pool_t *root, const void *ptr)
     for (unsigned i = 1; (h = gm__heap_next(root, &i));)
         if (gm__heap_holds(h, p)) return h;
     return root;
+}
+/* A heap's allocated peak moved by d (lock held): the pool's sum follows. */
+static inline void gm__fam_peak_add(gm_pool_t *pool, int64_t d)
+{
+    if (pool->root->heaps_max > 1)
+        atomic_fetch_add_explicit(&pool->root->fam_peak_sum, (uint64_t)d, memory_order_relaxed);
 }
 /* Pool struct plumbing shared by pool.c and heaps.c (defined in pool.c): a
  * struct in a mapping of its own with its empty state set (root NULL: a new

@@ -139,6 +139,7 @@ static void reset_peaks_locked(gm_pool_t *pool)
     /* What thread caches hold was freed by the program. */
     gm_stats_t now = {.allocated = pool->st.allocated, .active = pool->st.active};
     gm__tcache_adjust_locked(pool, &now);
+    gm__fam_peak_add(pool, (int64_t)now.allocated - (int64_t)pool->st.allocated_peak);
     pool->st.allocated_peak = now.allocated;
     pool->st.active_peak = now.active;
     pool->st.reserved_peak = pool->st.reserved;
