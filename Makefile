@@ -182,7 +182,7 @@ for phase in "$@"; do
     if build_phase tsan "$B-tsan" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS=-O1 -DGM_DEBUG_LEVEL=1 \
         -DGM_SANITIZE=thread -DGM_VALGRIND=OFF -DGM_FUZZ=OFF -- "${stress[@]}"; then
       say "tsan: stress tests in $B-tsan"
-      run_ctest tsan "$B-tsan" TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 -- -L '^(stress|attack)$'
+      run_ctest tsan "$B-tsan" TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 -- -L '^(stress|attack|share)$'
     fi ;;
   fuzz)
     targets=(); for f in tests/fuzz/*.c; do [[ -e $f ]] && targets+=("$(basename "$f" .c)"); done

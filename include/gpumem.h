@@ -65,7 +65,8 @@ GM_API const char *gm_version(void);
     X(IO,               11, "input/output error")                              \
     X(NO_HOST_MEMORY,   12, "out of host memory")                              \
     X(INTERNAL,         13, "internal error (a bug in gpumem)")                \
-    X(INVALID_STATE,    14, "object not usable in this process or state")
+    X(INVALID_STATE,    14, "object not usable in this process or state")         \
+    X(DENIED,           15, "refused by the other side's access policy")
 
 enum {
 #define GM__ERR_ENUM(name, value, desc) GM_##name = value,
@@ -497,6 +498,104 @@ GM_API int gm_host_trim(gm_pool_t *pool, size_t keep, size_t *released);
  * successive copies on one stream are ordered by the stream. */
 GM_API int gm_memcpy_h2d(gm_pool_t *pool, void *dst, const void *src, size_t n, gm_stream_t stream);
 GM_API int gm_memcpy_d2h(gm_pool_t *pool, void *dst, const void *src, size_t n, gm_stream_t stream);
+
+/* ------------------------------------------------------------------------ */
+/* Sharing memory between processes (docs/sharing.md)                        */
+/* ------------------------------------------------------------------------ */
+
+/* A block whose pages hold nothing else: it starts at a page boundary and
+ * its size is rounded up to whole pages (gm_device_info_t.granularity).
+ * Free it with gm_free.  Only such memory can be published: another process
+ * that maps a page sees all of it, so a page shared with other blocks would
+ * expose them. */
+GM_API int gm_alloc_shareable(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr);
+
+typedef struct gm_share_server gm_share_server_t;
+typedef struct gm_share_client gm_share_client_t;
+
+/* Access granted to importers of a name. */
+#define GM_SHARE_READ_WRITE 0
+#define GM_SHARE_READ_ONLY 1
+
+/* Who may connect to a server.  Default (NULL policy, or flags 0): peers
+ * whose uid is the server's.  The socket file gets mode 0600, or 0660 with
+ * allow_gid, or 0666 with GM_SHARE_ANY_UID. */
+#define GM_SHARE_POLICY_VERSION 1
+#define GM_SHARE_ANY_UID 0x1u  /* any local user (still subject to tokens) */
+typedef struct gm_share_policy {
+    size_t size;
+    unsigned version;
+    unsigned flags;        /* GM_SHARE_ANY_UID */
+    long allow_gid;        /* >= 0: also peers whose gid is this one; -1: none */
+    unsigned max_peers;    /* connections at once; 0 = 64 */
+} gm_share_policy_t;
+#ifdef __cplusplus
+#define GM_SHARE_POLICY_INIT { sizeof(gm_share_policy_t), GM_SHARE_POLICY_VERSION, 0, -1, 0 }
+#else
+#define GM_SHARE_POLICY_INIT { .size = sizeof(gm_share_policy_t), \
+                               .version = GM_SHARE_POLICY_VERSION, .allow_gid = -1 }
+#endif
+
+/* Serve pool's published memory on a Unix-domain socket at path (a thread
+ * of the library answers peers).  A stale socket file left by a dead server
+ * of the same user is replaced; a live server or any other file at path is
+ * GM_INVALID_STATE. */
+GM_API int gm_share_listen(gm_pool_t *pool, const char *path, const gm_share_policy_t *policy,
+                           gm_share_server_t **server);
+/* Publish [ptr, ptr + size) under name (1..63 printable characters) with
+ * access GM_SHARE_READ_WRITE or GM_SHARE_READ_ONLY; token (NULL or "": none;
+ * at most 63 characters) must then be presented by importers.  The range
+ * lies in one live block of gm_alloc_shareable.  Work queued on `stream`
+ * before the call completes first (the call waits for it), so importers see
+ * the data written there.  From now on the block stays allocated while it is
+ * published or imported: a gm_free of it returns GM_OK at once and the
+ * memory is freed when the last importer lets go. */
+GM_API int gm_share_publish(gm_share_server_t *server, const char *name, void *ptr, size_t size,
+                            int access, const char *token, gm_stream_t stream);
+/* No new imports of name; current importers keep their mappings. */
+GM_API int gm_share_unpublish(gm_share_server_t *server, const char *name);
+/* Unpublish everything, drop every peer (their mappings stay valid in their
+ * processes), stop the thread, remove the socket file.  NULL is a no-op.
+ * gm_pool_destroy closes the pool's servers and clients itself. */
+GM_API int gm_share_close(gm_share_server_t *server);
+
+/* Connect to a server; the server's uid must be this process's (or root). */
+GM_API int gm_share_connect(gm_pool_t *pool, const char *path, gm_share_client_t **client);
+/* Map the memory published under name into this process: *ptr (its own
+ * address), *size, *access (optional).  Importing a name again returns the
+ * same mapping (counted; each import needs a release).  A read-only import
+ * is mapped read-only on the device.  Unknown name, wrong token: the
+ * server's refusal with its reason; a dead server: GM_IO. */
+GM_API int gm_share_import(gm_share_client_t *client, const char *name, const char *token,
+                           void **ptr, size_t *size, int *access);
+/* Drop one import of ptr (as returned by gm_share_import); the last one
+ * unmaps it after the work queued on `stream` completes (the call waits).
+ * Works after the server is gone. */
+GM_API int gm_share_release(gm_share_client_t *client, void *ptr, gm_stream_t stream);
+/* Release every import (waiting for the device) and close.  NULL: no-op. */
+GM_API int gm_share_disconnect(gm_share_client_t *client);
+
+#define GM_SHARE_STATS_VERSION 1
+typedef struct gm_share_stats {
+    size_t size;
+    unsigned version;
+    uint64_t servers;          /* open servers of the pool */
+    uint64_t published;        /* names published now */
+    uint64_t published_bytes;  /* bytes under those names */
+    uint64_t exported_bytes;   /* bytes mapped by peers now (per peer mapping) */
+    uint64_t held_for_peers_bytes; /* blocks freed here, kept while peers map them */
+    uint64_t peers;            /* connected peers */
+    uint64_t peers_refused;    /* connections refused by the policy */
+    uint64_t peers_dropped;    /* peers dropped for a malformed message */
+    uint64_t imports;          /* distinct mappings imported by this pool's clients */
+    uint64_t imported_bytes;   /* bytes of those mappings (whole pages) */
+} gm_share_stats_t;
+#ifdef __cplusplus
+#define GM_SHARE_STATS_INIT { sizeof(gm_share_stats_t), GM_SHARE_STATS_VERSION }
+#else
+#define GM_SHARE_STATS_INIT { .size = sizeof(gm_share_stats_t), .version = GM_SHARE_STATS_VERSION }
+#endif
+GM_API int gm_share_stats(gm_pool_t *pool, gm_share_stats_t *stats);
 
 /* ------------------------------------------------------------------------ */
 /* PyTorch pluggable allocator (torch.cuda.memory.CUDAPluggableAllocator)    */

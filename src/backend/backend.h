@@ -46,6 +46,9 @@ typedef struct gm__backend_info {
     int numa_node;           /* host NUMA node nearest the device; -1 unknown */
 } gm__backend_info_t;
 
+/* set_access flags */
+#define GM__ACCESS_READ_ONLY 0x1u
+
 /* host_register flags */
 #define GM__HOST_DEVICEMAP 0x1u /* the device may address the memory (host_device_pointer) */
 
@@ -86,13 +89,13 @@ typedef struct gm__backend_ops {
     /* Unmap exactly one earlier map call's range.  Precondition: no queued
      * device work may still touch it. */
     int (*unmap)(void *ctx, uintptr_t va, size_t size);
-    /* Grant read/write access to the device of ctx over mapped [va, va+size),
-     * which may span several handles. */
-    int (*set_access)(void *ctx, uintptr_t va, size_t size);
+    /* Grant the device of ctx access over mapped [va, va+size), which may
+     * span several handles: read/write, or read-only with
+     * GM__ACCESS_READ_ONLY (a write through it faults or is refused). */
+    int (*set_access)(void *ctx, uintptr_t va, size_t size, unsigned flags);
 
-    /* Share a handle with another process as a file descriptor.  Used by
-     * sharing (not yet by the core): the broker and share providers of
-     * src/core/provider.h will pass these descriptors over Unix sockets.
+    /* Share a handle with another process as a file descriptor, passed over
+     * a Unix socket by sharing (src/share/) and, later, the broker.
      * export_fd: precondition h is live (from phys_create or import_fd); it
      * returns a new descriptor the caller owns (and closes).  import_fd:
      * precondition fd came from export_fd (here or in another process) and

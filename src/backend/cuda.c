@@ -611,7 +611,7 @@ static int cuda_unmap(void *ctx, uintptr_t va, size_t size)
 
 /* Precondition: every page of [va, va+size) is mapped; the range may span
  * several handles (one call for all of them is much cheaper). */
-static int cuda_set_access(void *ctx, uintptr_t va, size_t size)
+static int cuda_set_access(void *ctx, uintptr_t va, size_t size, unsigned flags)
 {
     cuda_ctx_t *c = ctx;
     GM_CHECK(check_vmm(c, "set_access"));
@@ -620,10 +620,11 @@ static int cuda_set_access(void *ctx, uintptr_t va, size_t size)
     memset(&desc, 0, sizeof desc);
     desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     desc.location.id = c->ordinal;
-    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    bool ro = flags & GM__ACCESS_READ_ONLY;
+    desc.flags = ro ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     CU_CALL(c, set_access, drv.cuMemSetAccess((CUdeviceptr)va, size, &desc, 1),
-            "cuMemSetAccess(%#lx, %zu bytes, device %d read-write)", (unsigned long)va, size,
-            c->ordinal);
+            "cuMemSetAccess(%#lx, %zu bytes, device %d %s)", (unsigned long)va, size,
+            c->ordinal, ro ? "read-only" : "read-write");
     return GM_OK;
 }
 

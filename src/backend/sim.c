@@ -129,9 +129,11 @@ static const uint64_t call_cost_ns[GM_CALL_COUNT] = {
 #define SIM_STREAM_TOKEN_BASE ((uintptr_t)0x5157000000000000ull)
 #define SIM_STREAM_TOKEN_MASK ((uintptr_t)0xffff000000000000ull)
 
-/* Granule-map value: the mapping's slot, plus whether set_access was done. */
+/* Granule-map value: the mapping's slot, plus whether set_access was done
+ * and whether it granted read-only access. */
 #define GRANULE_ACCESS 0x80000000u
-#define GRANULE_MAPPING_MASK 0x7fffffffu
+#define GRANULE_READ_ONLY 0x40000000u
+#define GRANULE_MAPPING_MASK 0x3fffffffu
 
 /* A growable array of fixed-size slots with a free list; slot ids are stable.
  * Invariant: live == count - nfree. */
@@ -1030,7 +1032,7 @@ out:
 
 /* Preconditions: va and size granularity-aligned, size > 0; every granule of
  * [va, va + size) is mapped (the range may span several mappings). */
-static int sim_set_access(void *ctx, uintptr_t va, size_t size)
+static int sim_set_access(void *ctx, uintptr_t va, size_t size, unsigned flags)
 {
     sim_t *sim;
     GM_CHECK(enter(ctx, GM_CALL_set_access, &sim));
@@ -1058,7 +1060,8 @@ static int sim_set_access(void *ctx, uintptr_t va, size_t size)
         if (m != prev) handles_in_range++;
         prev = m;
     }
-    if (mprotect((void *)va, size, PROT_READ | PROT_WRITE) != 0) {
+    bool ro = flags & GM__ACCESS_READ_ONLY;
+    if (mprotect((void *)va, size, ro ? PROT_READ : PROT_READ | PROT_WRITE) != 0) {
         char eb[128];
         rc = gm__set_error(GM_BACKEND, "sim: set_access: mprotect failed: %s",
                            errstr(errno, eb, sizeof eb));
@@ -1066,7 +1069,8 @@ static int sim_set_access(void *ctx, uintptr_t va, size_t size)
     }
     for (size_t g = 0; g < ngran; g++) {
         gslot_t *s = gmap_find(&sim->granules, first + g);
-        gslot_set(s, gslot_val(s) | GRANULE_ACCESS);
+        gslot_set(s, (gslot_val(s) & ~GRANULE_READ_ONLY) | GRANULE_ACCESS |
+                         (ro ? GRANULE_READ_ONLY : 0));
     }
     charge_locked(sim, call_cost_ns[GM_CALL_set_access] * handles_in_range);
 out:
@@ -1559,6 +1563,12 @@ static int check_range_locked(sim_t *sim, const char *call, const char *side, ui
                                  (uintptr_t)(g << SIM_GRANULARITY_SHIFT),
                                  s == NULL ? "reserved but not mapped"
                                            : "mapped but not accessible (no set_access)");
+        /* A device write through a read-only mapping is refused, as the
+         * device refuses it (an illegal-address fault on a GPU). */
+        if ((gslot_val(s) & GRANULE_READ_ONLY) && strcmp(side, "destination") == 0)
+            return gm__set_error(GM_BACKEND, "sim: %s: destination address %#" PRIxPTR
+                                 " is mapped read-only", call,
+                                 (uintptr_t)(g << SIM_GRANULARITY_SHIFT));
     }
     return GM_OK;
 }

@@ -450,23 +450,36 @@ static void controller_step(gm_pool_t *pool)
     }
 }
 
-int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
+/* b (free, in its index) moved on to the first align boundary inside it:
+ * the part before stays free where it was.  b itself when it is aligned
+ * already; NULL when no record can be had for the split. */
+static gm__block_t *align_free_block(gm_pool_t *pool, gm__block_t *b, size_t align)
+{
+    gm__arena_t *a = b->arena;
+    uintptr_t cut = a->base + GM_ALIGN_UP(b->addr - a->base, align);
+    return split_at(pool, b, cut);
+}
+
+int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s, void **ptr)
 {
     if (GM_UNLIKELY(++pool->ctl_allocs >= CTL_WINDOW)) controller_step(pool);
     gm_assert_internal(size > 0 && size <= GM_MAX_REQUEST && s != NULL && !s->is_global);
-    size_t asize = GM_ALIGN_UP(size, GM_ALIGNMENT);
+    size_t asize = GM_ALIGN_UP(size, align); /* whole pages for an aligned block */
     int cls = asize <= GM_SMALL_MAX ? GM_CLASS_SMALL : GM_CLASS_LARGE;
+    /* An aligned block is looked for with room to move to the boundary
+     * (free blocks start at multiples of GM_ALIGNMENT). */
+    size_t want = GM_UNLIKELY(align > GM_ALIGNMENT) ? asize + align - GM_ALIGNMENT : asize;
 
     if (GM_UNLIKELY(!s->active)) {
         s->active = true;
         if (++pool->n_active == 2) give_back_tails(pool);
     }
-    gm__block_t *b = find_for(pool, s, cls, asize);
+    gm__block_t *b = find_for(pool, s, cls, want);
     if (GM_UNLIKELY(!b)) {
         /* No address range left: free ranges may wait in other streams. */
         gm__drain_streams_locked(pool);
-        b = gm__fm_find_best(&pool->global.idx[cls], asize, DEVICE.sl_bits);
-        if (!b) b = gm__fm_find_best(&s->idx[cls], asize, DEVICE.sl_bits);
+        b = gm__fm_find_best(&pool->global.idx[cls], want, DEVICE.sl_bits);
+        if (!b) b = gm__fm_find_best(&s->idx[cls], want, DEVICE.sl_bits);
         if (!b) {
             return gm__set_error(GM_OUT_OF_MEMORY,
                                  "gm_alloc: cannot allocate %zu bytes: the pool's address space "
@@ -478,7 +491,9 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr)
      * (the move may also have merged b away: look again). */
     if (pool->streams.n > 1 && !gm__pages_ready_locked(b->arena, b->addr, asize, pool->page_shift) &&
         !gm__pages_cheap_locked(pool, b->arena, b->addr, asize, s) && reclaim_streams(pool, s) > 0)
-        b = find_for(pool, s, cls, asize);
+        b = find_for(pool, s, cls, want);
+    if (GM_UNLIKELY(align > GM_ALIGNMENT) && !(b = align_free_block(pool, b, align)))
+        return gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a block");
     gm__stream_t *owner = b->owner;
     if (GM_UNLIKELY(gm__fm_take(&pool->blocks, DEVICE.sl_bits, b, asize, true) != GM_OK))
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a block");
@@ -552,6 +567,14 @@ int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed)
         (void)rc;
         return gm__set_error(GM_DOUBLE_FREE, "gm_free: %p was already freed (it waits in a "
                              "thread's cache of small blocks)", ptr);
+    }
+    if (GM_UNLIKELY(b->shared)) {
+        /* Published or imported elsewhere: the share layer frees it when the
+         * last peer lets go (gm__share_owner_free). */
+        int rc = gm__hash_put(&pool->live, b->addr, b);
+        gm_assert_internal(rc == GM_OK);
+        (void)rc;
+        return GM__SHARE_HELD;
     }
     *freed = b->requested;
     atomic_store_explicit(&b->tc_gen, ++pool->tc_next, memory_order_release);

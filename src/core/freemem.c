@@ -38,6 +38,7 @@ gm__block_t *gm__slab_new(gm__slab_t *sl)
     memset(b, 0, offsetof(gm__block_t, tc_gen));
     atomic_store_explicit(&b->tc_gen, 0, memory_order_relaxed);
     atomic_store_explicit(&b->tc_cached, 0, memory_order_relaxed);
+    b->shared = 0;
     return b;
 }
 

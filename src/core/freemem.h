@@ -82,6 +82,8 @@ typedef struct gm__block {
     _Atomic uint64_t tc_gen;     /* device: a new number whenever the locked path
                                     makes, frees or records it (tcache.h) */
     _Atomic uint32_t tc_cached;  /* device: freed into a thread cache (tcache.h) */
+    uint8_t shared;              /* device live: held by sharing (src/share/): a
+                                    gm_free is the share layer's to carry out */
 } gm__block_t;
 
 /* A two-level segregated-fit index of free blocks.

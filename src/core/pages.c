@@ -45,6 +45,7 @@
  *
  * Every function here expects the pool lock to be held.
  */
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -595,7 +596,7 @@ static int set_access_run(gm_pool_t *pool, gm__arena_t *a, size_t r0, size_t r1)
 {
     int rc;
     GM_BK(rc, pool, set_access,
-          (pool->bk, a->base + (r0 << pool->page_shift), (r1 - r0) << pool->page_shift));
+          (pool->bk, a->base + (r0 << pool->page_shift), (r1 - r0) << pool->page_shift, 0));
     if (rc == GM_OK) return GM_OK;
     /* Without access the run is useless: give its pages up and unmap them. */
     for (size_t p = r0; p < r1; p++) {
@@ -762,6 +763,24 @@ int gm__pages_prefault_locked(gm_pool_t *pool, size_t bytes)
 
 /* May free physical page id be released now: are the fences of all its
  * mappings passed (no call)? */
+int gm__pages_handles_locked(gm_pool_t *pool, uintptr_t addr, size_t n, gm__phys_t *out)
+{
+    for (int c = 0; c < GM_CLASS_COUNT; c++) {
+        gm__arena_t *a = &pool->arena[c];
+        if (addr < a->base || addr >= a->base + a->size) continue;
+        size_t p0 = (addr - a->base) >> pool->page_shift;
+        if (n > a->npages - p0) break;
+        for (size_t i = 0; i < n; i++) {
+            if (!bit_get(a->owned, p0 + i)) break;
+            out[i] = pool->phys[a->pid[p0 + i]].handle;
+            if (i + 1 == n) return GM_OK;
+        }
+        break;
+    }
+    return gm__set_error(GM_INTERNAL, "pages: [%#" PRIxPTR ", +%zu pages) is not under live blocks",
+                         addr, n);
+}
+
 static bool releasable(gm_pool_t *pool, uint32_t id)
 {
     for (uint32_t g = pool->phys[id].first_va; g != GM_NONE;) {

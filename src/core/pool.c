@@ -42,6 +42,7 @@
 #include "observe/observe.h"
 #include "core/options.h"
 #include "core/pool.h"
+#include "share/share.h"
 
 /* ---- creation and teardown ------------------------------------------------- */
 
@@ -181,6 +182,7 @@ static void pool_teardown(gm_pool_t *pool, uint64_t *blocks, uint64_t *bytes)
 void gm_pool_destroy(gm_pool_t *pool)
 {
     if (!pool || pool->magic != GM_POOL_MAGIC) return; /* see gm_pool_create's notes */
+    gm__share_pool_destroy(pool); /* its servers and clients first: they use it */
     gm__lock(&pool->lock);
     size_t sn = 0, sbytes = 0;
     if (pool->sysmem) gm__sysmem_count_locked(pool, &sn, &sbytes);
@@ -300,15 +302,15 @@ static bool oom_handlers_running(const gm_pool_t *pool)
  * up again, since the lock may have been dropped).  Returns whether it is
  * over: *rc GM_OK (served), or a failure that is not a lack of memory;
  * otherwise *rc is the refusal and reason holds its message. */
-static bool retry_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr, int *rc,
-                         char *reason, size_t cap)
+static bool retry_locked(gm_pool_t *pool, size_t size, size_t align, gm_stream_t stream,
+                         void **ptr, int *rc, char *reason, size_t cap)
 {
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
     if (!s) {
         *rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
         return true;
     }
-    *rc = gm__alloc_locked(pool, size, s, ptr);
+    *rc = gm__alloc_locked(pool, size, align, s, ptr);
     if (*rc != GM_OUT_OF_MEMORY && *rc != GM_LIMIT) return true;
     snprintf(reason, cap, "%s", gm_last_error());
     return false;
@@ -324,7 +326,8 @@ static bool retry_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void 
  *   3. a last resort (see below);
  * then the report.  `retries` counts allocations served by a retry,
  * `alloc_failures` the entries here, `oom_count` (in oom.c) the failures. */
-static int alloc_slow_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr, int rc)
+static int alloc_slow_locked(gm_pool_t *pool, size_t size, size_t align, gm_stream_t stream,
+                             void **ptr, int rc)
 {
     gm__observe_alloc_retry_locked(pool);
     char reason[256];
@@ -333,8 +336,8 @@ static int alloc_slow_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, v
     gm__tcache_flush_self_locked(pool);
     gm__drain_streams_locked(pool);
     if (gm__pages_trim_locked(pool, 0, NULL) != GM_OK) gm__clear_error();
-    if (retry_locked(pool, size, stream, ptr, &rc, reason, sizeof reason)) goto over;
-    if (gm__heaps_reclaim_others(pool) && retry_locked(pool, size, stream, ptr, &rc, reason, sizeof reason))
+    if (retry_locked(pool, size, align, stream, ptr, &rc, reason, sizeof reason)) goto over;
+    if (gm__heaps_reclaim_others(pool) && retry_locked(pool, size, align, stream, ptr, &rc, reason, sizeof reason))
         goto over;
 
     /* The handlers are the root's, called with the root: the user's handle
@@ -357,12 +360,12 @@ static int alloc_slow_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, v
         gm__lock(&pool->lock);
         pool->st.oom_handler_calls += calls;
         if (!again) break;
-        if (retry_locked(pool, size, stream, ptr, &rc, reason, sizeof reason)) goto over;
+        if (retry_locked(pool, size, align, stream, ptr, &rc, reason, sizeof reason)) goto over;
     }
 
     /* The last resort: pinned host memory the device can address (opt-in,
      * counted apart in stats, announced on stderr; src/host/sysmem.c). */
-    if (pool->cfg.flags & GM_POOL_SYSMEM_FALLBACK) {
+    if ((pool->cfg.flags & GM_POOL_SYSMEM_FALLBACK) && align == GM_ALIGNMENT) {
         gm__stream_t *s = gm__stream_get_locked(pool, stream);
         if (s && gm__sysmem_alloc_locked(pool, size, s, ptr, rc) == GM_OK) return GM_OK;
         snprintf(reason, sizeof reason, "%s", gm_last_error());
@@ -376,14 +379,14 @@ over:
     return GM_OK;
 }
 
-int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
+/* gm_alloc and gm_alloc_shareable: align is GM_ALIGNMENT (the thread cache
+ * may serve it) or the page size (a block of whole pages). */
+static inline __attribute__((always_inline)) int alloc_impl(gm_pool_t *pool, size_t size,
+                                                            size_t align, gm_stream_t stream,
+                                                            void **ptr)
 {
-    if (GM_UNLIKELY(!ptr)) return gm__set_error(GM_INVALID_ARGUMENT, "gm_alloc: ptr is NULL");
-    *ptr = NULL;
-    GM_CHECK(resolve(&pool));
-    if (GM_UNLIKELY(size == 0)) return GM_OK;
     pool = gm__heap_self(pool);
-    if (size <= GM_TC_MAX) {
+    if (align == GM_ALIGNMENT && size <= GM_TC_MAX) {
         if (gm__tcache_alloc(pool, size, stream, ptr) == GM_OK) return GM_OK;
         gm__tcache_prepare(pool);
     }
@@ -405,14 +408,35 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
         return rc;
     }
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
-    rc = s ? gm__alloc_locked(pool, size, s, ptr)
+    rc = s ? gm__alloc_locked(pool, size, align, s, ptr)
            : gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
     if (GM_UNLIKELY(rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT))
-        rc = alloc_slow_locked(pool, size, stream, ptr, rc);
+        rc = alloc_slow_locked(pool, size, align, stream, ptr, rc);
     gm__observe_alloc_locked(pool, rc, *ptr, size, stream, frames, n_frames);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);
     return rc;
+}
+
+int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
+{
+    if (GM_UNLIKELY(!ptr)) return gm__set_error(GM_INVALID_ARGUMENT, "gm_alloc: ptr is NULL");
+    *ptr = NULL;
+    GM_CHECK(resolve(&pool));
+    if (GM_UNLIKELY(size == 0)) return GM_OK;
+    return alloc_impl(pool, size, GM_ALIGNMENT, stream, ptr);
+}
+
+int gm_alloc_shareable(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
+{
+    if (!ptr) return gm__set_error(GM_INVALID_ARGUMENT, "gm_alloc_shareable: ptr is NULL");
+    *ptr = NULL;
+    GM_CHECK(resolve(&pool));
+    if (size == 0) return GM_OK;
+    if (size > GM_MAX_REQUEST - pool->page)
+        return gm__set_error(GM_OUT_OF_MEMORY, "gm_alloc_shareable: %zu bytes is more than the "
+                             "device's memory", size);
+    return alloc_impl(pool, size, pool->page, stream, ptr);
 }
 
 /* ---- who owns a pointer ----------------------------------------------------- */
@@ -474,6 +498,10 @@ int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     size_t size = 0;
     int rc = s ? gm__free_locked(pool, ptr, s, &size)
                : gm__set_error(GM_NO_HOST_MEMORY, "gm_free: out of host memory for a stream");
+    if (GM_UNLIKELY(rc == GM__SHARE_HELD)) {
+        gm__unlock(&pool->lock);
+        return gm__share_owner_free(pool, ptr, stream);
+    }
     if (GM_UNLIKELY(rc == GM_INVALID_POINTER || rc == GM_DOUBLE_FREE)) {
         gm__owner_t owner;
         rc = wrong_entry_locked(pool, ptr, "gm_free", rc, &owner, &size);

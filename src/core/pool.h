@@ -406,6 +406,10 @@ void gm__pages_budget(const gm_pool_t *pool, uint64_t live, uint64_t *allow, uin
 int gm__pages_trim_locked(gm_pool_t *pool, size_t keep, size_t *released);
 /* Create and map `bytes` of pages at the start of the large arena. */
 int gm__pages_prefault_locked(gm_pool_t *pool, size_t bytes);
+/* The physical handles of the n pages from page-aligned addr, all owned
+ * (under live blocks): out[0..n).  GM_INTERNAL when a page is not (a caller
+ * that holds the block live makes that impossible). */
+int gm__pages_handles_locked(gm_pool_t *pool, uintptr_t addr, size_t n, gm__phys_t *out);
 int gm__pages_check_locked(gm_pool_t *pool);
 void gm__pages_fini(gm_pool_t *pool);
 
@@ -413,7 +417,13 @@ void gm__pages_fini(gm_pool_t *pool);
 
 /* Allocate size bytes (0 < size <= GM_MAX_REQUEST, checked by gm_alloc) on
  * stream state s; an OOM status with a message when nothing fits. */
-int gm__alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr);
+/* align: GM_ALIGNMENT, or the page size for a block that owns whole pages
+ * (gm_alloc_shareable: its size is then rounded up to whole pages). */
+int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s, void **ptr);
+/* gm__free_locked's answer for a block held by sharing (b->shared): nothing
+ * was done; the caller hands the free to gm__share_owner_free.  Never seen
+ * outside the library. */
+#define GM__SHARE_HELD 1000
 /* Free the live block at ptr on stream s; *freed: its caller's size.  A
  * pointer that is not a live block: GM_INVALID_POINTER or GM_DOUBLE_FREE
  * with a message, nothing changed. */

@@ -119,7 +119,7 @@ static void test_vmm(fixture_t *f)
     gm__phys_t h1 = 0, h2 = 0, h3 = 0;
     CHECK_OK(o->phys_create(f->ctx, g, &h1));
     CHECK_OK(o->map(f->ctx, va, g, h1));
-    CHECK_OK(o->set_access(f->ctx, va, g));
+    CHECK_OK(o->set_access(f->ctx, va, g, 0));
     const size_t pat_off = 4096, pat_len = g < 128 * 1024 ? g / 2 : 64 * 1024;
     fill_pattern(pat, pat_len, 1);
     CHECK_OK(o->memset(f->ctx, va, 0xA5, g, NULL));
@@ -132,7 +132,7 @@ static void test_vmm(fixture_t *f)
     /* The data lives in the handle, not the address: remap elsewhere. */
     CHECK_OK(o->unmap(f->ctx, va, g));
     CHECK_OK(o->map(f->ctx, va + 4 * g, g, h1));
-    CHECK_OK(o->set_access(f->ctx, va + 4 * g, g));
+    CHECK_OK(o->set_access(f->ctx, va + 4 * g, g, 0));
     CHECK_OK(read_back(f, buf, va + 4 * g, g));
     check_bytes("after remap", buf, img, g);
     CHECK_OK(o->unmap(f->ctx, va + 4 * g, g));
@@ -143,7 +143,7 @@ static void test_vmm(fixture_t *f)
     CHECK_OK(o->phys_create(f->ctx, g, &h2));
     CHECK_OK(o->map(f->ctx, s, g, h1));
     CHECK_OK(o->map(f->ctx, s + g, g, h2));
-    CHECK_OK(o->set_access(f->ctx, s, 2 * g));
+    CHECK_OK(o->set_access(f->ctx, s, 2 * g, 0));
     CHECK_OK(o->memset(f->ctx, s + g, 0x3C, g, NULL));
     fill_pattern(pat, pat_len, 2);
     CHECK_OK(o->memcpy(f->ctx, s + g - half, (uintptr_t)pat, pat_len, NULL));
@@ -155,7 +155,7 @@ static void test_vmm(fixture_t *f)
     /* Each side of the seam went to its own handle: h2 alone shows the tail. */
     CHECK_OK(o->unmap(f->ctx, s + g, g));
     CHECK_OK(o->map(f->ctx, va + 12 * g, g, h2));
-    CHECK_OK(o->set_access(f->ctx, va + 12 * g, g));
+    CHECK_OK(o->set_access(f->ctx, va + 12 * g, g, 0));
     CHECK_OK(read_back(f, buf, va + 12 * g, g));
     check_bytes("second handle alone", buf, img + g, g);
     CHECK_OK(o->unmap(f->ctx, va + 12 * g, g));
@@ -166,7 +166,7 @@ static void test_vmm(fixture_t *f)
     const uintptr_t p = va + 16 * g;
     CHECK_OK(o->phys_create(f->ctx, 2 * g, &h3));
     CHECK_OK(o->map(f->ctx, p, 2 * g, h3));
-    CHECK_OK(o->set_access(f->ctx, p, 2 * g));
+    CHECK_OK(o->set_access(f->ctx, p, 2 * g, 0));
     gm__clear_error();
     int partial = o->unmap(f->ctx, p, g);
     CHECK(partial != GM_OK);
@@ -205,7 +205,7 @@ static void test_vmm(fixture_t *f)
             CHECK_OK(o->import_fd(f->ctx, fd, g, &h1b));
             close(fd);
             CHECK_OK(o->map(f->ctx, va + 20 * g, g, h1b));
-            CHECK_OK(o->set_access(f->ctx, va + 20 * g, g));
+            CHECK_OK(o->set_access(f->ctx, va + 20 * g, g, 0));
             /* h1 holds the first granule of the stitched image. */
             fill_pattern(pat, pat_len, 1);
             memset(img, 0xA5, g);

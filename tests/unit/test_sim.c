@@ -52,7 +52,7 @@ static int map_new(void *ctx, uintptr_t va, size_t size, gm__phys_t *h)
 {
     GM_CHECK(B->phys_create(ctx, size, h));
     GM_CHECK(B->map(ctx, va, size, *h));
-    return B->set_access(ctx, va, size);
+    return B->set_access(ctx, va, size, 0);
 }
 
 static int last_error_has(const char *needle)
@@ -120,7 +120,7 @@ static void test_shared_mappings_and_remap(void)
 
     /* A second mapping of the same handle at another VA shares the bytes. */
     CHECK_OK(B->map(ctx, vb, 4 * MiB, h));
-    CHECK_OK(B->set_access(ctx, vb, 4 * MiB));
+    CHECK_OK(B->set_access(ctx, vb, 4 * MiB, 0));
     unsigned char *b = (unsigned char *)vb;
     int same = 1;
     for (size_t i = 0; i < 4 * MiB; i += 4096) same &= b[i] == (unsigned char)(i >> 12);
@@ -134,7 +134,7 @@ static void test_shared_mappings_and_remap(void)
     CHECK_OK(B->unmap(ctx, va, 4 * MiB));
     CHECK_OK(B->unmap(ctx, vb, 4 * MiB));
     CHECK_OK(B->map(ctx, vb + 32 * MiB, 4 * MiB, h));
-    CHECK_OK(B->set_access(ctx, vb + 32 * MiB, 4 * MiB));
+    CHECK_OK(B->set_access(ctx, vb + 32 * MiB, 4 * MiB, 0));
     unsigned char *c = (unsigned char *)(vb + 32 * MiB);
     CHECK(c[100] == 0x5a && c[4 * MiB - 1] == 0xab && c[8192] == 2);
 
@@ -145,7 +145,7 @@ static void test_shared_mappings_and_remap(void)
     CHECK_OK(B->map(ctx, va, GRAN, h2));
     CHECK_OK(B->map(ctx, va + GRAN, GRAN, h3));
     uint64_t t0 = B->modeled_ns(ctx);
-    CHECK_OK(B->set_access(ctx, va, 2 * GRAN));
+    CHECK_OK(B->set_access(ctx, va, 2 * GRAN, 0));
     CHECK(B->modeled_ns(ctx) - t0 == 2 * 19200); /* 19.2 us per handle in the range */
     memset((void *)va, 0x11, 2 * GRAN);
     CHECK(((unsigned char *)va)[2 * GRAN - 1] == 0x11);
@@ -215,10 +215,10 @@ static void test_preconditions(void)
     CHECK_RC(B->map(ctx, va, 2 * GRAN, h), GM_INVALID_ARGUMENT);
 
     /* set_access */
-    CHECK_RC(B->set_access(ctx, va, 3 * GRAN), GM_INVALID_ARGUMENT); /* part unmapped */
+    CHECK_RC(B->set_access(ctx, va, 3 * GRAN, 0), GM_INVALID_ARGUMENT); /* part unmapped */
     CHECK(last_error_has("not mapped"));
-    CHECK_RC(B->set_access(ctx, va, 0), GM_INVALID_ARGUMENT);
-    CHECK_RC(B->set_access(ctx, va + 4096, GRAN), GM_INVALID_ARGUMENT);
+    CHECK_RC(B->set_access(ctx, va, 0, 0), GM_INVALID_ARGUMENT);
+    CHECK_RC(B->set_access(ctx, va + 4096, GRAN, 0), GM_INVALID_ARGUMENT);
     /* Copies into mapped but inaccessible or unmapped memory are refused. */
     CHECK_RC(B->memset(ctx, va, 0, 16, NULL), GM_INVALID_ARGUMENT);
     CHECK(last_error_has("not accessible"));
@@ -226,7 +226,7 @@ static void test_preconditions(void)
     CHECK(last_error_has("not mapped"));
     CHECK_RC(B->memset(ctx, va + 16 * MiB - 8, 0, 16, NULL), GM_INVALID_ARGUMENT); /* edge */
     CHECK_RC(B->memcpy(ctx, 0, va, 16, NULL), GM_INVALID_ARGUMENT);
-    CHECK_OK(B->set_access(ctx, va, 2 * GRAN));
+    CHECK_OK(B->set_access(ctx, va, 2 * GRAN, 0));
     CHECK_OK(B->memset(ctx, va, 7, 2 * GRAN, NULL));
 
     /* unmap: exactly one map call's range */
@@ -286,8 +286,8 @@ static void test_preconditions(void)
     /* The import is the same memory: write through one, read through other. */
     CHECK_OK(B->map(ctx, va, GRAN, h4));
     CHECK_OK(B->map(ctx, vb, GRAN, h5));
-    CHECK_OK(B->set_access(ctx, va, GRAN));
-    CHECK_OK(B->set_access(ctx, vb, GRAN));
+    CHECK_OK(B->set_access(ctx, va, GRAN, 0));
+    CHECK_OK(B->set_access(ctx, vb, GRAN, 0));
     ((volatile char *)va)[77] = 'q';
     CHECK(((volatile char *)vb)[77] == 'q');
     CHECK_OK(B->unmap(ctx, va, GRAN));
@@ -374,14 +374,14 @@ static void test_many_mappings(void)
         ok &= *(unsigned *)(va + (size_t)2 * order[i] * GRAN) == i;
     CHECK(ok);
     /* Holes are not mapped. */
-    CHECK_RC(B->set_access(ctx, va + GRAN, GRAN), GM_INVALID_ARGUMENT);
+    CHECK_RC(B->set_access(ctx, va + GRAN, GRAN, 0), GM_INVALID_ARGUMENT);
     /* Unmap every other page, check the rest, unmap the rest. */
     for (unsigned i = 0; i < N && ok; i += 2)
         ok &= B->unmap(ctx, va + (size_t)2 * order[i] * GRAN, GRAN) == GM_OK;
     for (unsigned i = 1; i < N && ok; i += 2)
-        ok &= B->set_access(ctx, va + (size_t)2 * order[i] * GRAN, GRAN) == GM_OK;
+        ok &= B->set_access(ctx, va + (size_t)2 * order[i] * GRAN, GRAN, 0) == GM_OK;
     for (unsigned i = 0; i < N && ok; i += 2)
-        ok &= B->set_access(ctx, va + (size_t)2 * order[i] * GRAN, GRAN) == GM_INVALID_ARGUMENT;
+        ok &= B->set_access(ctx, va + (size_t)2 * order[i] * GRAN, GRAN, 0) == GM_INVALID_ARGUMENT;
     for (unsigned i = 1; i < N && ok; i += 2)
         ok &= B->unmap(ctx, va + (size_t)2 * order[i] * GRAN, GRAN) == GM_OK;
     for (unsigned i = 0; i < N && ok; i++) ok &= B->phys_release(ctx, h[i]) == GM_OK;
@@ -421,7 +421,7 @@ static void test_fail_nth(void)
         if (kind == GM_CALL_unmap || kind == GM_CALL_set_access || kind == GM_CALL_memcpy ||
             kind == GM_CALL_memset) {
             CHECK_OK(B->map(ctx, va, GRAN, h));
-            if (kind != GM_CALL_set_access) CHECK_OK(B->set_access(ctx, va, GRAN));
+            if (kind != GM_CALL_set_access) CHECK_OK(B->set_access(ctx, va, GRAN, 0));
         }
         if (kind == GM_CALL_import_fd) CHECK_OK(B->export_fd(ctx, h, &fd));
         if (kind == GM_CALL_host_unregister || kind == GM_CALL_host_device_pointer)
@@ -443,7 +443,7 @@ static void test_fail_nth(void)
      : kind == GM_CALL_phys_release ? B->phys_release(ctx, h2)                          \
      : kind == GM_CALL_map          ? B->map(ctx, va + GRAN, GRAN, h2)                  \
      : kind == GM_CALL_unmap        ? B->unmap(ctx, va, GRAN)                           \
-     : kind == GM_CALL_set_access   ? B->set_access(ctx, va, GRAN)                      \
+     : kind == GM_CALL_set_access   ? B->set_access(ctx, va, GRAN, 0)                      \
      : kind == GM_CALL_export_fd    ? B->export_fd(ctx, h, &out_fd)                     \
      : kind == GM_CALL_import_fd    ? B->import_fd(ctx, fd, GRAN, &out_h)               \
      : kind == GM_CALL_event_create ? B->event_create(ctx, &out_ev)                     \
@@ -537,7 +537,7 @@ static void test_fail_nth(void)
     CHECK_OK(B->map(ctx, va, GRAN, h));
     CHECK_OK(B->map(ctx, va + GRAN, GRAN, h));
     CHECK_RC(B->map(ctx, va + 2 * GRAN, GRAN, h), GM_BACKEND);
-    CHECK_RC(B->set_access(ctx, va + 2 * GRAN, GRAN), GM_INVALID_ARGUMENT); /* not mapped */
+    CHECK_RC(B->set_access(ctx, va + 2 * GRAN, GRAN, 0), GM_INVALID_ARGUMENT); /* not mapped */
     CHECK_OK(B->map(ctx, va + 2 * GRAN, GRAN, h));
     for (int i = 0; i < 3; i++) CHECK_OK(B->unmap(ctx, va + (size_t)i * GRAN, GRAN));
     CHECK_OK(B->phys_release(ctx, h));
@@ -671,7 +671,7 @@ static void test_fork_sharing(void)
         if (B->va_reserve(c, 4 * MiB, 0, &cva) != GM_OK) _exit(11);
         if (B->import_fd(c, fd, 4 * MiB, &ch) != GM_OK) _exit(12);
         if (B->map(c, cva, 4 * MiB, ch) != GM_OK) _exit(13);
-        if (B->set_access(c, cva, 4 * MiB) != GM_OK) _exit(14);
+        if (B->set_access(c, cva, 4 * MiB, 0) != GM_OK) _exit(14);
         if (strcmp((char *)cva, "from parent") != 0) code = 15;
         strcpy((char *)cva + 3 * MiB, "from child");
         if (B->unmap(c, cva, 4 * MiB) != GM_OK) _exit(16);
@@ -745,7 +745,7 @@ static void test_modeled_time(void)
     CHECK_OK(B->map(ctx, va, GRAN, h));
     CHECK(B->modeled_ns(ctx) - t2 == 500);
     t2 = B->modeled_ns(ctx);
-    CHECK_OK(B->set_access(ctx, va, GRAN));
+    CHECK_OK(B->set_access(ctx, va, GRAN, 0));
     CHECK(B->modeled_ns(ctx) - t2 == 19200);
     t2 = B->modeled_ns(ctx);
     CHECK_OK(B->unmap(ctx, va, GRAN));
@@ -792,7 +792,7 @@ static void *worker_main(void *arg)
             w->ok &= B->phys_create(w->ctx, GRAN, &h[i]) == GM_OK;
             w->ok &= B->map(w->ctx, w->va + (size_t)i * GRAN, GRAN, h[i]) == GM_OK;
         }
-        w->ok &= B->set_access(w->ctx, w->va, 4 * GRAN) == GM_OK;
+        w->ok &= B->set_access(w->ctx, w->va, 4 * GRAN, 0) == GM_OK;
         for (int i = 0; i < 4; i++)
             w->ok &= B->memset(w->ctx, w->va + (size_t)i * GRAN, round, 4096, (gm_stream_t)w) ==
                      GM_OK;

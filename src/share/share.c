@@ -1,0 +1,1300 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * share.c — publishing blocks to other processes and importing theirs.
+ *
+ * Exporter.  A server is a socket and one thread of the library that answers
+ * peers (share.h has the exchange).  Publishing a range pins its block: the
+ * block gets `shared` set and a hold here (one reference per publication and
+ * one per peer mapping).  A gm_free of a held block only marks it freed by
+ * its owner (after waiting for the freeing stream); the last reference to go
+ * frees it for real, on the NULL stream, whose work cannot touch it.  A held
+ * block is live, so its pages stay owned: trim, thinning and page moves never
+ * touch them (pages.c only moves pages of free ranges).  A peer that dies
+ * closes its socket, which drops its references; the exporter needs to do
+ * nothing.
+ *
+ * Importer.  Each page arrives as a descriptor, is imported as a handle of
+ * the importer's own backend and mapped into an address range of its own;
+ * the whole range then gets access once (read-only for a read-only name).
+ * The physical memory lives while any process holds a handle to it, so an
+ * import stays valid when the exporter frees the block or dies.
+ *
+ * Locks: g_mu guards every server's, client's and hold's books; a heap's lock
+ * may be taken under it, never the other way round.  No socket call that can
+ * block and no backend call runs under g_mu.  A client's own calls are
+ * serialized by its mutex.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "core/pool.h"
+#include "share/share.h"
+
+/* A connected client that sends nothing for this long while the server
+ * waits on it is not waited for; a client waits this long for an answer. */
+#define SHARE_TIMEOUT_S 10
+/* Most mappings one peer may hold at once. */
+#define MAX_RECS_PER_PEER 65536
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* A block pinned by sharing: one per block, any number of servers. */
+typedef struct hold {
+    struct hold *next;
+    gm_pool_t *root, *heap;
+    uintptr_t base;
+    size_t bytes;       /* the block's size */
+    unsigned refs;      /* publications + peer mappings */
+    bool owner_freed;   /* gm_free'd: freed at refs == 0 */
+} hold_t;
+
+typedef struct pub {
+    struct pub *next;
+    char name[GM__SHARE_NAME_MAX];
+    char token[GM__SHARE_NAME_MAX];
+    uintptr_t ptr, va0; /* published start; its first page */
+    size_t size, npages;
+    int access;
+    hold_t *hold;
+} pub_t;
+
+/* One peer's mapping of a publication (it lives on after an unpublish). */
+typedef struct rec {
+    struct rec *next;
+    uint64_t id;
+    hold_t *hold;
+    uintptr_t va0;
+    size_t npages;
+} rec_t;
+
+typedef struct peer {
+    int fd;
+    pid_t pid;
+    uid_t uid;
+    rec_t *recs;
+    size_t n_recs;
+} peer_t;
+
+struct gm_share_server {
+    struct gm_share_server *next; /* g_servers */
+    pid_t pid;                    /* the process it serves in (not a fork child) */
+    gm_pool_t *root;
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int lfd, wake[2];
+    pthread_t thread;
+    bool running;
+    gm_share_policy_t pol;
+    uid_t uid;
+    pub_t *pubs;
+    peer_t *peers;
+    size_t n_peers, cap_peers;
+    uint64_t next_id;
+    uint64_t published, published_bytes, exported_bytes, refused, dropped;
+    _Atomic bool stop;
+};
+
+typedef struct imp {
+    struct imp *next;
+    char name[GM__SHARE_NAME_MAX];
+    uint64_t id;
+    uintptr_t va;
+    size_t npages;
+    gm__phys_t *handles;
+    void *ptr;
+    size_t size;
+    int access;
+    unsigned refs;
+} imp_t;
+
+struct gm_share_client {
+    struct gm_share_client *next; /* g_clients */
+    pid_t pid;                    /* the process that connected */
+    gm_pool_t *root;
+    int fd;
+    bool gone;          /* the server closed the connection */
+    pthread_mutex_t mu;
+    imp_t *imps;
+    uint64_t imports, imported_bytes; /* read under g_mu, written under both */
+};
+
+static hold_t *g_holds;
+static gm_share_server_t *g_servers;
+static gm_share_client_t *g_clients;
+
+/* ---- messages --------------------------------------------------------------- */
+
+static void msg_init(gm__share_msg_t *m, int type)
+{
+    memset(m, 0, sizeof *m);
+    m->magic = GM__SHARE_MAGIC;
+    m->version = GM__SHARE_VERSION;
+    m->type = (uint16_t)type;
+}
+
+static bool terminated(const char *s, size_t cap) { return memchr(s, '\0', cap) != NULL; }
+
+/* Send m with fds[0..nfds) attached.  flags: MSG_DONTWAIT for the server. */
+static int msg_send(int fd, const gm__share_msg_t *m, const int *fds, size_t nfds, int flags)
+{
+    struct iovec iov = {.iov_base = (void *)m, .iov_len = sizeof *m};
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * GM__SHARE_FDS_MAX)];
+        struct cmsghdr align;
+    } u;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (nfds) {
+        memset(&u, 0, sizeof u);
+        mh.msg_control = u.buf;
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+    }
+    ssize_t n;
+    do n = sendmsg(fd, &mh, flags | MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n == (ssize_t)sizeof *m) return GM_OK;
+    return gm__set_error(GM_IO, "share: send failed: %s",
+                         n < 0 ? strerror(errno) : "short message");
+}
+
+/* Receive one message; descriptors attached go to fds[0..*nfds) (cap of
+ * them; more, or any with fds NULL, are closed and make it malformed).
+ * GM_OK, GM_IO (closed: *closed set; or an error), GM_PARSE (malformed). */
+static int msg_recv(int fd, gm__share_msg_t *m, int *fds, size_t cap, size_t *nfds, bool *closed)
+{
+    struct iovec iov = {.iov_base = m, .iov_len = sizeof *m};
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * GM__SHARE_FDS_MAX)];
+        struct cmsghdr align;
+    } u;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                        .msg_controllen = sizeof u.buf};
+    *nfds = 0;
+    *closed = false;
+    ssize_t n;
+    do n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return gm__set_error(GM_IO, "share: no answer in %d s", SHARE_TIMEOUT_S);
+        if (errno == ECONNRESET) *closed = true;
+        return gm__set_error(GM_IO, "share: receive failed: %s", strerror(errno));
+    }
+    bool bad = false;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        int *in = (int *)CMSG_DATA(c);
+        for (size_t i = 0; i < k; i++) {
+            if (fds && *nfds < cap) fds[(*nfds)++] = in[i];
+            else { close(in[i]); bad = true; }
+        }
+    }
+    if (n == 0) {
+        *closed = true;
+        return gm__set_error(GM_IO, "share: the other side closed the connection");
+    }
+    if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) bad = true;
+    if (bad || n != (ssize_t)sizeof *m || m->magic != GM__SHARE_MAGIC ||
+        m->version != GM__SHARE_VERSION || !terminated(m->name, sizeof m->name) ||
+        !terminated(m->token, sizeof m->token) || !terminated(m->text, sizeof m->text)) {
+        for (size_t i = 0; i < *nfds; i++) close(fds[i]);
+        *nfds = 0;
+        return gm__set_error(GM_PARSE, "share: malformed message (%zd bytes)", n);
+    }
+    return GM_OK;
+}
+
+/* ---- holds (g_mu held) ------------------------------------------------------ */
+
+static hold_t *hold_find(gm_pool_t *root, uintptr_t base)
+{
+    for (hold_t *h = g_holds; h; h = h->next)
+        if (h->root == root && h->base == base) return h;
+    return NULL;
+}
+
+/* One reference less.  At none the block is let go: its `shared` mark is
+ * cleared and, when its owner freed it, *to_free receives it (freed by the
+ * caller once g_mu is dropped; at most one per call). */
+static void hold_unref(hold_t *h, hold_t **to_free)
+{
+    gm_assert(h->refs > 0);
+    if (--h->refs) return;
+    for (hold_t **pp = &g_holds; *pp; pp = &(*pp)->next)
+        if (*pp == h) { *pp = h->next; break; }
+    gm__lock(&h->heap->lock);
+    gm__block_t *b = gm__hash_get(&h->heap->live, h->base);
+    if (b) b->shared = 0;
+    gm__unlock(&h->heap->lock);
+    if (h->owner_freed) {
+        h->next = *to_free;
+        *to_free = h;
+    } else {
+        gm__free(h);
+    }
+}
+
+/* Free the blocks hold_unref handed over (g_mu not held). */
+static void holds_free(hold_t *list)
+{
+    while (list) {
+        hold_t *next = list->next;
+        if (gm_free(list->root, (void *)list->base, NULL) != GM_OK) gm__clear_error();
+        gm__free(list);
+        list = next;
+    }
+}
+
+int gm__share_owner_free(gm_pool_t *heap, void *ptr, gm_stream_t stream)
+{
+    gm_pool_t *root = heap->root;
+    pthread_mutex_lock(&g_mu);
+    hold_t *h = hold_find(root, (uintptr_t)ptr);
+    if (!h) {
+        /* The last reference went between the two locks: free it now. */
+        pthread_mutex_unlock(&g_mu);
+        return gm_free(root, ptr, stream);
+    }
+    if (h->owner_freed) {
+        pthread_mutex_unlock(&g_mu);
+        return gm__set_error(GM_DOUBLE_FREE, "gm_free: %p was already freed (it is kept while "
+                             "other processes map it)", ptr);
+    }
+    pthread_mutex_unlock(&g_mu);
+    /* The block's last use on `stream` is over before it is marked: the
+     * real free comes later, on a stream that has nothing queued for it. */
+    int rc = gm_stream_synchronize(root, stream);
+    if (rc != GM_OK) return rc;
+    pthread_mutex_lock(&g_mu);
+    h = hold_find(root, (uintptr_t)ptr);
+    if (h && !h->owner_freed) {
+        h->owner_freed = true;
+    } else if (h) {
+        rc = gm__set_error(GM_DOUBLE_FREE, "gm_free: %p was already freed (it is kept while "
+                           "other processes map it)", ptr);
+    }
+    pthread_mutex_unlock(&g_mu);
+    /* Let go meanwhile: an ordinary free (the stream has nothing queued). */
+    if (!h) return gm_free(root, ptr, stream);
+    return rc;
+}
+
+/* ---- the server ------------------------------------------------------------- */
+
+static void log_line(const gm_share_server_t *srv, const char *fmt, ...) GM_PRINTF(2, 3);
+static void log_line(const gm_share_server_t *srv, const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "gpumem share %s: %s\n", srv->path, line);
+}
+
+/* Drop peer i: its mappings' references, its socket (g_mu held). */
+static void peer_drop_locked(gm_share_server_t *srv, size_t i, hold_t **to_free)
+{
+    peer_t *p = &srv->peers[i];
+    while (p->recs) {
+        rec_t *r = p->recs;
+        p->recs = r->next;
+        srv->exported_bytes -= r->npages * srv->root->page;
+        hold_unref(r->hold, to_free);
+        gm__free(r);
+    }
+    close(p->fd);
+    srv->peers[i] = srv->peers[--srv->n_peers];
+}
+
+static void reply_error(gm_share_server_t *srv, int fd, int status, const char *fmt, ...)
+    GM_PRINTF(4, 5);
+static void reply_error(gm_share_server_t *srv, int fd, int status, const char *fmt, ...)
+{
+    (void)srv;
+    gm__share_msg_t m;
+    msg_init(&m, GM__SHARE_REPLY);
+    m.status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m.text, sizeof m.text, fmt, ap);
+    va_end(ap);
+    if (msg_send(fd, &m, NULL, 0, MSG_DONTWAIT) != GM_OK) gm__clear_error();
+}
+
+static bool policy_allows(const gm_share_server_t *srv, uid_t uid, gid_t gid)
+{
+    if (uid == srv->uid || uid == 0) return true;
+    if (srv->pol.flags & GM_SHARE_ANY_UID) return true;
+    return srv->pol.allow_gid >= 0 && (long)gid == srv->pol.allow_gid;
+}
+
+static void accept_peer(gm_share_server_t *srv)
+{
+    int fd = accept4(srv->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    struct ucred cr;
+    socklen_t len = sizeof cr;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) {
+        close(fd);
+        return;
+    }
+    pthread_mutex_lock(&g_mu);
+    unsigned max = srv->pol.max_peers ? srv->pol.max_peers : 64;
+    if (!policy_allows(srv, cr.uid, cr.gid)) {
+        srv->refused++;
+        pthread_mutex_unlock(&g_mu);
+        reply_error(srv, fd, GM_DENIED, "uid %u (pid %d) may not connect: the server of uid %u "
+                    "admits %s", (unsigned)cr.uid, (int)cr.pid, (unsigned)srv->uid,
+                    srv->pol.allow_gid >= 0 ? "its own uid and its group" : "its own uid only");
+        log_line(srv, "refused pid %d uid %u gid %u (policy)", (int)cr.pid, (unsigned)cr.uid,
+                 (unsigned)cr.gid);
+        close(fd);
+        return;
+    }
+    if (srv->n_peers < max && srv->n_peers == srv->cap_peers) {
+        size_t ncap = srv->cap_peers ? 2 * srv->cap_peers : 8;
+        peer_t *np = realloc(srv->peers, ncap * sizeof *np);
+        if (np) {
+            srv->peers = np;
+            srv->cap_peers = ncap;
+        }
+    }
+    if (srv->n_peers >= max || srv->n_peers == srv->cap_peers) {
+        srv->refused++;
+        pthread_mutex_unlock(&g_mu);
+        reply_error(srv, fd, GM_LIMIT, "the server has %zu peers already", srv->n_peers);
+        close(fd);
+        return;
+    }
+    srv->peers[srv->n_peers++] = (peer_t){.fd = fd, .pid = cr.pid, .uid = cr.uid};
+    pthread_mutex_unlock(&g_mu);
+    gm__share_msg_t m;
+    msg_init(&m, GM__SHARE_REPLY);
+    m.status = GM_OK;
+    m.pid = getpid();
+    if (msg_send(fd, &m, NULL, 0, MSG_DONTWAIT) != GM_OK) gm__clear_error();
+}
+
+static pub_t *pub_find(gm_share_server_t *srv, const char *name)
+{
+    for (pub_t *p = srv->pubs; p; p = p->next)
+        if (strcmp(p->name, name) == 0) return p;
+    return NULL;
+}
+
+/* Tokens are compared in time that does not depend on where they differ. */
+static bool token_ok(const char *want, const char *got)
+{
+    unsigned char diff = 0;
+    for (size_t i = 0; i < GM__SHARE_NAME_MAX; i++) diff |= (unsigned char)(want[i] ^ got[i]);
+    return diff == 0;
+}
+
+/* IMPORT: a mapping record for the peer and the publication's shape. */
+static void on_import(gm_share_server_t *srv, peer_t *p, gm__share_msg_t *m)
+{
+    char tok[GM__SHARE_NAME_MAX] = {0};
+    snprintf(tok, sizeof tok, "%s", m->token);
+    pthread_mutex_lock(&g_mu);
+    pub_t *pub = pub_find(srv, m->name);
+    int status = GM_OK;
+    char why[160] = "";
+    if (!pub) {
+        status = GM_INVALID_ARGUMENT;
+        snprintf(why, sizeof why, "no memory is published under '%s'", m->name);
+    } else if (!token_ok(pub->token, tok)) {
+        status = GM_DENIED;
+        snprintf(why, sizeof why, "wrong token for '%s'", m->name);
+    } else if (p->n_recs >= MAX_RECS_PER_PEER) {
+        status = GM_LIMIT;
+        snprintf(why, sizeof why, "this peer holds %d mappings already", MAX_RECS_PER_PEER);
+    }
+    rec_t *r = status == GM_OK ? gm__calloc(1, sizeof *r) : NULL;
+    if (status == GM_OK && !r) {
+        status = GM_NO_HOST_MEMORY;
+        snprintf(why, sizeof why, "the server is out of host memory");
+    }
+    gm__share_msg_t out;
+    msg_init(&out, GM__SHARE_REPLY);
+    if (status == GM_OK) {
+        r->id = ++srv->next_id;
+        r->hold = pub->hold;
+        r->va0 = pub->va0;
+        r->npages = pub->npages;
+        r->next = p->recs;
+        p->recs = r;
+        p->n_recs++;
+        pub->hold->refs++;
+        srv->exported_bytes += r->npages * srv->root->page;
+        out.id = r->id;
+        out.size = pub->size;
+        out.offset = pub->ptr - pub->va0;
+        out.page_size = srv->root->page;
+        out.npages = pub->npages;
+        out.device = srv->root->cfg.device;
+        out.access = (uint32_t)pub->access;
+    } else {
+        out.status = status;
+        snprintf(out.text, sizeof out.text, "%s", why);
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (msg_send(p->fd, &out, NULL, 0, MSG_DONTWAIT) != GM_OK) gm__clear_error();
+}
+
+static rec_t *rec_find(peer_t *p, uint64_t id, rec_t ***link)
+{
+    for (rec_t **pp = &p->recs; *pp; pp = &(*pp)->next)
+        if ((*pp)->id == id) {
+            if (link) *link = pp;
+            return *pp;
+        }
+    return NULL;
+}
+
+/* PAGES: the descriptors of count pages from first.  Returns false when the
+ * peer is to be dropped (a request outside its mapping). */
+static bool on_pages(gm_share_server_t *srv, peer_t *p, gm__share_msg_t *m)
+{
+    gm_pool_t *heap = NULL;
+    uintptr_t va = 0;
+    pthread_mutex_lock(&g_mu);
+    rec_t *r = rec_find(p, m->id, NULL);
+    bool ok = r && m->count >= 1 && m->count <= GM__SHARE_FDS_MAX && m->first < r->npages &&
+              m->count <= r->npages - m->first;
+    if (ok) {
+        heap = r->hold->heap;
+        va = r->va0 + (uintptr_t)m->first * srv->root->page;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (!ok) return false;
+    /* The record holds the block live, so its pages stay where they are. */
+    gm__phys_t h[GM__SHARE_FDS_MAX];
+    int fds[GM__SHARE_FDS_MAX];
+    size_t n = 0, count = (size_t)m->count;
+    gm__lock(&heap->lock);
+    int rc = gm__pages_handles_locked(heap, va, count, h);
+    gm__unlock(&heap->lock);
+    for (; rc == GM_OK && n < count; n++) {
+        GM_BK(rc, heap, export_fd, (heap->bk, h[n], &fds[n]));
+        if (rc != GM_OK) break;
+    }
+    gm__share_msg_t out;
+    msg_init(&out, GM__SHARE_REPLY);
+    if (rc == GM_OK) {
+        out.nfds = (uint32_t)count;
+        out.first = m->first;
+        out.count = m->count;
+    } else {
+        out.status = rc;
+        snprintf(out.text, sizeof out.text, "%s", gm_last_error());
+        gm__clear_error();
+    }
+    if (msg_send(p->fd, &out, fds, rc == GM_OK ? count : 0, MSG_DONTWAIT) != GM_OK)
+        gm__clear_error();
+    for (size_t i = 0; i < n; i++) close(fds[i]);
+    return true;
+}
+
+/* One message from peer i; false: drop it. */
+static bool on_message(gm_share_server_t *srv, size_t i, hold_t **to_free)
+{
+    peer_t *p = &srv->peers[i];
+    gm__share_msg_t m;
+    size_t nfds;
+    bool closed;
+    int rc = msg_recv(p->fd, &m, NULL, 0, &nfds, &closed);
+    if (rc != GM_OK) {
+        if (!closed && rc == GM_PARSE) {
+            srv->dropped++;
+            log_line(srv, "dropped pid %d uid %u: %s", (int)p->pid, (unsigned)p->uid,
+                     gm_last_error());
+        }
+        gm__clear_error();
+        return false;
+    }
+    switch (m.type) {
+    case GM__SHARE_IMPORT:
+        on_import(srv, p, &m);
+        return true;
+    case GM__SHARE_PAGES:
+        if (on_pages(srv, p, &m)) return true;
+        break;
+    case GM__SHARE_RELEASE: {
+        pthread_mutex_lock(&g_mu);
+        rec_t **link;
+        rec_t *r = rec_find(p, m.id, &link);
+        if (r) {
+            *link = r->next;
+            p->n_recs--;
+            srv->exported_bytes -= r->npages * srv->root->page;
+            hold_unref(r->hold, to_free);
+            gm__free(r);
+        }
+        pthread_mutex_unlock(&g_mu);
+        if (r) return true;
+        break;
+    }
+    default:
+        break;
+    }
+    srv->dropped++;
+    log_line(srv, "dropped pid %d uid %u: unexpected request (type %u, id %" PRIu64 ")",
+             (int)p->pid, (unsigned)p->uid, (unsigned)m.type, m.id);
+    return false;
+}
+
+static void *server_main(void *arg)
+{
+    gm_share_server_t *srv = arg;
+    struct pollfd *pfd = NULL;
+    size_t cap = 0;
+    while (!atomic_load(&srv->stop)) {
+        pthread_mutex_lock(&g_mu);
+        size_t n = srv->n_peers;
+        if (n + 2 > cap) {
+            struct pollfd *np = realloc(pfd, (n + 2) * sizeof *np);
+            if (np) { pfd = np; cap = n + 2; }
+        }
+        size_t k = n + 2 <= cap ? n : (cap >= 2 ? cap - 2 : 0);
+        if (pfd) {
+            pfd[0] = (struct pollfd){.fd = srv->wake[0], .events = POLLIN};
+            pfd[1] = (struct pollfd){.fd = srv->lfd, .events = POLLIN};
+            for (size_t i = 0; i < k; i++)
+                pfd[2 + i] = (struct pollfd){.fd = srv->peers[i].fd, .events = POLLIN};
+        }
+        pthread_mutex_unlock(&g_mu);
+        if (!pfd) { usleep(10000); continue; }
+        if (poll(pfd, k + 2, -1) < 0) continue;
+        if (pfd[0].revents) {
+            char buf[64];
+            while (read(srv->wake[0], buf, sizeof buf) > 0) {}
+            continue;
+        }
+        if (pfd[1].revents & POLLIN) accept_peer(srv);
+        /* Peers only leave here, so pfd[2 + i] is still peers[i] (walked
+         * from the top: a drop moves the last peer into i). */
+        for (size_t i = k; i-- > 0;) {
+            if (!pfd[2 + i].revents) continue;
+            hold_t *to_free = NULL;
+            if (!on_message(srv, i, &to_free)) {
+                pthread_mutex_lock(&g_mu);
+                peer_drop_locked(srv, i, &to_free);
+                pthread_mutex_unlock(&g_mu);
+            }
+            holds_free(to_free);
+        }
+    }
+    free(pfd);
+    return NULL;
+}
+
+/* path free for a new socket: nothing there, or a stale socket of ours. */
+static int claim_path(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT) return GM_OK;
+        return gm__set_error(GM_IO, "gm_share_listen: %s: %s", path, strerror(errno));
+    }
+    if (!S_ISSOCK(st.st_mode))
+        return gm__set_error(GM_INVALID_STATE, "gm_share_listen: %s exists and is not a socket",
+                             path);
+    if (st.st_uid != geteuid())
+        return gm__set_error(GM_INVALID_STATE, "gm_share_listen: %s is a socket of uid %u",
+                             path, (unsigned)st.st_uid);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) return gm__set_error(GM_IO, "gm_share_listen: socket: %s", strerror(errno));
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int c = connect(fd, (struct sockaddr *)&a, sizeof a);
+    int err = errno;
+    close(fd);
+    if (c == 0)
+        return gm__set_error(GM_INVALID_STATE, "gm_share_listen: a server is listening on %s",
+                             path);
+    if (err != ECONNREFUSED)
+        return gm__set_error(GM_INVALID_STATE, "gm_share_listen: %s: %s", path, strerror(err));
+    if (unlink(path) != 0 && errno != ENOENT)
+        return gm__set_error(GM_IO, "gm_share_listen: removing the stale %s: %s", path,
+                             strerror(errno));
+    return GM_OK;
+}
+
+static int check_path(const char *fn, const char *path)
+{
+    if (!path || !*path) return gm__set_error(GM_INVALID_ARGUMENT, "%s: empty socket path", fn);
+    if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+        return gm__set_error(GM_INVALID_ARGUMENT, "%s: socket path longer than %zu bytes", fn,
+                             sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+    return GM_OK;
+}
+
+int gm_share_listen(gm_pool_t *pool, const char *path, const gm_share_policy_t *policy,
+                    gm_share_server_t **server)
+{
+    if (!server) return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_listen: server is NULL");
+    *server = NULL;
+    GM_CHECK(gm__pool_resolve(&pool, __func__));
+    GM_CHECK(check_path(__func__, path));
+    gm_share_policy_t pol = GM_SHARE_POLICY_INIT;
+    if (policy) {
+        if (policy->size < sizeof pol || policy->version != GM_SHARE_POLICY_VERSION)
+            return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_listen: policy of size %zu "
+                                 "version %u (initialize it with GM_SHARE_POLICY_INIT)",
+                                 policy->size, policy->version);
+        if (policy->flags & ~GM_SHARE_ANY_UID)
+            return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_listen: unknown policy flags %#x",
+                                 policy->flags);
+        pol = *policy;
+    }
+    GM_CHECK(claim_path(path));
+    gm_share_server_t *srv = gm__calloc(1, sizeof *srv);
+    if (!srv) return gm__set_error(GM_NO_HOST_MEMORY, "gm_share_listen: out of host memory");
+    srv->root = pool;
+    srv->pid = getpid();
+    srv->pol = pol;
+    srv->uid = geteuid();
+    srv->lfd = srv->wake[0] = srv->wake[1] = -1;
+    memcpy(srv->path, path, strlen(path) + 1);
+    int rc = GM_OK;
+    srv->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (srv->lfd < 0 || pipe2(srv->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+        rc = gm__set_error(GM_IO, "gm_share_listen: %s", strerror(errno));
+        goto fail;
+    }
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    mode_t mode = (pol.flags & GM_SHARE_ANY_UID) ? 0666 : pol.allow_gid >= 0 ? 0660 : 0600;
+    /* Made with the final mode, not widened after: no window in which a
+     * process the policy refuses could connect by the file's mode. */
+    mode_t old = umask(0777 & ~mode);
+    int b = bind(srv->lfd, (struct sockaddr *)&a, sizeof a);
+    int err = errno;
+    umask(old);
+    if (b != 0) {
+        rc = gm__set_error(err == EADDRINUSE ? GM_INVALID_STATE : GM_IO,
+                           "gm_share_listen: bind %s: %s", path, strerror(err));
+        goto fail;
+    }
+    if (pol.allow_gid >= 0 && chown(path, (uid_t)-1, (gid_t)pol.allow_gid) != 0) {
+        rc = gm__set_error(GM_IO, "gm_share_listen: chown %s to gid %ld: %s", path,
+                           pol.allow_gid, strerror(errno));
+        unlink(path);
+        goto fail;
+    }
+    if (listen(srv->lfd, 64) != 0) {
+        rc = gm__set_error(GM_IO, "gm_share_listen: listen %s: %s", path, strerror(errno));
+        unlink(path);
+        goto fail;
+    }
+    if (pthread_create(&srv->thread, NULL, server_main, srv) != 0) {
+        rc = gm__set_error(GM_IO, "gm_share_listen: cannot start the server thread");
+        unlink(path);
+        goto fail;
+    }
+    srv->running = true;
+    pthread_mutex_lock(&g_mu);
+    srv->next = g_servers;
+    g_servers = srv;
+    pthread_mutex_unlock(&g_mu);
+    *server = srv;
+    return GM_OK;
+fail:
+    if (srv->lfd >= 0) close(srv->lfd);
+    if (srv->wake[0] >= 0) close(srv->wake[0]);
+    if (srv->wake[1] >= 0) close(srv->wake[1]);
+    gm__free(srv);
+    return rc;
+}
+
+static bool server_known_locked(const gm_share_server_t *srv)
+{
+    for (gm_share_server_t *s = g_servers; s; s = s->next)
+        if (s == srv) return s->pid == getpid();
+    return false;
+}
+
+static int check_name(const char *fn, const char *name, const char *what)
+{
+    if (!name) return gm__set_error(GM_INVALID_ARGUMENT, "%s: %s is NULL", fn, what);
+    size_t n = strnlen(name, GM__SHARE_NAME_MAX);
+    if (n == 0 || n >= GM__SHARE_NAME_MAX)
+        return gm__set_error(GM_INVALID_ARGUMENT, "%s: %s must have 1 to %d characters", fn,
+                             what, GM__SHARE_NAME_MAX - 1);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)name[i] < 0x21 || (unsigned char)name[i] > 0x7e)
+            return gm__set_error(GM_INVALID_ARGUMENT, "%s: %s has a character that is not "
+                                 "printable ASCII (byte %zu)", fn, what, i);
+    return GM_OK;
+}
+
+/* The live block of heap holding [p, p + n) (lock held), or a refusal. */
+static int publishable_locked(gm_pool_t *heap, uintptr_t p, size_t n, gm__block_t **out)
+{
+    for (int c = 0; c < GM_CLASS_COUNT; c++) {
+        gm__arena_t *a = &heap->arena[c];
+        if (p < a->base || p >= a->base + a->size) continue;
+        for (gm__block_t *b = a->first; b; b = b->next) {
+            if (p < b->addr || p >= b->addr + b->size) continue;
+            if (b->free || b->pending || atomic_load(&b->tc_cached))
+                return gm__set_error(GM_INVALID_POINTER, "gm_share_publish: %p lies in free "
+                                     "memory", (void *)p);
+            if (n > b->addr + b->requested - p)
+                return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: [%p, +%zu) goes "
+                                     "past the end of its block (%p, %zu bytes)", (void *)p, n,
+                                     (void *)b->addr, b->requested);
+            uintptr_t lo = p & ~(uintptr_t)(heap->page - 1);
+            uintptr_t hi = GM_ALIGN_UP(p + n, heap->page);
+            if (lo < b->addr || hi > b->addr + b->size)
+                return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: the pages under "
+                                     "[%p, +%zu) hold other blocks too; allocate memory to "
+                                     "publish with gm_alloc_shareable", (void *)p, n);
+            *out = b;
+            return GM_OK;
+        }
+    }
+    return gm__set_error(GM_INVALID_POINTER, "gm_share_publish: %p was not allocated by this "
+                         "pool", (void *)p);
+}
+
+int gm_share_publish(gm_share_server_t *srv, const char *name, void *ptr, size_t size, int access,
+                     const char *token, gm_stream_t stream)
+{
+    GM_CHECK(check_name(__func__, name, "name"));
+    if (token && *token) GM_CHECK(check_name(__func__, token, "token"));
+    if (!ptr || size == 0)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: empty range");
+    if (access != GM_SHARE_READ_WRITE && access != GM_SHARE_READ_ONLY)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: access %d (use "
+                             "GM_SHARE_READ_WRITE or GM_SHARE_READ_ONLY)", access);
+    pthread_mutex_lock(&g_mu);
+    bool known = srv && server_known_locked(srv);
+    gm_pool_t *root = known ? srv->root : NULL;
+    pthread_mutex_unlock(&g_mu);
+    if (!known) return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: not an open server");
+    /* What was written on stream is in memory before anyone can map it. */
+    GM_CHECK(gm_stream_synchronize(root, stream));
+
+    pub_t *pub = gm__calloc(1, sizeof *pub);
+    hold_t *fresh = gm__calloc(1, sizeof *fresh);
+    int rc = GM_OK;
+    if (!pub || !fresh) {
+        rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_share_publish: out of host memory");
+        goto out_free;
+    }
+    pthread_mutex_lock(&g_mu);
+    if (!server_known_locked(srv)) {
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: not an open server");
+        goto out;
+    }
+    if (pub_find(srv, name)) {
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: '%s' is published already",
+                           name);
+        goto out;
+    }
+    gm_pool_t *heap = gm__heap_of(root, ptr);
+    gm__lock(&heap->lock);
+    gm__block_t *b = NULL;
+    rc = publishable_locked(heap, (uintptr_t)ptr, size, &b);
+    hold_t *h = NULL;
+    if (rc == GM_OK) {
+        h = hold_find(root, b->addr);
+        if (h && h->owner_freed)
+            rc = gm__set_error(GM_INVALID_POINTER, "gm_share_publish: %p was freed", ptr);
+    }
+    if (rc == GM_OK) {
+        if (!h) {
+            h = fresh;
+            fresh = NULL;
+            *h = (hold_t){.next = g_holds, .root = root, .heap = heap, .base = b->addr,
+                          .bytes = b->size};
+            g_holds = h;
+        }
+        h->refs++;
+        b->shared = 1;
+        /* A thread cache that knew the block must ask the locked path now. */
+        atomic_store_explicit(&b->tc_gen, ++heap->tc_next, memory_order_release);
+    }
+    gm__unlock(&heap->lock);
+    if (rc != GM_OK) goto out;
+    snprintf(pub->name, sizeof pub->name, "%s", name);
+    if (token) snprintf(pub->token, sizeof pub->token, "%s", token);
+    pub->ptr = (uintptr_t)ptr;
+    pub->va0 = (uintptr_t)ptr & ~(uintptr_t)(root->page - 1);
+    pub->size = size;
+    pub->npages = (GM_ALIGN_UP((uintptr_t)ptr + size, root->page) - pub->va0) / root->page;
+    pub->access = access;
+    pub->hold = h;
+    pub->next = srv->pubs;
+    srv->pubs = pub;
+    srv->published++;
+    srv->published_bytes += size;
+    pub = NULL;
+out:
+    pthread_mutex_unlock(&g_mu);
+out_free:
+    gm__free(pub);
+    gm__free(fresh);
+    return rc;
+}
+
+/* Take pub out of srv (g_mu held). */
+static void pub_remove_locked(gm_share_server_t *srv, pub_t *pub, hold_t **to_free)
+{
+    for (pub_t **pp = &srv->pubs; *pp; pp = &(*pp)->next)
+        if (*pp == pub) { *pp = pub->next; break; }
+    srv->published--;
+    srv->published_bytes -= pub->size;
+    hold_unref(pub->hold, to_free);
+    gm__free(pub);
+}
+
+int gm_share_unpublish(gm_share_server_t *srv, const char *name)
+{
+    GM_CHECK(check_name(__func__, name, "name"));
+    hold_t *to_free = NULL;
+    int rc = GM_OK;
+    pthread_mutex_lock(&g_mu);
+    pub_t *pub = srv && server_known_locked(srv) ? pub_find(srv, name) : NULL;
+    if (pub) pub_remove_locked(srv, pub, &to_free);
+    else if (!srv || !server_known_locked(srv))
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "gm_share_unpublish: not an open server");
+    else
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "gm_share_unpublish: '%s' is not published", name);
+    pthread_mutex_unlock(&g_mu);
+    holds_free(to_free);
+    return rc;
+}
+
+int gm_share_close(gm_share_server_t *srv)
+{
+    if (!srv) return GM_OK;
+    pthread_mutex_lock(&g_mu);
+    bool known = false;
+    for (gm_share_server_t **pp = &g_servers; *pp; pp = &(*pp)->next)
+        if (*pp == srv && srv->pid == getpid()) { *pp = srv->next; known = true; break; }
+    pthread_mutex_unlock(&g_mu);
+    if (!known) return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_close: not an open server");
+    atomic_store(&srv->stop, true);
+    ssize_t w;
+    do w = write(srv->wake[1], "x", 1);
+    while (w < 0 && errno == EINTR);
+    pthread_join(srv->thread, NULL);
+    hold_t *to_free = NULL;
+    pthread_mutex_lock(&g_mu);
+    while (srv->n_peers) peer_drop_locked(srv, srv->n_peers - 1, &to_free);
+    while (srv->pubs) pub_remove_locked(srv, srv->pubs, &to_free);
+    pthread_mutex_unlock(&g_mu);
+    holds_free(to_free);
+    close(srv->lfd);
+    close(srv->wake[0]);
+    close(srv->wake[1]);
+    unlink(srv->path);
+    free(srv->peers);
+    gm__free(srv);
+    return GM_OK;
+}
+
+/* ---- the client ------------------------------------------------------------- */
+
+/* One request, one reply (client mutex held).  A refusal by the server is
+ * its status with its reason. */
+static int roundtrip(gm_share_client_t *cli, gm__share_msg_t *m, int *fds, size_t cap,
+                     size_t *nfds)
+{
+    if (cli->gone) return gm__set_error(GM_IO, "share: the server closed the connection");
+    GM_CHECK(msg_send(cli->fd, m, NULL, 0, 0));
+    bool closed;
+    size_t got = 0;
+    int rc = msg_recv(cli->fd, m, fds, cap, &got, &closed);
+    if (nfds) *nfds = got;
+    if (closed) cli->gone = true;
+    if (rc != GM_OK) return rc;
+    if (m->type != GM__SHARE_REPLY) {
+        for (size_t i = 0; i < got; i++) close(fds[i]);
+        if (nfds) *nfds = 0;
+        return gm__set_error(GM_PARSE, "share: the server answered with type %u", m->type);
+    }
+    if (m->status != GM_OK) {
+        int st = m->status > 0 && m->status < GM_ERRNO_COUNT ? m->status : GM_IO;
+        return gm__set_error(st, "share: the server refused: %s", m->text);
+    }
+    return GM_OK;
+}
+
+int gm_share_connect(gm_pool_t *pool, const char *path, gm_share_client_t **client)
+{
+    if (!client) return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_connect: client is NULL");
+    *client = NULL;
+    GM_CHECK(gm__pool_resolve(&pool, __func__));
+    GM_CHECK(check_path(__func__, path));
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) return gm__set_error(GM_IO, "gm_share_connect: socket: %s", strerror(errno));
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int rc = GM_OK;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        rc = gm__set_error(errno == EACCES ? GM_DENIED : GM_IO, "gm_share_connect: %s: %s",
+                           path, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    struct timeval tv = {.tv_sec = SHARE_TIMEOUT_S};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    struct ucred cr;
+    socklen_t len = sizeof cr;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) {
+        rc = gm__set_error(GM_IO, "gm_share_connect: SO_PEERCRED: %s", strerror(errno));
+        close(fd);
+        return rc;
+    }
+    if (cr.uid != geteuid() && cr.uid != 0) {
+        close(fd);
+        return gm__set_error(GM_DENIED, "gm_share_connect: the server on %s runs as uid %u, "
+                             "not as this process's uid %u (nor root)", path, (unsigned)cr.uid,
+                             (unsigned)geteuid());
+    }
+    gm_share_client_t *cli = gm__calloc(1, sizeof *cli);
+    if (!cli) {
+        close(fd);
+        return gm__set_error(GM_NO_HOST_MEMORY, "gm_share_connect: out of host memory");
+    }
+    cli->root = pool;
+    cli->pid = getpid();
+    cli->fd = fd;
+    pthread_mutex_init(&cli->mu, NULL);
+    /* The server's greeting: admitted, or why not. */
+    gm__share_msg_t m;
+    bool closed;
+    size_t nfds;
+    rc = msg_recv(fd, &m, NULL, 0, &nfds, &closed);
+    if (rc == GM_OK && m.type != GM__SHARE_REPLY)
+        rc = gm__set_error(GM_PARSE, "gm_share_connect: the server greeted with type %u", m.type);
+    if (rc == GM_OK && m.status != GM_OK)
+        rc = gm__set_error(m.status > 0 && m.status < GM_ERRNO_COUNT ? m.status : GM_IO,
+                           "gm_share_connect: the server refused: %s", m.text);
+    if (rc != GM_OK) {
+        close(fd);
+        pthread_mutex_destroy(&cli->mu);
+        gm__free(cli);
+        return rc;
+    }
+    pthread_mutex_lock(&g_mu);
+    cli->next = g_clients;
+    g_clients = cli;
+    pthread_mutex_unlock(&g_mu);
+    *client = cli;
+    return GM_OK;
+}
+
+static bool client_known_locked(const gm_share_client_t *cli)
+{
+    for (gm_share_client_t *c = g_clients; c; c = c->next)
+        if (c == cli) return c->pid == getpid();
+    return false;
+}
+
+static bool client_known(const gm_share_client_t *cli)
+{
+    pthread_mutex_lock(&g_mu);
+    bool k = cli && client_known_locked(cli);
+    pthread_mutex_unlock(&g_mu);
+    return k;
+}
+
+static void send_release(gm_share_client_t *cli, uint64_t id)
+{
+    if (cli->gone) return;
+    gm__share_msg_t m;
+    msg_init(&m, GM__SHARE_RELEASE);
+    m.id = id;
+    if (msg_send(cli->fd, &m, NULL, 0, MSG_DONTWAIT) != GM_OK) gm__clear_error();
+}
+
+/* The import itself, client mutex held. */
+static int import_locked(gm_share_client_t *cli, const char *name, const char *token,
+                         imp_t **out)
+{
+    gm_pool_t *pool = cli->root;
+    gm__share_msg_t m;
+    msg_init(&m, GM__SHARE_IMPORT);
+    snprintf(m.name, sizeof m.name, "%s", name);
+    if (token) snprintf(m.token, sizeof m.token, "%s", token);
+    GM_CHECK(roundtrip(cli, &m, NULL, 0, NULL));
+    uint64_t id = m.id;
+    /* The server's word is checked before it is used: a server may lie. */
+    size_t page = pool->page;
+    if (m.page_size != page || m.npages == 0 || m.npages > pool->info.total_memory / page ||
+        m.offset >= page || m.size == 0 || m.size > m.npages * page - m.offset ||
+        m.access > GM_SHARE_READ_ONLY) {
+        send_release(cli, id);
+        return gm__set_error(GM_PARSE, "gm_share_import: '%s': the server described it as %"
+                             PRIu64 " pages of %" PRIu64 " bytes, offset %" PRIu64 ", size %"
+                             PRIu64 " (this device's page is %zu bytes)", name, m.npages,
+                             m.page_size, m.offset, m.size, page);
+    }
+    if (m.device != pool->cfg.device) {
+        send_release(cli, id);
+        return gm__set_error(GM_NOT_SUPPORTED, "gm_share_import: '%s' is memory of device %d; "
+                             "this pool is on device %d", name, (int)m.device, pool->cfg.device);
+    }
+    size_t npages = (size_t)m.npages, bytes = npages * page;
+    imp_t *imp = gm__calloc(1, sizeof *imp);
+    gm__phys_t *h = gm__calloc(npages, sizeof *h);
+    int rc = GM_OK;
+    uintptr_t va = 0;
+    size_t nh = 0, nmapped = 0;
+    if (!imp || !h) {
+        rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_share_import: out of host memory");
+        goto fail;
+    }
+    GM_BK(rc, pool, va_reserve, (pool->bk, bytes, page, &va));
+    if (rc != GM_OK) goto fail;
+    for (size_t first = 0; first < npages;) {
+        size_t count = npages - first < GM__SHARE_FDS_MAX ? npages - first : GM__SHARE_FDS_MAX;
+        gm__share_msg_t q;
+        msg_init(&q, GM__SHARE_PAGES);
+        q.id = id;
+        q.first = first;
+        q.count = count;
+        int fds[GM__SHARE_FDS_MAX];
+        size_t nfds = 0;
+        rc = roundtrip(cli, &q, fds, GM__SHARE_FDS_MAX, &nfds);
+        if (rc == GM_OK && (nfds != count || q.nfds != count))
+            rc = gm__set_error(GM_PARSE, "gm_share_import: '%s': %zu descriptors for %zu pages",
+                               name, nfds, count);
+        for (size_t i = 0; i < nfds; i++) {
+            if (rc == GM_OK) {
+                GM_BK(rc, pool, import_fd, (pool->bk, fds[i], page, &h[nh]));
+                if (rc == GM_OK) nh++;
+            }
+            if (rc == GM_OK) {
+                GM_BK(rc, pool, map, (pool->bk, va + (first + i) * page, page, h[nh - 1]));
+                if (rc == GM_OK) nmapped++;
+            }
+            close(fds[i]);
+        }
+        if (rc != GM_OK) goto fail;
+        first += count;
+    }
+    GM_BK(rc, pool, set_access, (pool->bk, va, bytes,
+                                 m.access == GM_SHARE_READ_ONLY ? GM__ACCESS_READ_ONLY : 0));
+    if (rc != GM_OK) goto fail;
+    snprintf(imp->name, sizeof imp->name, "%s", name);
+    imp->id = id;
+    imp->va = va;
+    imp->npages = npages;
+    imp->handles = h;
+    imp->ptr = (void *)(va + (uintptr_t)m.offset);
+    imp->size = (size_t)m.size;
+    imp->access = (int)m.access;
+    imp->refs = 1;
+    *out = imp;
+    return GM_OK;
+fail:
+    if (va) {
+        char why[GM__SHARE_TEXT_MAX];
+        snprintf(why, sizeof why, "%s", gm_last_error());
+        for (size_t i = 0; i < nmapped; i++) {
+            int r2;
+            GM_BK(r2, pool, unmap, (pool->bk, va + i * page, page));
+            (void)r2;
+        }
+        for (size_t i = 0; i < nh; i++) {
+            int r2;
+            GM_BK(r2, pool, phys_release, (pool->bk, h[i]));
+            (void)r2;
+        }
+        int r2;
+        GM_BK(r2, pool, va_free, (pool->bk, va, bytes));
+        (void)r2;
+        gm__set_error(rc, "%s", why);
+    }
+    send_release(cli, id);
+    gm__free(h);
+    gm__free(imp);
+    return rc;
+}
+
+int gm_share_import(gm_share_client_t *cli, const char *name, const char *token, void **ptr,
+                    size_t *size, int *access)
+{
+    if (!ptr) return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_import: ptr is NULL");
+    *ptr = NULL;
+    GM_CHECK(check_name(__func__, name, "name"));
+    if (token && *token) GM_CHECK(check_name(__func__, token, "token"));
+    if (!client_known(cli))
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_import: not a connected client");
+    pthread_mutex_lock(&cli->mu);
+    imp_t *imp = NULL;
+    int rc = GM_OK;
+    for (imp_t *i = cli->imps; i; i = i->next)
+        if (strcmp(i->name, name) == 0) { imp = i; break; }
+    if (imp) {
+        imp->refs++;
+    } else {
+        rc = import_locked(cli, name, token, &imp);
+        if (rc == GM_OK) {
+            imp->next = cli->imps;
+            cli->imps = imp;
+            pthread_mutex_lock(&g_mu);
+            cli->imports++;
+            cli->imported_bytes += imp->npages * cli->root->page;
+            pthread_mutex_unlock(&g_mu);
+        }
+    }
+    if (rc == GM_OK) {
+        *ptr = imp->ptr;
+        if (size) *size = imp->size;
+        if (access) *access = imp->access;
+    }
+    pthread_mutex_unlock(&cli->mu);
+    return rc;
+}
+
+/* Unmap and let go of imp (client mutex held; no queued work may touch it
+ * any more); it is out of the list. */
+static int imp_destroy(gm_share_client_t *cli, imp_t *imp)
+{
+    gm_pool_t *pool = cli->root;
+    int rc = GM_OK;
+    size_t page = pool->page;
+    for (size_t i = 0; i < imp->npages; i++) {
+        int r2;
+        GM_BK(r2, pool, unmap, (pool->bk, imp->va + i * page, page));
+        if (r2 != GM_OK && rc == GM_OK) rc = r2;
+        GM_BK(r2, pool, phys_release, (pool->bk, imp->handles[i]));
+        if (r2 != GM_OK && rc == GM_OK) rc = r2;
+    }
+    int r2;
+    GM_BK(r2, pool, va_free, (pool->bk, imp->va, imp->npages * page));
+    if (r2 != GM_OK && rc == GM_OK) rc = r2;
+    send_release(cli, imp->id);
+    pthread_mutex_lock(&g_mu);
+    cli->imports--;
+    cli->imported_bytes -= imp->npages * page;
+    pthread_mutex_unlock(&g_mu);
+    gm__free(imp->handles);
+    gm__free(imp);
+    return rc;
+}
+
+int gm_share_release(gm_share_client_t *cli, void *ptr, gm_stream_t stream)
+{
+    if (!client_known(cli))
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_release: not a connected client");
+    pthread_mutex_lock(&cli->mu);
+    int rc = GM_OK;
+    imp_t **pp = &cli->imps;
+    while (*pp && (*pp)->ptr != ptr) pp = &(*pp)->next;
+    imp_t *imp = *pp;
+    if (!imp) {
+        rc = gm__set_error(GM_INVALID_POINTER, "gm_share_release: %p is not an import of this "
+                           "client (released already?)", ptr);
+    } else if (imp->refs > 1) {
+        imp->refs--;
+    } else {
+        /* Synchronize first: a failure leaves the import as it was. */
+        rc = gm_stream_synchronize(cli->root, stream);
+        if (rc == GM_OK) {
+            *pp = imp->next;
+            rc = imp_destroy(cli, imp);
+        }
+    }
+    pthread_mutex_unlock(&cli->mu);
+    return rc;
+}
+
+int gm_share_disconnect(gm_share_client_t *cli)
+{
+    if (!cli) return GM_OK;
+    pthread_mutex_lock(&g_mu);
+    bool known = false;
+    for (gm_share_client_t **pp = &g_clients; *pp; pp = &(*pp)->next)
+        if (*pp == cli && cli->pid == getpid()) { *pp = cli->next; known = true; break; }
+    pthread_mutex_unlock(&g_mu);
+    if (!known)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_disconnect: not a connected client");
+    pthread_mutex_lock(&cli->mu);
+    int rc = GM_OK;
+    while (cli->imps) {
+        imp_t *imp = cli->imps;
+        cli->imps = imp->next;
+        int r2 = imp_destroy(cli, imp);
+        if (r2 != GM_OK && rc == GM_OK) rc = r2;
+    }
+    pthread_mutex_unlock(&cli->mu);
+    close(cli->fd);
+    pthread_mutex_destroy(&cli->mu);
+    gm__free(cli);
+    return rc;
+}
+
+/* ---- stats and teardown ----------------------------------------------------- */
+
+int gm_share_stats(gm_pool_t *pool, gm_share_stats_t *st)
+{
+    if (!st) return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_stats: stats is NULL");
+    if (st->size < sizeof *st || st->version != GM_SHARE_STATS_VERSION)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_stats: stats of size %zu version %u "
+                             "(initialize it with GM_SHARE_STATS_INIT)", st->size, st->version);
+    GM_CHECK(gm__pool_resolve(&pool, __func__));
+    gm_share_stats_t s = GM_SHARE_STATS_INIT;
+    pthread_mutex_lock(&g_mu);
+    for (gm_share_server_t *v = g_servers; v; v = v->next) {
+        if (v->root != pool) continue;
+        s.servers++;
+        s.published += v->published;
+        s.published_bytes += v->published_bytes;
+        s.exported_bytes += v->exported_bytes;
+        s.peers += v->n_peers;
+        s.peers_refused += v->refused;
+        s.peers_dropped += v->dropped;
+    }
+    for (hold_t *h = g_holds; h; h = h->next)
+        if (h->root == pool && h->owner_freed) s.held_for_peers_bytes += h->bytes;
+    for (gm_share_client_t *c = g_clients; c; c = c->next) {
+        if (c->root != pool) continue;
+        s.imports += c->imports;
+        s.imported_bytes += c->imported_bytes;
+    }
+    pthread_mutex_unlock(&g_mu);
+    *st = s;
+    return GM_OK;
+}
+
+void gm__share_pool_destroy(gm_pool_t *pool)
+{
+    for (;;) {
+        pthread_mutex_lock(&g_mu);
+        gm_share_server_t *srv = g_servers;
+        while (srv && srv->root != pool) srv = srv->next;
+        gm_share_client_t *cli = srv ? NULL : g_clients;
+        while (cli && cli->root != pool) cli = cli->next;
+        pthread_mutex_unlock(&g_mu);
+        if (srv) gm_share_close(srv);
+        else if (cli) gm_share_disconnect(cli);
+        else break;
+    }
+    gm__clear_error();
+}

@@ -1,0 +1,75 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * share.h — sharing memory between processes: the wire format and the hooks
+ * the pool calls.  docs/sharing.md has the user's side.
+ *
+ * A server (gm_share_listen) answers on a Unix-domain SOCK_SEQPACKET socket:
+ * every message is one gm__share_msg_t, whole, so a message is never seen in
+ * part.  Descriptors travel only from server to client, attached (SCM_RIGHTS)
+ * to the reply of a PAGES request, at most GM__SHARE_FDS_MAX at a time; a
+ * client asks for the next batch only after taking the last one, so no more
+ * than one batch is ever in flight.  The exchange:
+ *
+ *   server -> client   REPLY to the connection (HELLO): status GM_OK, or
+ *                      GM_DENIED with the reason, and the server closes
+ *   client -> server   IMPORT name token     -> REPLY id size offset
+ *                                               page_size npages device access
+ *   client -> server   PAGES id first count  -> REPLY nfds = count, with the
+ *                                               pages' descriptors
+ *   client -> server   RELEASE id            (no reply)
+ *
+ * A request that is not exactly one well-formed message (size, magic,
+ * version, type, terminated strings, descriptors attached) ends the peer's
+ * connection, and with it every import it held.
+ */
+#ifndef GM_SHARE_H
+#define GM_SHARE_H
+
+#include <stdint.h>
+
+#include "gpumem.h"
+
+#define GM__SHARE_MAGIC 0x48534d47u /* "GMSH" */
+#define GM__SHARE_VERSION 1
+#define GM__SHARE_NAME_MAX 64       /* with the terminating NUL */
+#define GM__SHARE_TEXT_MAX 256
+#define GM__SHARE_FDS_MAX 64
+
+enum {
+    GM__SHARE_HELLO = 1,
+    GM__SHARE_IMPORT = 2,
+    GM__SHARE_PAGES = 3,
+    GM__SHARE_RELEASE = 4,
+    GM__SHARE_REPLY = 5,
+};
+
+typedef struct gm__share_msg {
+    uint32_t magic;     /* GM__SHARE_MAGIC */
+    uint16_t version;   /* GM__SHARE_VERSION */
+    uint16_t type;      /* GM__SHARE_* */
+    int32_t status;     /* REPLY: a gm status */
+    uint32_t nfds;      /* REPLY to PAGES: descriptors attached */
+    uint64_t id;        /* the import (the server's number) */
+    uint64_t size;      /* published bytes */
+    uint64_t offset;    /* published start - its first page */
+    uint64_t page_size;
+    uint64_t npages;
+    uint64_t first;     /* PAGES: the first page wanted */
+    uint64_t count;     /* PAGES: how many (1..GM__SHARE_FDS_MAX) */
+    int32_t device;
+    uint32_t access;    /* GM_SHARE_READ_WRITE / GM_SHARE_READ_ONLY */
+    int64_t pid;        /* HELLO reply: the server's process */
+    char name[GM__SHARE_NAME_MAX];
+    char token[GM__SHARE_NAME_MAX];
+    char text[GM__SHARE_TEXT_MAX]; /* REPLY: the reason of a refusal */
+} gm__share_msg_t;
+
+/* ---- defined in src/share/share.c ---- */
+/* gm_free of a block the share layer holds (gm__free_locked answered
+ * GM__SHARE_HELD): wait for `stream`, then free it when the last peer lets
+ * go.  heap: the heap that holds ptr; no lock held. */
+int gm__share_owner_free(gm_pool_t *heap, void *ptr, gm_stream_t stream);
+/* Close every server and client of pool (the root), at its destroy. */
+void gm__share_pool_destroy(gm_pool_t *pool);
+
+#endif /* GM_SHARE_H */
