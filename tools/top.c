@@ -30,7 +30,9 @@ void gm_cli_top_usage(FILE *out)
             "usage: gpumem top [--once] [--json] [--interval SECONDS]\n\n"
             "Show every process using gpumem on this machine, one line per pool:\n"
             "pid, command, device, backend, allocated (requested bytes), reserved,\n"
-            "cached, reserved peak, OOMs.  Refreshes every second (q or Ctrl-C quits).\n"
+            "cached, reserved peak, OOMs, bytes other processes map (exported), bytes\n"
+            "mapped from other processes (imported).  Refreshes every second (q or\n"
+            "Ctrl-C quits).\n"
             "Processes publish their counters in $GPUMEM_MONITOR_DIR or /dev/shm\n"
             "(gpumem.<pid>); files of dead processes are ignored and removed.\n\n"
             "  --once          print one snapshot and exit (also without a terminal)\n"
@@ -71,14 +73,16 @@ static void print_row(const gm__mon_proc_view_t *v, void *arg)
     } else {
         for (unsigned i = 0; i < v->n_pools; i++) {
             const gm__mon_pool_view_t *p = &v->pools[i];
-            char al[32], re[32], ca[32], pk[32];
-            fprintf(a->out, "%7d %-16.16s %3d %-5s %11s %11s %11s %11s %6llu\n", v->pid,
+            char al[32], re[32], ca[32], pk[32], ex[32], im[32];
+            fprintf(a->out, "%7d %-16.16s %3d %-5s %11s %11s %11s %11s %6llu %11s %11s\n", v->pid,
                     v->command, p->device, p->backend,
                     gm__fmt_bytes(gm__monitor_value(v, p, "allocated"), al, sizeof al),
                     gm__fmt_bytes(gm__monitor_value(v, p, "reserved"), re, sizeof re),
                     gm__fmt_bytes(gm__monitor_value(v, p, "cached"), ca, sizeof ca),
                     gm__fmt_bytes(gm__monitor_value(v, p, "reserved_peak"), pk, sizeof pk),
-                    (unsigned long long)gm__monitor_value(v, p, "oom_count"));
+                    (unsigned long long)gm__monitor_value(v, p, "oom_count"),
+                    gm__fmt_bytes(gm__monitor_value(v, p, "share_exported"), ex, sizeof ex),
+                    gm__fmt_bytes(gm__monitor_value(v, p, "share_imported"), im, sizeof im));
         }
     }
     a->count++;
@@ -89,8 +93,9 @@ static int snapshot(FILE *out, int json)
     row_arg_t a = {out, json, 0};
     if (json) fprintf(out, "[");
     else
-        fprintf(out, "%7s %-16s %3s %-5s %11s %11s %11s %11s %6s\n", "PID", "COMMAND", "DEV",
-                "BACK", "ALLOCATED", "RESERVED", "CACHED", "PEAK", "OOMS");
+        fprintf(out, "%7s %-16s %3s %-5s %11s %11s %11s %11s %6s %11s %11s\n", "PID", "COMMAND",
+                "DEV", "BACK", "ALLOCATED", "RESERVED", "CACHED", "PEAK", "OOMS", "EXPORTED",
+                "IMPORTED");
     int n = gm__monitor_scan(print_row, &a);
     if (json) fprintf(out, "]\n");
     if (n < 0) {

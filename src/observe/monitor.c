@@ -57,6 +57,9 @@ static const char *const field_names[] = {
 #define GM__MON_NAME(name, desc) #name,
     GM_STAT_FIELDS(GM__MON_NAME)
 #undef GM__MON_NAME
+    /* Sharing (gm_share_stats), after the stats fields: written by
+     * gm__monitor_share, not by the publish below. */
+    "share_exported", "share_imported", "share_held",
 };
 #define N_FIELDS (sizeof field_names / sizeof field_names[0])
 _Static_assert(N_FIELDS <= GM_MON_MAX_FIELDS, "raise GM_MON_MAX_FIELDS");
@@ -258,6 +261,23 @@ void gm__monitor_publish_slow_locked(gm_pool_t *pool)
     pool->mon_allocated = st->allocated;
     pool->mon_reserved = st->reserved;
     pool->mon_mapped = st->mapped;
+}
+
+void gm__monitor_share(gm_pool_t *pool, uint64_t exported, uint64_t imported, uint64_t held)
+{
+    gm__lock(&pool->lock);
+    struct gm__mon_slot *s = pool->mon;
+    if (s) {
+        size_t i = sizeof field_names / sizeof field_names[0] - 3;
+        uint64_t q = atomic_load_explicit(&s->seq, memory_order_relaxed);
+        atomic_store_explicit(&s->seq, q + 1, memory_order_relaxed);
+        SEQ_FENCE(memory_order_release);
+        s->values[i] = exported;
+        s->values[i + 1] = imported;
+        s->values[i + 2] = held;
+        atomic_store_explicit(&s->seq, q + 2, memory_order_release);
+    }
+    gm__unlock(&pool->lock);
 }
 
 /* A full copy at the next publish (slow paths: trims, OOMs, peak resets). */

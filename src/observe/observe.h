@@ -106,6 +106,9 @@ void gm__monitor_atfork_child(void);
  * odd (| 1) so that 0 can mean "copy everything next time". */
 void gm__monitor_publish_slow_locked(gm_pool_t *pool);
 void gm__monitor_invalidate_locked(gm_pool_t *pool);
+/* The sharing figures of pool (the root) into its slot: gm_share_stats's
+ * exported_bytes, imported_bytes, held_for_peers_bytes.  Takes the lock. */
+void gm__monitor_share(gm_pool_t *pool, uint64_t exported, uint64_t imported, uint64_t held);
 static inline void gm__monitor_publish_locked(gm_pool_t *pool)
 {
     if (GM_LIKELY(pool->mon != NULL)) gm__monitor_publish_slow_locked(pool);

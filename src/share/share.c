@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "core/pool.h"
+#include "observe/observe.h"
 #include "share/share.h"
 
 /* A connected client that sends nothing for this long while the server
@@ -134,6 +135,8 @@ struct gm_share_client {
 static hold_t *g_holds;
 static gm_share_server_t *g_servers;
 static gm_share_client_t *g_clients;
+
+static void monitor_update(gm_pool_t *pool);
 
 /* ---- messages --------------------------------------------------------------- */
 
@@ -258,6 +261,7 @@ static void holds_free(hold_t *list)
     while (list) {
         hold_t *next = list->next;
         if (gm_free(list->root, (void *)list->base, NULL) != GM_OK) gm__clear_error();
+        monitor_update(list->root);
         gm__free(list);
         list = next;
     }
@@ -294,6 +298,7 @@ int gm__share_owner_free(gm_pool_t *heap, void *ptr, gm_stream_t stream)
     pthread_mutex_unlock(&g_mu);
     /* Let go meanwhile: an ordinary free (the stream has nothing queued). */
     if (!h) return gm_free(root, ptr, stream);
+    monitor_update(root);
     return rc;
 }
 
@@ -458,6 +463,7 @@ static void on_import(gm_share_server_t *srv, peer_t *p, gm__share_msg_t *m)
     }
     pthread_mutex_unlock(&g_mu);
     if (msg_send(p->fd, &out, NULL, 0, MSG_DONTWAIT) != GM_OK) gm__clear_error();
+    if (status == GM_OK) monitor_update(srv->root);
 }
 
 static rec_t *rec_find(peer_t *p, uint64_t id, rec_t ***link)
@@ -595,12 +601,14 @@ static void *server_main(void *arg)
         for (size_t i = k; i-- > 0;) {
             if (!pfd[2 + i].revents) continue;
             hold_t *to_free = NULL;
+            uint64_t before = srv->exported_bytes; /* written by this thread only */
             if (!on_message(srv, i, &to_free)) {
                 pthread_mutex_lock(&g_mu);
                 peer_drop_locked(srv, i, &to_free);
                 pthread_mutex_unlock(&g_mu);
             }
             holds_free(to_free);
+            if (srv->exported_bytes < before) monitor_update(srv->root);
         }
     }
     free(pfd);
@@ -1161,6 +1169,7 @@ int gm_share_import(gm_share_client_t *cli, const char *name, const char *token,
             cli->imports++;
             cli->imported_bytes += imp->npages * cli->root->page;
             pthread_mutex_unlock(&g_mu);
+            monitor_update(cli->root);
         }
     }
     if (rc == GM_OK) {
@@ -1194,6 +1203,7 @@ static int imp_destroy(gm_share_client_t *cli, imp_t *imp)
     cli->imports--;
     cli->imported_bytes -= imp->npages * page;
     pthread_mutex_unlock(&g_mu);
+    monitor_update(pool);
     gm__free(imp->handles);
     gm__free(imp);
     return rc;
@@ -1252,6 +1262,37 @@ int gm_share_disconnect(gm_share_client_t *cli)
 
 /* ---- stats and teardown ----------------------------------------------------- */
 
+static void stats_locked(gm_pool_t *pool, gm_share_stats_t *s)
+{
+    for (gm_share_server_t *v = g_servers; v; v = v->next) {
+        if (v->root != pool) continue;
+        s->servers++;
+        s->published += v->published;
+        s->published_bytes += v->published_bytes;
+        s->exported_bytes += v->exported_bytes;
+        s->peers += v->n_peers;
+        s->peers_refused += v->refused;
+        s->peers_dropped += v->dropped;
+    }
+    for (hold_t *h = g_holds; h; h = h->next)
+        if (h->root == pool && h->owner_freed) s->held_for_peers_bytes += h->bytes;
+    for (gm_share_client_t *c = g_clients; c; c = c->next) {
+        if (c->root != pool) continue;
+        s->imports += c->imports;
+        s->imported_bytes += c->imported_bytes;
+    }
+}
+
+/* The figures `gpumem top` shows, after they changed (no lock held). */
+static void monitor_update(gm_pool_t *pool)
+{
+    gm_share_stats_t s = GM_SHARE_STATS_INIT;
+    pthread_mutex_lock(&g_mu);
+    stats_locked(pool, &s);
+    pthread_mutex_unlock(&g_mu);
+    gm__monitor_share(pool, s.exported_bytes, s.imported_bytes, s.held_for_peers_bytes);
+}
+
 int gm_share_stats(gm_pool_t *pool, gm_share_stats_t *st)
 {
     if (!st) return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_stats: stats is NULL");
@@ -1261,23 +1302,7 @@ int gm_share_stats(gm_pool_t *pool, gm_share_stats_t *st)
     GM_CHECK(gm__pool_resolve(&pool, __func__));
     gm_share_stats_t s = GM_SHARE_STATS_INIT;
     pthread_mutex_lock(&g_mu);
-    for (gm_share_server_t *v = g_servers; v; v = v->next) {
-        if (v->root != pool) continue;
-        s.servers++;
-        s.published += v->published;
-        s.published_bytes += v->published_bytes;
-        s.exported_bytes += v->exported_bytes;
-        s.peers += v->n_peers;
-        s.peers_refused += v->refused;
-        s.peers_dropped += v->dropped;
-    }
-    for (hold_t *h = g_holds; h; h = h->next)
-        if (h->root == pool && h->owner_freed) s.held_for_peers_bytes += h->bytes;
-    for (gm_share_client_t *c = g_clients; c; c = c->next) {
-        if (c->root != pool) continue;
-        s.imports += c->imports;
-        s.imported_bytes += c->imported_bytes;
-    }
+    stats_locked(pool, &s);
     pthread_mutex_unlock(&g_mu);
     *st = s;
     return GM_OK;

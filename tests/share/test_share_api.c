@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "gpumem.h"
+#include "lib/monitor_read.h"
 #include "test.h"
 
 #define MiB ((size_t)1 << 20)
@@ -43,6 +44,22 @@ static int same(gm_pool_t *p, const void *src, unsigned char seed, size_t n)
     for (size_t i = 0; ok && i < n; i++) ok = h[i] == (unsigned char)(seed + i * 7);
     free(h);
     return ok;
+}
+
+/* The largest share_exported / share_imported this process shows in
+ * `gpumem top` (its monitor rows). */
+typedef struct { uint64_t exported, imported; int found; } top_row_t;
+static void top_row(const gm__mon_proc_view_t *v, void *arg)
+{
+    top_row_t *r = arg;
+    if (v->pid != getpid()) return;
+    r->found = 1;
+    for (unsigned i = 0; i < v->n_pools; i++) {
+        uint64_t e = gm__monitor_value(v, &v->pools[i], "share_exported");
+        uint64_t m = gm__monitor_value(v, &v->pools[i], "share_imported");
+        if (e > r->exported) r->exported = e;
+        if (m > r->imported) r->imported = m;
+    }
 }
 
 static gm_share_stats_t sstats(gm_pool_t *p)
@@ -142,6 +159,10 @@ int main(void)
     CHECK(s.peers == 1 && s.exported_bytes == (wp + tp) * page);
     gm_share_stats_t si = sstats(imp);
     CHECK(si.imports == 2 && si.imported_bytes == (wp + tp) * page);
+    /* gpumem top shows both sides (when the monitor file could be made). */
+    top_row_t row = {0};
+    gm__monitor_scan(top_row, &row);
+    if (row.found) CHECK(row.exported == (wp + tp) * page && row.imported == (wp + tp) * page);
 
     /* The owner frees a block others map: kept until they let go. */
     gm_stats_t before = pool_stats_of(exp);
