@@ -929,17 +929,24 @@ int gm_share_close(gm_share_server_t *srv)
 static int roundtrip(gm_share_client_t *cli, gm__share_msg_t *m, int *fds, size_t cap,
                      size_t *nfds)
 {
-    if (cli->gone) return gm__set_error(GM_IO, "share: the server closed the connection");
-    GM_CHECK(msg_send(cli->fd, m, NULL, 0, 0));
-    bool closed;
+    if (cli->gone)
+        return gm__set_error(GM_IO, "share: the connection to the server is closed (the server "
+                             "went away or broke the exchange)");
+    int rc = msg_send(cli->fd, m, NULL, 0, 0);
+    bool closed = false;
     size_t got = 0;
-    int rc = msg_recv(cli->fd, m, fds, cap, &got, &closed);
+    if (rc == GM_OK) rc = msg_recv(cli->fd, m, fds, cap, &got, &closed);
     if (nfds) *nfds = got;
-    if (closed) cli->gone = true;
-    if (rc != GM_OK) return rc;
+    /* A lost, late or malformed answer leaves the exchange out of step:
+     * the connection is not used again (imports made so far stay valid). */
+    if (rc != GM_OK) {
+        cli->gone = true;
+        return rc;
+    }
     if (m->type != GM__SHARE_REPLY) {
         for (size_t i = 0; i < got; i++) close(fds[i]);
         if (nfds) *nfds = 0;
+        cli->gone = true;
         return gm__set_error(GM_PARSE, "share: the server answered with type %u", m->type);
     }
     if (m->status != GM_OK) {
