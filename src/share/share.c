@@ -39,6 +39,7 @@
 #include <sys/time.h>
 #include <sys/types.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/pool.h"
@@ -352,15 +353,18 @@ static bool policy_allows(const gm_share_server_t *srv, uid_t uid, gid_t gid)
     return srv->pol.allow_gid >= 0 && (long)gid == srv->pol.allow_gid;
 }
 
-static void accept_peer(gm_share_server_t *srv)
+/* Returns false when accepting must pause: out of descriptors or memory
+ * (the connection stays queued; polling the socket meanwhile would spin). */
+static bool accept_peer(gm_share_server_t *srv)
 {
     int fd = accept4(srv->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;
+    if (fd < 0)
+        return !(errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM);
     struct ucred cr;
     socklen_t len = sizeof cr;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) {
         close(fd);
-        return;
+        return true;
     }
     pthread_mutex_lock(&g_mu);
     unsigned max = srv->pol.max_peers ? srv->pol.max_peers : 64;
@@ -373,7 +377,7 @@ static void accept_peer(gm_share_server_t *srv)
         log_line(srv, "refused pid %d uid %u gid %u (policy)", (int)cr.pid, (unsigned)cr.uid,
                  (unsigned)cr.gid);
         close(fd);
-        return;
+        return true;
     }
     if (srv->n_peers < max && srv->n_peers == srv->cap_peers) {
         size_t ncap = srv->cap_peers ? 2 * srv->cap_peers : 8;
@@ -388,7 +392,7 @@ static void accept_peer(gm_share_server_t *srv)
         pthread_mutex_unlock(&g_mu);
         reply_error(srv, fd, GM_LIMIT, "the server has %zu peers already", srv->n_peers);
         close(fd);
-        return;
+        return true;
     }
     srv->peers[srv->n_peers++] = (peer_t){.fd = fd, .pid = cr.pid, .uid = cr.uid};
     pthread_mutex_unlock(&g_mu);
@@ -397,6 +401,7 @@ static void accept_peer(gm_share_server_t *srv)
     m.status = GM_OK;
     m.pid = getpid();
     if (msg_send(fd, &m, NULL, 0, MSG_DONTWAIT) != GM_OK) gm__clear_error();
+    return true;
 }
 
 static pub_t *pub_find(gm_share_server_t *srv, const char *name)
@@ -568,11 +573,19 @@ static bool on_message(gm_share_server_t *srv, size_t i, hold_t **to_free)
     return false;
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
 static void *server_main(void *arg)
 {
     gm_share_server_t *srv = arg;
     struct pollfd *pfd = NULL;
     size_t cap = 0;
+    uint64_t pause_until = 0; /* accepting paused till then (out of descriptors), ns */
     while (!atomic_load(&srv->stop)) {
         pthread_mutex_lock(&g_mu);
         size_t n = srv->n_peers;
@@ -583,19 +596,26 @@ static void *server_main(void *arg)
         size_t k = n + 2 <= cap ? n : (cap >= 2 ? cap - 2 : 0);
         if (pfd) {
             pfd[0] = (struct pollfd){.fd = srv->wake[0], .events = POLLIN};
-            pfd[1] = (struct pollfd){.fd = srv->lfd, .events = POLLIN};
+            pfd[1] = (struct pollfd){.fd = pause_until ? -1 : srv->lfd, .events = POLLIN};
             for (size_t i = 0; i < k; i++)
                 pfd[2 + i] = (struct pollfd){.fd = srv->peers[i].fd, .events = POLLIN};
         }
         pthread_mutex_unlock(&g_mu);
         if (!pfd) { usleep(10000); continue; }
-        if (poll(pfd, k + 2, -1) < 0) continue;
+        int wait_ms = -1;
+        if (pause_until) {
+            uint64_t now = now_ns();
+            wait_ms = now >= pause_until ? 0 : (int)((pause_until - now) / 1000000 + 1);
+        }
+        int r = poll(pfd, k + 2, wait_ms);
+        if (pause_until && now_ns() >= pause_until) pause_until = 0; /* accept again */
+        if (r <= 0) continue;
         if (pfd[0].revents) {
             char buf[64];
             while (read(srv->wake[0], buf, sizeof buf) > 0) {}
             continue;
         }
-        if (pfd[1].revents & POLLIN) accept_peer(srv);
+        if ((pfd[1].revents & POLLIN) && !accept_peer(srv)) pause_until = now_ns() + 100000000;
         /* Peers only leave here, so pfd[2 + i] is still peers[i] (walked
          * from the top: a drop moves the last peer into i). */
         for (size_t i = k; i-- > 0;) {
@@ -629,14 +649,16 @@ static int claim_path(const char *path)
     if (st.st_uid != geteuid())
         return gm__set_error(GM_INVALID_STATE, "gm_share_listen: %s is a socket of uid %u",
                              path, (unsigned)st.st_uid);
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    /* Non-blocking: a listener whose queue is full answers EAGAIN at once
+     * instead of holding the probe (it is alive, so the path is taken). */
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return gm__set_error(GM_IO, "gm_share_listen: socket: %s", strerror(errno));
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     memcpy(a.sun_path, path, strlen(path) + 1);
     int c = connect(fd, (struct sockaddr *)&a, sizeof a);
     int err = errno;
     close(fd);
-    if (c == 0)
+    if (c == 0 || err == EAGAIN || err == EINPROGRESS)
         return gm__set_error(GM_INVALID_STATE, "gm_share_listen: a server is listening on %s",
                              path);
     if (err != ECONNREFUSED)
