@@ -552,6 +552,17 @@ GM_API int gm_share_listen(gm_pool_t *pool, const char *path, const gm_share_pol
  * memory is freed when the last importer lets go. */
 GM_API int gm_share_publish(gm_share_server_t *server, const char *name, void *ptr, size_t size,
                             int access, const char *token, gm_stream_t stream);
+/* Several ranges under one name, imported in one request (e.g. every
+ * parameter of a model, each its own gm_alloc_shareable block): each range as
+ * gm_share_publish's; at most GM_SHARE_RANGES_MAX. */
+#define GM_SHARE_RANGES_MAX 65536
+typedef struct gm_share_range {
+    void *ptr;
+    size_t size;
+} gm_share_range_t;
+GM_API int gm_share_publish_ranges(gm_share_server_t *server, const char *name,
+                                   const gm_share_range_t *ranges, size_t n, int access,
+                                   const char *token, gm_stream_t stream);
 /* No new imports of name; current importers keep their mappings. */
 GM_API int gm_share_unpublish(gm_share_server_t *server, const char *name);
 /* Unpublish everything, drop every peer (their mappings stay valid in their
@@ -568,6 +579,12 @@ GM_API int gm_share_connect(gm_pool_t *pool, const char *path, gm_share_client_t
  * server's refusal with its reason; a dead server: GM_IO. */
 GM_API int gm_share_import(gm_share_client_t *client, const char *name, const char *token,
                            void **ptr, size_t *size, int *access);
+/* Import a name of any number of ranges: out[0..*n) receive the ranges in
+ * this process (all pages in one mapping, released with out[0].ptr).  cap
+ * too small (or out NULL): GM_INVALID_ARGUMENT with *n set to the count and
+ * nothing kept.  gm_share_import of a name of several ranges is refused. */
+GM_API int gm_share_import_ranges(gm_share_client_t *client, const char *name, const char *token,
+                                  gm_share_range_t *out, size_t cap, size_t *n, int *access);
 /* Drop one import of ptr (as returned by gm_share_import); the last one
  * unmaps it after the work queued on `stream` completes (the call waits).
  * Works after the server is gone. */

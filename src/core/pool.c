@@ -486,22 +486,14 @@ static int wrong_entry_locked(gm_pool_t *pool, const void *ptr, const char *fn, 
     return rc;
 }
 
-int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
+/* gm_free's work under the lock of the heap that holds ptr. */
+static int free_entry_locked(gm_pool_t *pool, void *ptr, gm_stream_t stream)
 {
-    if (!ptr) return GM_OK;
-    GM_CHECK(resolve(&pool));
-    pool = gm__heap_of(pool, ptr);
-    int frc = gm__tcache_free(pool, ptr, stream);
-    if (frc != GM_NOT_READY) return frc; /* taken, or a double free */
-    gm__lock(&pool->lock);
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
     size_t size = 0;
     int rc = s ? gm__free_locked(pool, ptr, s, &size)
                : gm__set_error(GM_NO_HOST_MEMORY, "gm_free: out of host memory for a stream");
-    if (GM_UNLIKELY(rc == GM__SHARE_HELD)) {
-        gm__unlock(&pool->lock);
-        return gm__share_owner_free(pool, ptr, stream);
-    }
+    if (GM_UNLIKELY(rc == GM__SHARE_HELD)) return rc;
     if (GM_UNLIKELY(rc == GM_INVALID_POINTER || rc == GM_DOUBLE_FREE)) {
         gm__owner_t owner;
         rc = wrong_entry_locked(pool, ptr, "gm_free", rc, &owner, &size);
@@ -517,7 +509,25 @@ int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
      * `reserved`, which makes that one write a whole copy). */
     gm__observe_free_locked(pool, rc, ptr, size, stream);
     VALIDATE_LOCKED(pool);
+    return rc;
+}
+
+int gm__free_held_locked(gm_pool_t *heap, void *ptr)
+{
+    return free_entry_locked(heap, ptr, NULL);
+}
+
+int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
+{
+    if (!ptr) return GM_OK;
+    GM_CHECK(resolve(&pool));
+    pool = gm__heap_of(pool, ptr);
+    int frc = gm__tcache_free(pool, ptr, stream);
+    if (frc != GM_NOT_READY) return frc; /* taken, or a double free */
+    gm__lock(&pool->lock);
+    int rc = free_entry_locked(pool, ptr, stream);
     gm__unlock(&pool->lock);
+    if (GM_UNLIKELY(rc == GM__SHARE_HELD)) return gm__share_owner_free(pool, ptr, stream);
     return rc;
 }
 

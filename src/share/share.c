@@ -64,23 +64,35 @@ typedef struct hold {
     bool owner_freed;   /* gm_free'd: freed at refs == 0 */
 } hold_t;
 
+/* One published range: its pages are pages [page_first, +npages) of the
+ * publication's page sequence (what an importer maps, in one piece). */
+typedef struct range {
+    uintptr_t ptr, va0;  /* published start; its first page */
+    size_t size, npages, page_first;
+    hold_t *hold;        /* its block's */
+} range_t;
+
+/* A publication's ranges, shared by the publication and the peer mappings
+ * made of it (refs); each of them holds one reference on each range's hold. */
+typedef struct shape {
+    unsigned refs;
+    size_t n, npages, bytes;
+    range_t r[];
+} shape_t;
+
 typedef struct pub {
     struct pub *next;
     char name[GM__SHARE_NAME_MAX];
     char token[GM__SHARE_NAME_MAX];
-    uintptr_t ptr, va0; /* published start; its first page */
-    size_t size, npages;
     int access;
-    hold_t *hold;
+    shape_t *shape;
 } pub_t;
 
 /* One peer's mapping of a publication (it lives on after an unpublish). */
 typedef struct rec {
     struct rec *next;
     uint64_t id;
-    hold_t *hold;
-    uintptr_t va0;
-    size_t npages;
+    shape_t *shape;
 } rec_t;
 
 typedef struct peer {
@@ -109,18 +121,21 @@ struct gm_share_server {
     _Atomic bool stop;
 };
 
-typedef struct imp {
+struct imp {
     struct imp *next;
     char name[GM__SHARE_NAME_MAX];
     uint64_t id;
     uintptr_t va;
     size_t npages;
     gm__phys_t *handles;
-    void *ptr;
-    size_t size;
+    void *ptr;                  /* ranges[0].ptr: the import's name in release */
+    gm_share_range_t *ranges;   /* where each published range lies here */
+    size_t nranges;
     int access;
     unsigned refs;
-} imp_t;
+};
+
+typedef struct imp imp_t;
 
 struct gm_share_client {
     struct gm_share_client *next; /* g_clients */
@@ -138,6 +153,7 @@ static gm_share_server_t *g_servers;
 static gm_share_client_t *g_clients;
 
 static void monitor_update(gm_pool_t *pool);
+static int imp_destroy(gm_share_client_t *cli, imp_t *imp);
 
 /* ---- messages --------------------------------------------------------------- */
 
@@ -236,8 +252,10 @@ static hold_t *hold_find(gm_pool_t *root, uintptr_t base)
 }
 
 /* One reference less.  At none the block is let go: its `shared` mark is
- * cleared and, when its owner freed it, *to_free receives it (freed by the
- * caller once g_mu is dropped; at most one per call). */
+ * cleared and, when its owner freed it, it is freed, both under its heap's
+ * lock, so no gm_free of the owner can come between the two.  The record
+ * goes to *to_free (for the caller to free, and to update the monitor,
+ * once g_mu is dropped). */
 static void hold_unref(hold_t *h, hold_t **to_free)
 {
     gm_assert(h->refs > 0);
@@ -247,22 +265,32 @@ static void hold_unref(hold_t *h, hold_t **to_free)
     gm__lock(&h->heap->lock);
     gm__block_t *b = gm__hash_get(&h->heap->live, h->base);
     if (b) b->shared = 0;
+    if (b && h->owner_freed && gm__free_held_locked(h->heap, (void *)h->base) != GM_OK)
+        gm__clear_error();
     gm__unlock(&h->heap->lock);
-    if (h->owner_freed) {
-        h->next = *to_free;
-        *to_free = h;
-    } else {
-        gm__free(h);
-    }
+    h->next = *to_free;
+    *to_free = h;
 }
 
-/* Free the blocks hold_unref handed over (g_mu not held). */
+/* One more holder of sh: a reference on each range's hold (g_mu held). */
+static void shape_ref(shape_t *sh)
+{
+    sh->refs++;
+    for (size_t i = 0; i < sh->n; i++) sh->r[i].hold->refs++;
+}
+
+static void shape_unref(shape_t *sh, hold_t **to_free)
+{
+    for (size_t i = 0; i < sh->n; i++) hold_unref(sh->r[i].hold, to_free);
+    if (--sh->refs == 0) gm__free(sh);
+}
+
+/* The hold records hold_unref let go (g_mu not held). */
 static void holds_free(hold_t *list)
 {
     while (list) {
         hold_t *next = list->next;
-        if (gm_free(list->root, (void *)list->base, NULL) != GM_OK) gm__clear_error();
-        monitor_update(list->root);
+        if (list->owner_freed) monitor_update(list->root);
         gm__free(list);
         list = next;
     }
@@ -323,8 +351,8 @@ static void peer_drop_locked(gm_share_server_t *srv, size_t i, hold_t **to_free)
     while (p->recs) {
         rec_t *r = p->recs;
         p->recs = r->next;
-        srv->exported_bytes -= r->npages * srv->root->page;
-        hold_unref(r->hold, to_free);
+        srv->exported_bytes -= r->shape->npages * srv->root->page;
+        shape_unref(r->shape, to_free);
         gm__free(r);
     }
     close(p->fd);
@@ -446,20 +474,20 @@ static void on_import(gm_share_server_t *srv, peer_t *p, gm__share_msg_t *m)
     gm__share_msg_t out;
     msg_init(&out, GM__SHARE_REPLY);
     if (status == GM_OK) {
+        shape_t *sh = pub->shape;
         r->id = ++srv->next_id;
-        r->hold = pub->hold;
-        r->va0 = pub->va0;
-        r->npages = pub->npages;
+        r->shape = sh;
         r->next = p->recs;
         p->recs = r;
         p->n_recs++;
-        pub->hold->refs++;
-        srv->exported_bytes += r->npages * srv->root->page;
+        shape_ref(sh);
+        srv->exported_bytes += sh->npages * srv->root->page;
         out.id = r->id;
-        out.size = pub->size;
-        out.offset = pub->ptr - pub->va0;
+        out.size = sh->r[0].size; /* the first range; RANGES tells the others */
+        out.offset = sh->r[0].ptr - sh->r[0].va0;
         out.page_size = srv->root->page;
-        out.npages = pub->npages;
+        out.npages = sh->npages;
+        out.nranges = (uint32_t)sh->n;
         out.device = srv->root->cfg.device;
         out.access = (uint32_t)pub->access;
     } else {
@@ -485,25 +513,36 @@ static rec_t *rec_find(peer_t *p, uint64_t id, rec_t ***link)
  * peer is to be dropped (a request outside its mapping). */
 static bool on_pages(gm_share_server_t *srv, peer_t *p, gm__share_msg_t *m)
 {
-    gm_pool_t *heap = NULL;
-    uintptr_t va = 0;
     pthread_mutex_lock(&g_mu);
     rec_t *r = rec_find(p, m->id, NULL);
-    bool ok = r && m->count >= 1 && m->count <= GM__SHARE_FDS_MAX && m->first < r->npages &&
-              m->count <= r->npages - m->first;
-    if (ok) {
-        heap = r->hold->heap;
-        va = r->va0 + (uintptr_t)m->first * srv->root->page;
-    }
+    shape_t *sh = r ? r->shape : NULL;
+    bool ok = r && m->count >= 1 && m->count <= GM__SHARE_FDS_MAX && m->first < sh->npages &&
+              m->count <= sh->npages - m->first;
+    /* The record holds the blocks live, so the shape and the pages stay;
+     * the page tables are read under each heap's lock. */
     pthread_mutex_unlock(&g_mu);
     if (!ok) return false;
-    /* The record holds the block live, so its pages stay where they are. */
     gm__phys_t h[GM__SHARE_FDS_MAX];
     int fds[GM__SHARE_FDS_MAX];
-    size_t n = 0, count = (size_t)m->count;
-    gm__lock(&heap->lock);
-    int rc = gm__pages_handles_locked(heap, va, count, h);
-    gm__unlock(&heap->lock);
+    size_t n = 0, count = (size_t)m->count, page = srv->root->page;
+    int rc = GM_OK;
+    size_t lo = 0, hi = sh->n; /* the range holding page `first` */
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (sh->r[mid].page_first <= m->first) lo = mid;
+        else hi = mid;
+    }
+    for (size_t got = 0, ri = lo; rc == GM_OK && got < count; ri++) {
+        const range_t *g = &sh->r[ri];
+        size_t at = (size_t)m->first + got - g->page_first;
+        size_t run = g->npages - at < count - got ? g->npages - at : count - got;
+        gm_pool_t *heap = g->hold->heap;
+        gm__lock(&heap->lock);
+        rc = gm__pages_handles_locked(heap, g->va0 + at * page, run, h + got);
+        gm__unlock(&heap->lock);
+        got += run;
+    }
+    gm_pool_t *heap = srv->root;
     for (; rc == GM_OK && n < count; n++) {
         GM_BK(rc, heap, export_fd, (heap->bk, h[n], &fds[n]));
         if (rc != GM_OK) break;
@@ -523,6 +562,31 @@ static bool on_pages(gm_share_server_t *srv, peer_t *p, gm__share_msg_t *m)
         gm__clear_error();
     for (size_t i = 0; i < n; i++) close(fds[i]);
     return true;
+}
+
+/* RANGES: where ranges [first, first + count) lie in the page sequence. */
+static bool on_ranges(gm_share_server_t *srv, peer_t *p, gm__share_msg_t *m)
+{
+    gm__share_msg_t out;
+    msg_init(&out, GM__SHARE_REPLY);
+    pthread_mutex_lock(&g_mu);
+    rec_t *r = rec_find(p, m->id, NULL);
+    bool ok = r && m->count >= 1 && m->count <= GM__SHARE_RANGES_PER_MSG &&
+              m->first < r->shape->n && m->count <= r->shape->n - m->first;
+    if (ok) {
+        for (size_t i = 0; i < m->count; i++) {
+            const range_t *g = &r->shape->r[m->first + i];
+            out.rng[i][0] = g->page_first;
+            out.rng[i][1] = g->ptr - g->va0;
+            out.rng[i][2] = g->size;
+        }
+        out.first = m->first;
+        out.count = m->count;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (ok && msg_send(p->fd, &out, NULL, 0, MSG_DONTWAIT) != GM_OK) gm__clear_error();
+    (void)srv;
+    return ok;
 }
 
 /* One message from peer i; false: drop it. */
@@ -549,6 +613,9 @@ static bool on_message(gm_share_server_t *srv, size_t i, hold_t **to_free)
     case GM__SHARE_PAGES:
         if (on_pages(srv, p, &m)) return true;
         break;
+    case GM__SHARE_RANGES:
+        if (on_ranges(srv, p, &m)) return true;
+        break;
     case GM__SHARE_RELEASE: {
         pthread_mutex_lock(&g_mu);
         rec_t **link;
@@ -556,8 +623,8 @@ static bool on_message(gm_share_server_t *srv, size_t i, hold_t **to_free)
         if (r) {
             *link = r->next;
             p->n_recs--;
-            srv->exported_bytes -= r->npages * srv->root->page;
-            hold_unref(r->hold, to_free);
+            srv->exported_bytes -= r->shape->npages * srv->root->page;
+            shape_unref(r->shape, to_free);
             gm__free(r);
         }
         pthread_mutex_unlock(&g_mu);
@@ -806,13 +873,18 @@ static int publishable_locked(gm_pool_t *heap, uintptr_t p, size_t n, gm__block_
                          "pool", (void *)p);
 }
 
-int gm_share_publish(gm_share_server_t *srv, const char *name, void *ptr, size_t size, int access,
-                     const char *token, gm_stream_t stream)
+int gm_share_publish_ranges(gm_share_server_t *srv, const char *name,
+                            const gm_share_range_t *ranges, size_t n, int access,
+                            const char *token, gm_stream_t stream)
 {
     GM_CHECK(check_name(__func__, name, "name"));
     if (token && *token) GM_CHECK(check_name(__func__, token, "token"));
-    if (!ptr || size == 0)
-        return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: empty range");
+    if (!ranges || n == 0 || n > GM_SHARE_RANGES_MAX)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: %zu ranges (1 to %d)", n,
+                             GM_SHARE_RANGES_MAX);
+    for (size_t i = 0; i < n; i++)
+        if (!ranges[i].ptr || ranges[i].size == 0)
+            return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: range %zu is empty", i);
     if (access != GM_SHARE_READ_WRITE && access != GM_SHARE_READ_ONLY)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: access %d (use "
                              "GM_SHARE_READ_WRITE or GM_SHARE_READ_ONLY)", access);
@@ -824,10 +896,14 @@ int gm_share_publish(gm_share_server_t *srv, const char *name, void *ptr, size_t
     /* What was written on stream is in memory before anyone can map it. */
     GM_CHECK(gm_stream_synchronize(root, stream));
 
+    size_t page = root->page;
     pub_t *pub = gm__calloc(1, sizeof *pub);
-    hold_t *fresh = gm__calloc(1, sizeof *fresh);
+    shape_t *sh = gm__calloc(1, sizeof *sh + n * sizeof(range_t));
+    hold_t **fresh = gm__calloc(n, sizeof *fresh); /* a hold record ready per range */
     int rc = GM_OK;
-    if (!pub || !fresh) {
+    for (size_t i = 0; fresh && i < n; i++)
+        if (!(fresh[i] = gm__calloc(1, sizeof(hold_t)))) break;
+    if (!pub || !sh || !fresh || !fresh[n - 1]) {
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_share_publish: out of host memory");
         goto out_free;
     }
@@ -841,50 +917,90 @@ int gm_share_publish(gm_share_server_t *srv, const char *name, void *ptr, size_t
                            name);
         goto out;
     }
-    gm_pool_t *heap = gm__heap_of(root, ptr);
-    gm__lock(&heap->lock);
-    gm__block_t *b = NULL;
-    rc = publishable_locked(heap, (uintptr_t)ptr, size, &b);
-    hold_t *h = NULL;
-    if (rc == GM_OK) {
-        h = hold_find(root, b->addr);
-        if (h && h->owner_freed)
-            rc = gm__set_error(GM_INVALID_POINTER, "gm_share_publish: %p was freed", ptr);
+    /* Every range is checked first; then all are held at once. */
+    size_t i;
+    for (i = 0; i < n && rc == GM_OK; i++) {
+        uintptr_t ptr = (uintptr_t)ranges[i].ptr;
+        gm_pool_t *heap = gm__heap_of(root, ranges[i].ptr);
+        gm__lock(&heap->lock);
+        gm__block_t *b = NULL;
+        rc = publishable_locked(heap, ptr, ranges[i].size, &b);
+        if (rc == GM_OK) {
+            hold_t *h = hold_find(root, b->addr);
+            if (h && h->owner_freed)
+                rc = gm__set_error(GM_INVALID_POINTER, "gm_share_publish: %p was freed",
+                                   ranges[i].ptr);
+        }
+        gm__unlock(&heap->lock);
+        if (rc != GM_OK) break;
+        range_t *g = &sh->r[i];
+        g->ptr = ptr;
+        g->va0 = ptr & ~(uintptr_t)(page - 1);
+        g->size = ranges[i].size;
+        g->npages = (GM_ALIGN_UP(ptr + g->size, page) - g->va0) / page;
+        g->page_first = sh->npages;
+        g->hold = (hold_t *)heap; /* the heap, until the hold is found below */
+        sh->npages += g->npages;
+        sh->bytes += g->size;
     }
-    if (rc == GM_OK) {
+    if (rc != GM_OK) {
+        if (n > 1) {
+            char why[GM__SHARE_TEXT_MAX];
+            snprintf(why, sizeof why, "%s", gm_last_error());
+            gm__set_error(rc, "range %zu: %s", i, why);
+        }
+        goto out;
+    }
+    for (i = 0; i < n; i++) {
+        range_t *g = &sh->r[i];
+        gm_pool_t *heap = (gm_pool_t *)g->hold;
+        gm__lock(&heap->lock);
+        gm__block_t *b = NULL;
+        rc = publishable_locked(heap, g->ptr, g->size, &b); /* still so: g_mu is held */
+        gm_assert(rc == GM_OK);
+        hold_t *h = hold_find(root, b->addr);
         if (!h) {
-            h = fresh;
-            fresh = NULL;
+            h = fresh[i];
+            fresh[i] = NULL;
             *h = (hold_t){.next = g_holds, .root = root, .heap = heap, .base = b->addr,
                           .bytes = b->size};
             g_holds = h;
         }
-        h->refs++;
         b->shared = 1;
         /* A thread cache that knew the block must ask the locked path now. */
         atomic_store_explicit(&b->tc_gen, ++heap->tc_next, memory_order_release);
+        gm__unlock(&heap->lock);
+        g->hold = h;
     }
-    gm__unlock(&heap->lock);
-    if (rc != GM_OK) goto out;
+    sh->n = n;
+    shape_ref(sh); /* the publication's reference */
     snprintf(pub->name, sizeof pub->name, "%s", name);
     if (token) snprintf(pub->token, sizeof pub->token, "%s", token);
-    pub->ptr = (uintptr_t)ptr;
-    pub->va0 = (uintptr_t)ptr & ~(uintptr_t)(root->page - 1);
-    pub->size = size;
-    pub->npages = (GM_ALIGN_UP((uintptr_t)ptr + size, root->page) - pub->va0) / root->page;
     pub->access = access;
-    pub->hold = h;
+    pub->shape = sh;
     pub->next = srv->pubs;
     srv->pubs = pub;
     srv->published++;
-    srv->published_bytes += size;
+    srv->published_bytes += sh->bytes;
     pub = NULL;
+    sh = NULL;
 out:
     pthread_mutex_unlock(&g_mu);
 out_free:
     gm__free(pub);
+    gm__free(sh);
+    for (size_t k = 0; fresh && k < n; k++) gm__free(fresh[k]);
     gm__free(fresh);
     return rc;
+}
+
+int gm_share_publish(gm_share_server_t *srv, const char *name, void *ptr, size_t size, int access,
+                     const char *token, gm_stream_t stream)
+{
+    if (!ptr || size == 0)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: empty range");
+    gm_share_range_t r = {ptr, size};
+    return gm_share_publish_ranges(srv, name, &r, 1, access, token, stream);
 }
 
 /* Take pub out of srv (g_mu held). */
@@ -893,8 +1009,8 @@ static void pub_remove_locked(gm_share_server_t *srv, pub_t *pub, hold_t **to_fr
     for (pub_t **pp = &srv->pubs; *pp; pp = &(*pp)->next)
         if (*pp == pub) { *pp = pub->next; break; }
     srv->published--;
-    srv->published_bytes -= pub->size;
-    hold_unref(pub->hold, to_free);
+    srv->published_bytes -= pub->shape->bytes;
+    shape_unref(pub->shape, to_free);
     gm__free(pub);
 }
 
@@ -1095,16 +1211,49 @@ static int import_locked(gm_share_client_t *cli, const char *name, const char *t
         return gm__set_error(GM_NOT_SUPPORTED, "gm_share_import: '%s' is memory of device %d; "
                              "this pool is on device %d", name, (int)m.device, pool->cfg.device);
     }
-    size_t npages = (size_t)m.npages, bytes = npages * page;
+    size_t npages = (size_t)m.npages, bytes = npages * page, nr = m.nranges;
+    if (nr == 0 || nr > GM_SHARE_RANGES_MAX) {
+        send_release(cli, id);
+        return gm__set_error(GM_PARSE, "gm_share_import: '%s': the server said %zu ranges", name,
+                             nr);
+    }
     imp_t *imp = gm__calloc(1, sizeof *imp);
     gm__phys_t *h = gm__calloc(npages, sizeof *h);
+    uint64_t(*rg)[3] = gm__calloc(nr, sizeof *rg); /* page_first, offset, size */
     int rc = GM_OK;
     uintptr_t va = 0;
     size_t nh = 0, nmapped = 0;
-    if (!imp || !h) {
+    if (!imp || !h || !rg || !(imp->ranges = gm__calloc(nr, sizeof *imp->ranges))) {
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_share_import: out of host memory");
         goto fail;
     }
+    rg[0][0] = 0;
+    rg[0][1] = m.offset;
+    rg[0][2] = m.size;
+    for (size_t first = 1; first < nr;) { /* the others, 16 at a time */
+        size_t count = nr - first < GM__SHARE_RANGES_PER_MSG ? nr - first
+                                                             : GM__SHARE_RANGES_PER_MSG;
+        gm__share_msg_t q;
+        msg_init(&q, GM__SHARE_RANGES);
+        q.id = id;
+        q.first = first;
+        q.count = count;
+        rc = roundtrip(cli, &q, NULL, 0, NULL);
+        if (rc == GM_OK && (q.first != first || q.count != count))
+            rc = gm__set_error(GM_PARSE, "gm_share_import: '%s': ranges %" PRIu64 "+%" PRIu64
+                               " for %zu+%zu", name, q.first, q.count, first, count);
+        if (rc != GM_OK) goto fail;
+        memcpy(rg[first], q.rng, count * sizeof *rg);
+        first += count;
+    }
+    for (size_t i = 0; i < nr; i++) /* each inside the mapping */
+        if (rg[i][0] >= npages || rg[i][1] >= page || rg[i][2] == 0 ||
+            rg[i][2] > (npages - rg[i][0]) * page - rg[i][1]) {
+            rc = gm__set_error(GM_PARSE, "gm_share_import: '%s': range %zu (page %" PRIu64
+                               ", offset %" PRIu64 ", %" PRIu64 " bytes) lies outside the %zu "
+                               "pages", name, i, rg[i][0], rg[i][1], rg[i][2], npages);
+            goto fail;
+        }
     GM_BK(rc, pool, va_reserve, (pool->bk, bytes, page, &va));
     if (rc != GM_OK) goto fail;
     for (size_t first = 0; first < npages;) {
@@ -1142,10 +1291,15 @@ static int import_locked(gm_share_client_t *cli, const char *name, const char *t
     imp->va = va;
     imp->npages = npages;
     imp->handles = h;
-    imp->ptr = (void *)(va + (uintptr_t)m.offset);
-    imp->size = (size_t)m.size;
+    for (size_t i = 0; i < nr; i++) {
+        imp->ranges[i].ptr = (void *)(va + (uintptr_t)(rg[i][0] * page + rg[i][1]));
+        imp->ranges[i].size = (size_t)rg[i][2];
+    }
+    imp->nranges = nr;
+    imp->ptr = imp->ranges[0].ptr;
     imp->access = (int)m.access;
     imp->refs = 1;
+    gm__free(rg);
     *out = imp;
     return GM_OK;
 fail:
@@ -1169,7 +1323,58 @@ fail:
     }
     send_release(cli, id);
     gm__free(h);
+    gm__free(rg);
+    if (imp) gm__free(imp->ranges);
     gm__free(imp);
+    return rc;
+}
+
+/* Import name (or take one more reference on its import); the ranges into
+ * out[0..cap) or, when they do not fit, their count in *n and nothing kept. */
+static int import_any(gm_share_client_t *cli, const char *fn, const char *name,
+                      const char *token, gm_share_range_t *out, size_t cap, size_t *n,
+                      int *access)
+{
+    GM_CHECK(check_name(fn, name, "name"));
+    if (token && *token) GM_CHECK(check_name(fn, token, "token"));
+    if (!client_known(cli))
+        return gm__set_error(GM_INVALID_ARGUMENT, "%s: not a connected client", fn);
+    pthread_mutex_lock(&cli->mu);
+    imp_t *imp = NULL;
+    int rc = GM_OK;
+    bool fresh = false;
+    for (imp_t *i = cli->imps; i; i = i->next)
+        if (strcmp(i->name, name) == 0) { imp = i; break; }
+    if (!imp) {
+        rc = import_locked(cli, name, token, &imp);
+        fresh = rc == GM_OK;
+    }
+    if (fresh) {
+        imp->next = cli->imps;
+        cli->imps = imp;
+        pthread_mutex_lock(&g_mu);
+        cli->imports++;
+        cli->imported_bytes += imp->npages * cli->root->page;
+        pthread_mutex_unlock(&g_mu);
+    }
+    if (rc == GM_OK && (!out || imp->nranges > cap)) {
+        *n = imp->nranges;
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "%s: '%s' holds %zu ranges (room for %zu)%s", fn,
+                           name, imp->nranges, out ? cap : 0,
+                           cap == 1 ? ": import it with gm_share_import_ranges" : "");
+        if (fresh) { /* not kept: nothing maps it yet */
+            cli->imps = imp->next;
+            int r2 = imp_destroy(cli, imp);
+            (void)r2;
+        }
+    } else if (rc == GM_OK) {
+        if (fresh) monitor_update(cli->root);
+        else imp->refs++;
+        memcpy(out, imp->ranges, imp->nranges * sizeof *out);
+        *n = imp->nranges;
+        if (access) *access = imp->access;
+    }
+    pthread_mutex_unlock(&cli->mu);
     return rc;
 }
 
@@ -1178,36 +1383,20 @@ int gm_share_import(gm_share_client_t *cli, const char *name, const char *token,
 {
     if (!ptr) return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_import: ptr is NULL");
     *ptr = NULL;
-    GM_CHECK(check_name(__func__, name, "name"));
-    if (token && *token) GM_CHECK(check_name(__func__, token, "token"));
-    if (!client_known(cli))
-        return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_import: not a connected client");
-    pthread_mutex_lock(&cli->mu);
-    imp_t *imp = NULL;
-    int rc = GM_OK;
-    for (imp_t *i = cli->imps; i; i = i->next)
-        if (strcmp(i->name, name) == 0) { imp = i; break; }
-    if (imp) {
-        imp->refs++;
-    } else {
-        rc = import_locked(cli, name, token, &imp);
-        if (rc == GM_OK) {
-            imp->next = cli->imps;
-            cli->imps = imp;
-            pthread_mutex_lock(&g_mu);
-            cli->imports++;
-            cli->imported_bytes += imp->npages * cli->root->page;
-            pthread_mutex_unlock(&g_mu);
-            monitor_update(cli->root);
-        }
-    }
-    if (rc == GM_OK) {
-        *ptr = imp->ptr;
-        if (size) *size = imp->size;
-        if (access) *access = imp->access;
-    }
-    pthread_mutex_unlock(&cli->mu);
-    return rc;
+    gm_share_range_t r;
+    size_t n = 0;
+    GM_CHECK(import_any(cli, "gm_share_import", name, token, &r, 1, &n, access));
+    *ptr = r.ptr;
+    if (size) *size = r.size;
+    return GM_OK;
+}
+
+int gm_share_import_ranges(gm_share_client_t *cli, const char *name, const char *token,
+                           gm_share_range_t *out, size_t cap, size_t *n, int *access)
+{
+    if (!n) return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_import_ranges: n is NULL");
+    *n = 0;
+    return import_any(cli, "gm_share_import_ranges", name, token, out, cap, n, access);
 }
 
 /* Unmap and let go of imp (client mutex held; no queued work may touch it
@@ -1234,6 +1423,7 @@ static int imp_destroy(gm_share_client_t *cli, imp_t *imp)
     pthread_mutex_unlock(&g_mu);
     monitor_update(pool);
     gm__free(imp->handles);
+    gm__free(imp->ranges);
     gm__free(imp);
     return rc;
 }

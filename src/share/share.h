@@ -12,8 +12,11 @@
  *
  *   server -> client   REPLY to the connection (HELLO): status GM_OK, or
  *                      GM_DENIED with the reason, and the server closes
- *   client -> server   IMPORT name token     -> REPLY id size offset
+ *   client -> server   IMPORT name token     -> REPLY id size offset nranges
  *                                               page_size npages device access
+ *   client -> server   RANGES id first count -> REPLY where ranges first..
+ *                                               lie (publications of several
+ *                                               ranges; up to 16 a reply)
  *   client -> server   PAGES id first count  -> REPLY nfds = count, with the
  *                                               pages' descriptors
  *   client -> server   RELEASE id            (no reply)
@@ -34,6 +37,7 @@
 #define GM__SHARE_NAME_MAX 64       /* with the terminating NUL */
 #define GM__SHARE_TEXT_MAX 256
 #define GM__SHARE_FDS_MAX 64
+#define GM__SHARE_RANGES_PER_MSG 16
 
 enum {
     GM__SHARE_HELLO = 1,
@@ -41,6 +45,7 @@ enum {
     GM__SHARE_PAGES = 3,
     GM__SHARE_RELEASE = 4,
     GM__SHARE_REPLY = 5,
+    GM__SHARE_RANGES = 6,
 };
 
 typedef struct gm__share_msg {
@@ -55,10 +60,15 @@ typedef struct gm__share_msg {
     uint64_t page_size;
     uint64_t npages;
     uint64_t first;     /* PAGES: the first page wanted */
-    uint64_t count;     /* PAGES: how many (1..GM__SHARE_FDS_MAX) */
+    uint64_t count;     /* PAGES: how many (1..GM__SHARE_FDS_MAX); RANGES: 1..16 */
     int32_t device;
     uint32_t access;    /* GM_SHARE_READ_WRITE / GM_SHARE_READ_ONLY */
     int64_t pid;        /* HELLO reply: the server's process */
+    uint32_t nranges;   /* IMPORT reply: ranges of the publication (size and
+                           offset above are the first one's) */
+    uint32_t reserved;
+    uint64_t rng[GM__SHARE_RANGES_PER_MSG][3]; /* RANGES reply: page_first,
+                           offset in its first page, size; of ranges first.. */
     char name[GM__SHARE_NAME_MAX];
     char token[GM__SHARE_NAME_MAX];
     char text[GM__SHARE_TEXT_MAX]; /* REPLY: the reason of a refusal */
@@ -69,6 +79,11 @@ typedef struct gm__share_msg {
  * GM__SHARE_HELD): wait for `stream`, then free it when the last peer lets
  * go.  heap: the heap that holds ptr; no lock held. */
 int gm__share_owner_free(gm_pool_t *heap, void *ptr, gm_stream_t stream);
+/* ---- defined in src/core/pool.c ---- */
+/* Free ptr, a block sharing held (b->shared cleared by the caller), on the
+ * NULL stream, as gm_free does; heap's lock held. */
+int gm__free_held_locked(gm_pool_t *heap, void *ptr);
+
 /* Close every server and client of pool (the root), at its destroy. */
 void gm__share_pool_destroy(gm_pool_t *pool);
 

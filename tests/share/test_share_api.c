@@ -213,6 +213,59 @@ int main(void)
     CHECK_OK(gm_share_unpublish(srv, "d"));
     CHECK(pool_stats_of(exp).live_blocks == b2.live_blocks - 1);
 
+    /* Several blocks under one name, imported in one request. */
+    {
+        enum { NB = 40 };
+        void *blk[NB];
+        gm_share_range_t rs[NB], got[NB];
+        for (int i = 0; i < NB; i++) {
+            size_t sz = (size_t)(i % 3 + 1) * MiB + 4096 * (size_t)i;
+            CHECK_OK(gm_alloc_shareable(exp, sz, NULL, &blk[i]));
+            CHECK_OK(fill(exp, blk[i], (unsigned char)i, sz));
+            rs[i].ptr = blk[i];
+            rs[i].size = sz;
+        }
+        rs[NB - 1].ptr = (char *)blk[NB - 1] + 4096; /* a range inside its block */
+        rs[NB - 1].size -= 8192;
+        CHECK_RC(gm_share_publish_ranges(srv, "model", rs, 0, GM_SHARE_READ_ONLY, NULL, NULL),
+                 GM_INVALID_ARGUMENT);
+        gm_share_range_t badr[2] = {rs[0], {small, 100}};
+        CHECK_RC(gm_share_publish_ranges(srv, "model", badr, 2, GM_SHARE_READ_ONLY, NULL, NULL),
+                 GM_INVALID_ARGUMENT);
+        CHECK(strstr(gm_last_error(), "range 1") != NULL);
+        CHECK(sstats(exp).published == 0); /* nothing held by the refused one */
+        CHECK_OK(gm_share_publish_ranges(srv, "model", rs, NB, GM_SHARE_READ_ONLY, NULL, NULL));
+        gm_share_client_t *c2 = NULL;
+        gm_pool_t *imp2 = test_pool((size_t)1 << 30, 0);
+        REQUIRE(imp2 && gm_share_connect(imp2, path, &c2) == GM_OK);
+        size_t nr = 0;
+        void *one = NULL;
+        CHECK_RC(gm_share_import(c2, "model", NULL, &one, NULL, NULL), GM_INVALID_ARGUMENT);
+        CHECK(strstr(gm_last_error(), "gm_share_import_ranges") != NULL);
+        CHECK_RC(gm_share_import_ranges(c2, "model", NULL, got, 3, &nr, NULL), GM_INVALID_ARGUMENT);
+        CHECK(nr == NB);
+        CHECK(sstats(imp2).imports == 0);
+        int acc2 = -1;
+        CHECK_OK(gm_share_import_ranges(c2, "model", NULL, got, NB, &nr, &acc2));
+        CHECK(nr == NB && acc2 == GM_SHARE_READ_ONLY);
+        int all = 1;
+        for (int i = 0; i < NB; i++) {
+            size_t off = i == NB - 1 ? 4096 : 0;
+            all &= got[i].size == rs[i].size && (uintptr_t)got[i].ptr % page == off % page;
+            all &= same(imp2, got[i].ptr, (unsigned char)(i + off * 7), got[i].size);
+        }
+        CHECK(all);
+        for (int i = 0; i < NB; i++) CHECK_OK(gm_free(exp, blk[i], NULL)); /* held */
+        CHECK_OK(gm_share_unpublish(srv, "model"));
+        CHECK(sstats(exp).held_for_peers_bytes > 0);
+        CHECK_OK(gm_share_release(c2, got[0].ptr, NULL));
+        for (int i = 0; i < 2000 && sstats(exp).held_for_peers_bytes; i++) usleep(1000);
+        CHECK(sstats(exp).held_for_peers_bytes == 0 && sstats(exp).exported_bytes == 0);
+        CHECK_OK(gm_share_disconnect(c2));
+        gm_pool_destroy(imp2);
+        CHECK_OK(gm_pool_check(exp));
+    }
+
     /* Another listener on the same path is refused; so is a plain file. */
     gm_share_server_t *srv2 = NULL;
     CHECK_RC(gm_share_listen(exp, path, NULL, &srv2), GM_INVALID_STATE);
