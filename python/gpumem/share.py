@@ -50,6 +50,10 @@ _STAT_NAMES = ("servers", "published", "published_bytes", "exported_bytes",
                "imported_bytes")
 
 
+class _Range(_c.Structure):
+    _fields_ = [("ptr", _c.c_void_p), ("size", _c.c_size_t)]
+
+
 class _Stats(_c.Structure):
     _fields_ = [("size", _c.c_size_t), ("version", _c.c_uint)] + \
                [(n, _c.c_uint64) for n in _STAT_NAMES]
@@ -70,6 +74,8 @@ def _lib():
             "gm_alloc_shareable": [vp, sz, vp, _P(vp)],
             "gm_share_listen": [vp, cp, _P(_Policy), _P(vp)],
             "gm_share_publish": [vp, cp, vp, sz, ci, cp, vp],
+            "gm_share_publish_ranges": [vp, cp, _P(_Range), sz, ci, cp, vp],
+            "gm_share_import_ranges": [vp, cp, cp, _P(_Range), sz, _P(sz), _P(ci)],
             "gm_share_unpublish": [vp, cp],
             "gm_share_close": [vp],
             "gm_share_connect": [vp, cp, _P(vp)],
@@ -229,6 +235,23 @@ class Server:
                                        _c.c_void_p(_stream(stream))), "gm_share_publish(%s)" % name)
         self._keep[name] = obj  # the object outlives its publication here
 
+    def publish_many(self, name, objs, read_only=False, token=None, stream=0):
+        """Publish several Buffers (or tensors in them) under one name: an
+        importer opens them all in one request (Client.open_many)."""
+        objs = list(objs)
+        if not objs:
+            raise InvalidArgumentError("publish_many: nothing to publish")
+        arr = (_Range * len(objs))()
+        for i, o in enumerate(objs):
+            ptr, n = _range_of(o, None)
+            arr[i].ptr, arr[i].size = ptr, n
+        _check(_lib().gm_share_publish_ranges(self._srv, _name(name, "name"), arr, len(objs),
+                                              READ_ONLY if read_only else READ_WRITE,
+                                              None if token is None else _name(token, "token"),
+                                              _c.c_void_p(_stream(stream))),
+               "gm_share_publish_ranges(%s)" % name)
+        self._keep[name] = objs
+
     def unpublish(self, name):
         _check(_lib().gm_share_unpublish(self._srv, _name(name, "name")),
                "gm_share_unpublish(%s)" % name)
@@ -284,6 +307,17 @@ class Import:
                                            _c.c_void_p(_stream(stream))), "gm_share_release")
 
 
+class _Part(Import):
+    """Another range of a publish_many import: released with the first."""
+
+    def __init__(self, first, ptr, size, read_only):
+        super().__init__(first._client, ptr, size, read_only)
+        self._first = first
+
+    def release(self, stream=0):
+        self._ptr = None
+
+
 class Client:
     """A connection to a share server (gm_share_connect)."""
 
@@ -303,6 +337,26 @@ class Client:
                                       _c.byref(p), _c.byref(n), _c.byref(acc)),
                "gm_share_import(%s)" % name)
         return Import(self, p.value, n.value, acc.value == READ_ONLY)
+
+    def open_many(self, name, token=None):
+        """Import a name published with publish_many: a list of Imports, one
+        per object, in order; release the first to release them all."""
+        n = _c.c_size_t()
+        lib = _lib()
+        tok = None if token is None else _name(token, "token")
+        st = lib.gm_share_import_ranges(self._cli, _name(name, "name"), tok, None, 0,
+                                        _c.byref(n), None)
+        if st == 0 or n.value == 0:
+            _check(st or 1, "gm_share_import_ranges(%s)" % name)
+        arr = (_Range * n.value)()
+        acc = _c.c_int()
+        _check(lib.gm_share_import_ranges(self._cli, _name(name, "name"), tok, arr, n.value,
+                                          _c.byref(n), _c.byref(acc)),
+               "gm_share_import_ranges(%s)" % name)
+        ro = acc.value == READ_ONLY
+        first = Import(self, arr[0].ptr, arr[0].size, ro)
+        rest = [_Part(first, arr[i].ptr, arr[i].size, ro) for i in range(1, n.value)]
+        return [first] + rest
 
     def close(self):
         cli, self._cli = self._cli, None

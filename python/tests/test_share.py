@@ -37,6 +37,12 @@ CHILD = textwrap.dedent("""
     wrote = lib.gm_memset(pool, ctypes.c_void_p(ro.ptr), 0, 1, None)
     print(buf.raw[:4].hex(), imp.size, ro.read_only, denied, wrote,
           share.stats()["imports"])
+    parts = cli.open_many("many")
+    sizes = [p.size for p in parts]
+    ok = all(lib.gm_memcpy(pool, buf, ctypes.c_void_p(p.ptr), 1, None) == 0 and
+             buf.raw[0] == i + 1 for i, p in enumerate(parts))
+    print(sizes == [1 << 20, 2 << 20, 3 << 20] and ok)
+    parts[0].release()
     ro.release(); imp.release(); cli.close()
     print(share.stats()["imports"])
 """)
@@ -51,16 +57,21 @@ class TestShare(unittest.TestCase):
         with share.Server(path) as srv:
             srv.publish("w", buf)
             srv.publish("ro", buf, size=MiB, read_only=True, token="tok")
+            parts = [share.Buffer((i + 1) * MiB) for i in range(3)]
+            for i, b in enumerate(parts):
+                lib.gm_memset(gpumem._pool(None), b.ptr, i + 1, b.size, None)
+            srv.publish_many("many", parts)
             with self.assertRaises(gpumem.InvalidArgumentError):
                 srv.publish("bad name", buf)
             with self.assertRaises(gpumem.GpumemError):
                 srv.publish("small", gpumem.alloc(4096).ptr, size=4096)  # not on pages of its own
-            self.assertEqual(share.stats()["published"], 2)
+            self.assertEqual(share.stats()["published"], 3)
             env = dict(os.environ, PYTHONPATH=HERE)
             out = subprocess.run([sys.executable, "-c", CHILD, path], env=env, capture_output=True,
                                  text=True, timeout=120)
             self.assertEqual(out.returncode, 0, out.stderr)
-            first, second = out.stdout.split("\n")[:2]
+            first, many, second = out.stdout.split("\n")[:3]
+            self.assertEqual(many, "True")
             self.assertEqual(first.split(), ["abababab", str(3 * MiB), "True", "GM_DENIED",
                                              "8", "2"])  # 8: GM_BACKEND, a refused write
             self.assertEqual(second, "0")
