@@ -25,6 +25,7 @@
 
 #include "core/options.h"
 #include "core/pool.h"
+#include "share/share.h"
 #include "observe/observe.h"
 
 /* ---- every pool of the process, fork --------------------------------------- */
@@ -65,12 +66,21 @@ static void registry_atfork_child(void);
  * forgets the library's own pools, the registry and the monitor segment, so
  * that pools it creates are its own.  The dead pools stay on the list (the
  * child never frees them: their memory is the parent's picture). */
-static void atfork_prepare(void) { pthread_mutex_lock(&pools_mu); }
-static void atfork_parent(void) { pthread_mutex_unlock(&pools_mu); }
+static void atfork_prepare(void)
+{
+    gm__share_atfork_prepare(); /* sharing's lock first: a server thread may hold it */
+    pthread_mutex_lock(&pools_mu);
+}
+static void atfork_parent(void)
+{
+    pthread_mutex_unlock(&pools_mu);
+    gm__share_atfork_parent();
+}
 static void atfork_child(void)
 {
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     pools_mu = fresh;
+    gm__share_atfork_child();
     for (gm_pool_t *p = pools_head; p; p = p->all_next) p->magic = GM_POOL_FORKED;
     library_pools_atfork_child();
     registry_atfork_child();

@@ -1527,6 +1527,19 @@ int gm_share_stats(gm_pool_t *pool, gm_share_stats_t *st)
     return GM_OK;
 }
 
+void gm__share_atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
+void gm__share_atfork_parent(void) { pthread_mutex_unlock(&g_mu); }
+void gm__share_atfork_child(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    g_mu = fresh;
+    /* The records stay allocated (the parent's picture); the child's pools
+     * are new, so nothing here refers to them. */
+    g_servers = NULL;
+    g_clients = NULL;
+    g_holds = NULL;
+}
+
 void gm__share_pool_destroy(gm_pool_t *pool)
 {
     for (;;) {

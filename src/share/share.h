@@ -84,6 +84,13 @@ int gm__share_owner_free(gm_pool_t *heap, void *ptr, gm_stream_t stream);
  * NULL stream, as gm_free does; heap's lock held. */
 int gm__free_held_locked(gm_pool_t *heap, void *ptr);
 
+/* fork(): the prepare handler holds sharing's lock so that the child gets
+ * whole books; the child forgets the parent's servers, clients and holds
+ * (their threads and sockets are the parent's) without closing anything. */
+void gm__share_atfork_prepare(void);
+void gm__share_atfork_parent(void);
+void gm__share_atfork_child(void);
+
 /* Close every server and client of pool (the root), at its destroy. */
 void gm__share_pool_destroy(gm_pool_t *pool);
 
