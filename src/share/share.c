@@ -599,7 +599,9 @@ static bool on_message(gm_share_server_t *srv, size_t i, hold_t **to_free)
     int rc = msg_recv(p->fd, &m, NULL, 0, &nfds, &closed);
     if (rc != GM_OK) {
         if (!closed && rc == GM_PARSE) {
+            pthread_mutex_lock(&g_mu);
             srv->dropped++;
+            pthread_mutex_unlock(&g_mu);
             log_line(srv, "dropped pid %d uid %u: %s", (int)p->pid, (unsigned)p->uid,
                      gm_last_error());
         }
@@ -634,7 +636,9 @@ static bool on_message(gm_share_server_t *srv, size_t i, hold_t **to_free)
     default:
         break;
     }
+    pthread_mutex_lock(&g_mu);
     srv->dropped++;
+    pthread_mutex_unlock(&g_mu);
     log_line(srv, "dropped pid %d uid %u: unexpected request (type %u, id %" PRIu64 ")",
              (int)p->pid, (unsigned)p->uid, (unsigned)m.type, m.id);
     return false;
@@ -1062,21 +1066,28 @@ int gm_share_close(gm_share_server_t *srv)
 
 /* ---- the client ------------------------------------------------------------- */
 
-/* One request, one reply (client mutex held).  A refusal by the server is
- * its status with its reason. */
-static int roundtrip(gm_share_client_t *cli, gm__share_msg_t *m, int *fds, size_t cap,
-                     size_t *nfds)
+/* A request (client mutex held).  A failure ends the connection's use. */
+static int req_send(gm_share_client_t *cli, const gm__share_msg_t *m)
 {
     if (cli->gone)
         return gm__set_error(GM_IO, "share: the connection to the server is closed (the server "
                              "went away or broke the exchange)");
     int rc = msg_send(cli->fd, m, NULL, 0, 0);
+    if (rc != GM_OK) cli->gone = true;
+    return rc;
+}
+
+/* The next reply (client mutex held).  A refusal by the server is its status
+ * with its reason; a lost, late or malformed answer leaves the exchange out
+ * of step, so the connection is not used again (imports made so far stay
+ * valid). */
+static int rep_recv(gm_share_client_t *cli, gm__share_msg_t *m, int *fds, size_t cap,
+                    size_t *nfds)
+{
     bool closed = false;
     size_t got = 0;
-    if (rc == GM_OK) rc = msg_recv(cli->fd, m, fds, cap, &got, &closed);
+    int rc = msg_recv(cli->fd, m, fds, cap, &got, &closed);
     if (nfds) *nfds = got;
-    /* A lost, late or malformed answer leaves the exchange out of step:
-     * the connection is not used again (imports made so far stay valid). */
     if (rc != GM_OK) {
         cli->gone = true;
         return rc;
@@ -1094,6 +1105,15 @@ static int roundtrip(gm_share_client_t *cli, gm__share_msg_t *m, int *fds, size_
     return GM_OK;
 }
 
+/* One request, one reply. */
+static int roundtrip(gm_share_client_t *cli, gm__share_msg_t *m, int *fds, size_t cap,
+                     size_t *nfds)
+{
+    if (nfds) *nfds = 0;
+    GM_CHECK(req_send(cli, m));
+    return rep_recv(cli, m, fds, cap, nfds);
+}
+
 int gm_share_connect(gm_pool_t *pool, const char *path, gm_share_client_t **client)
 {
     if (!client) return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_connect: client is NULL");
@@ -1105,15 +1125,17 @@ int gm_share_connect(gm_pool_t *pool, const char *path, gm_share_client_t **clie
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     memcpy(a.sun_path, path, strlen(path) + 1);
     int rc = GM_OK;
+    /* Timeouts first: they also bound connect() to a server whose queue is
+     * full. */
+    struct timeval tv = {.tv_sec = SHARE_TIMEOUT_S};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         rc = gm__set_error(errno == EACCES ? GM_DENIED : GM_IO, "gm_share_connect: %s: %s",
                            path, strerror(errno));
         close(fd);
         return rc;
     }
-    struct timeval tv = {.tv_sec = SHARE_TIMEOUT_S};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     struct ucred cr;
     socklen_t len = sizeof cr;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) {
@@ -1197,7 +1219,9 @@ static int import_locked(gm_share_client_t *cli, const char *name, const char *t
     uint64_t id = m.id;
     /* The server's word is checked before it is used: a server may lie. */
     size_t page = pool->page;
-    if (m.page_size != page || m.npages == 0 || m.npages > pool->info.total_memory / page ||
+    size_t most = pool->info.total_memory > ((size_t)1 << 40) ? pool->info.total_memory
+                                                               : ((size_t)1 << 40);
+    if (m.page_size != page || m.npages == 0 || m.npages > most / page ||
         m.offset >= page || m.size == 0 || m.size > m.npages * page - m.offset ||
         m.access > GM_SHARE_READ_ONLY) {
         send_release(cli, id);
@@ -1256,19 +1280,26 @@ static int import_locked(gm_share_client_t *cli, const char *name, const char *t
         }
     GM_BK(rc, pool, va_reserve, (pool->bk, bytes, page, &va));
     if (rc != GM_OK) goto fail;
-    for (size_t first = 0; first < npages;) {
+    /* Two batches in flight: the server exports the next while this side
+     * imports and maps the last. */
+    for (size_t sent = 0, first = 0; first < npages;) {
+        while (sent < npages && sent - first < 2 * GM__SHARE_FDS_MAX) {
+            gm__share_msg_t q;
+            msg_init(&q, GM__SHARE_PAGES);
+            q.id = id;
+            q.first = sent;
+            q.count = npages - sent < GM__SHARE_FDS_MAX ? npages - sent : GM__SHARE_FDS_MAX;
+            if ((rc = req_send(cli, &q)) != GM_OK) goto fail;
+            sent += q.count;
+        }
         size_t count = npages - first < GM__SHARE_FDS_MAX ? npages - first : GM__SHARE_FDS_MAX;
         gm__share_msg_t q;
-        msg_init(&q, GM__SHARE_PAGES);
-        q.id = id;
-        q.first = first;
-        q.count = count;
         int fds[GM__SHARE_FDS_MAX];
         size_t nfds = 0;
-        rc = roundtrip(cli, &q, fds, GM__SHARE_FDS_MAX, &nfds);
-        if (rc == GM_OK && (nfds != count || q.nfds != count))
-            rc = gm__set_error(GM_PARSE, "gm_share_import: '%s': %zu descriptors for %zu pages",
-                               name, nfds, count);
+        rc = rep_recv(cli, &q, fds, GM__SHARE_FDS_MAX, &nfds);
+        if (rc == GM_OK && (nfds != count || q.nfds != count || q.first != first))
+            rc = gm__set_error(GM_PARSE, "gm_share_import: '%s': %zu descriptors for pages "
+                               "%zu+%zu", name, nfds, first, count);
         for (size_t i = 0; i < nfds; i++) {
             if (rc == GM_OK) {
                 GM_BK(rc, pool, import_fd, (pool->bk, fds[i], page, &h[nh]));
@@ -1280,7 +1311,10 @@ static int import_locked(gm_share_client_t *cli, const char *name, const char *t
             }
             close(fds[i]);
         }
-        if (rc != GM_OK) goto fail;
+        if (rc != GM_OK) {
+            if (sent > first + count) cli->gone = true; /* answers still on their way */
+            goto fail;
+        }
         first += count;
     }
     GM_BK(rc, pool, set_access, (pool->bk, va, bytes,
