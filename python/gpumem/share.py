@@ -118,13 +118,15 @@ _TYPESTR = {"float16": "<f2", "bfloat16": "<V2", "float32": "<f4", "float64": "<
 class _View:
     """A typed window on device memory, for torch.as_tensor / cupy.asarray."""
 
-    def __init__(self, owner, ptr, typestr, shape, readonly):
+    def __init__(self, owner, ptr, typestr, shape):
         self._owner = owner  # keeps the memory's owner referenced
+        # PyTorch refuses the read-only flag of the interface; a read-only
+        # import stays read-only all the same: the device refuses writes.
         self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr,
-                                         "data": (ptr, readonly), "version": 3, "strides": None}
+                                         "data": (ptr, False), "version": 3, "strides": None}
 
 
-def _as_tensor(owner, ptr, nbytes, dtype, shape, offset, readonly):
+def _as_tensor(owner, ptr, nbytes, dtype, shape, offset):
     import torch  # only when asked for
     name = str(dtype).replace("torch.", "")
     elem = torch.empty((), dtype=dtype).element_size()
@@ -136,12 +138,11 @@ def _as_tensor(owner, ptr, nbytes, dtype, shape, offset, readonly):
         raise InvalidArgumentError("%d elements of %d bytes at offset %d do not fit in %d bytes"
                                    % (count, elem, offset, nbytes))
     if name == "bfloat16":  # no typestr of its own: a uint16 view, reinterpreted
-        v = _View(owner, ptr + offset, "<u2", shape, readonly)
+        v = _View(owner, ptr + offset, "<u2", shape)
         return torch.as_tensor(v, device="cuda").view(torch.bfloat16)
     if name not in _TYPESTR:
         raise InvalidArgumentError("dtype %s is not supported" % dtype)
-    return torch.as_tensor(_View(owner, ptr + offset, _TYPESTR[name], shape, readonly),
-                           device="cuda")
+    return torch.as_tensor(_View(owner, ptr + offset, _TYPESTR[name], shape), device="cuda")
 
 
 class Buffer:
@@ -171,7 +172,7 @@ class Buffer:
 
     def as_tensor(self, dtype, shape, offset=0):
         """A torch tensor over part of the buffer (no copy)."""
-        return _as_tensor(self, self._ptr, self._size, dtype, shape, offset, False)
+        return _as_tensor(self, self._ptr, self._size, dtype, shape, offset)
 
     def free(self):
         ptr, self._ptr = self._ptr, None
@@ -297,7 +298,7 @@ class Import:
         """A torch tensor over the import (no copy); valid until release()."""
         if self._ptr is None:
             raise ValueError("the import was released")
-        return _as_tensor(self, self._ptr, self._size, dtype, shape, offset, self._ro)
+        return _as_tensor(self, self._ptr, self._size, dtype, shape, offset)
 
     def release(self, stream=0):
         """Unmap after the work queued on `stream` is done."""

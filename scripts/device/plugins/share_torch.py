@@ -55,6 +55,9 @@ def importer(path, n, per, t_publish):
         out["cupy_ok"] = int(a[0]) == int(ts[0].view(torch.uint8)[0].item())
     except ImportError:
         out["cupy_ok"] = None
+    except Exception as e:  # noqa: BLE001 - recorded, not fatal
+        out["cupy_ok"] = False
+        out["cupy_error"] = str(e).splitlines()[0][:200]
     print(json.dumps(out), flush=True)
     line = sys.stdin.readline()  # the exporter is dead now
     torch.cuda.synchronize()
@@ -85,6 +88,15 @@ def write_ro(path):
     os._exit(0)
 
 
+def _gpu_name():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -106,7 +118,9 @@ def main():
     ex = subprocess.Popen(me + ["--role", "exporter", "--mib", str(a.mib)], stdout=subprocess.PIPE,
                           text=True)
     ready = json.loads(ex.stdout.readline())
-    res = {"tensors": a.tensors, "mib": a.mib}
+    res = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+           "commit": os.environ.get("GM_COMMIT", "unknown"), "gpu": _gpu_name(),
+           "tensors": a.tensors, "mib": a.mib}
     im = subprocess.Popen(me + ["--role", "importer", "--per", str(ready["per"]), "--t0",
                                 str(ready["t_publish"])], stdout=subprocess.PIPE,
                           stdin=subprocess.PIPE, text=True)
