@@ -34,9 +34,10 @@
  *     GM_LIMIT and describe names the tenant.  The broker's requests to give
  *     cached pages back arrive on the provider's own thread, which takes the
  *     pool lock and trims (gm__pages_trim_locked) like gm_trim does.
- *   - share (planned, issue 12): pages imported from another process are
- *     not obtained through obtain at all but adopted by the sharing code as
- *     pinned pages that trim, thinning and offload never release or unmap.
+ *   - sharing (src/share/) needs no provider: pages imported from another
+ *     process are made with import_fd into an address range of the importer's
+ *     own, outside the arenas; exported pages stay under live (held) blocks,
+ *     which trim, thinning and page moves never touch.
  * Selecting one will be a pool-config field or GPUMEM_BROKER read where the
  * pool is created; today gm_pool_create installs the local provider.
  */
