@@ -145,7 +145,23 @@ def _as_tensor(owner, ptr, nbytes, dtype, shape, offset):
     return torch.as_tensor(_View(owner, ptr + offset, _TYPESTR[name], shape), device="cuda")
 
 
-class Buffer:
+class _Owned:
+    """Closed by close(), a `with` block, or when collected."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
+
+
+class Buffer(_Owned):
     """Shareable device memory (gm_alloc_shareable): .ptr, .size, .device.
     Freed by free(), a `with` block or when collected — if it is published or
     imported then, the memory stays until the last importer lets go."""
@@ -180,17 +196,7 @@ class Buffer:
             _check(_lib().gm_free(self._pool, _c.c_void_p(ptr), _c.c_void_p(self._stream)),
                    "gm_free")
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.free()
-
-    def __del__(self):
-        try:
-            self.free()
-        except Exception:
-            pass
+    close = free
 
 
 def _range_of(obj, size):
@@ -211,7 +217,7 @@ def _range_of(obj, size):
     return _integer(obj, "ptr"), _size(size, "size")
 
 
-class Server:
+class Server(_Owned):
     """A share server of a device's pool on a Unix socket (gm_share_listen).
     Default policy: same uid only; allow_gid admits a group, any_uid everyone."""
 
@@ -264,18 +270,6 @@ class Server:
             _check(_lib().gm_share_close(srv), "gm_share_close")
         self._keep.clear()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
 
 class Import:
     """Memory imported from another process: .ptr, .size, .read_only."""
@@ -319,7 +313,7 @@ class _Part(Import):
         self._ptr = None
 
 
-class Client:
+class Client(_Owned):
     """A connection to a share server (gm_share_connect)."""
 
     def __init__(self, path, device=None):
@@ -363,18 +357,6 @@ class Client:
         cli, self._cli = self._cli, None
         if cli:
             _check(_lib().gm_share_disconnect(cli), "gm_share_disconnect")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def stats(device=None):

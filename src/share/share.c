@@ -118,6 +118,7 @@ struct gm_share_server {
     size_t n_peers, cap_peers;
     uint64_t next_id;
     uint64_t published, published_bytes, exported_bytes, refused, dropped;
+    unsigned logged;              /* lines written by log_line */
     _Atomic bool stop;
 };
 
@@ -333,15 +334,22 @@ int gm__share_owner_free(gm_pool_t *heap, void *ptr, gm_stream_t stream)
 
 /* ---- the server ------------------------------------------------------------- */
 
-static void log_line(const gm_share_server_t *srv, const char *fmt, ...) GM_PRINTF(2, 3);
-static void log_line(const gm_share_server_t *srv, const char *fmt, ...)
+/* One line on stderr for a refused or dropped peer: at most LOG_LINES per
+ * server, so a hostile peer cannot flood the log (the counters of
+ * gm_share_stats go on counting).  Called by the server thread only. */
+#define LOG_LINES 16
+static void log_line(gm_share_server_t *srv, const char *fmt, ...) GM_PRINTF(2, 3);
+static void log_line(gm_share_server_t *srv, const char *fmt, ...)
 {
+    if (srv->logged > LOG_LINES) return;
     char line[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "gpumem share %s: %s\n", srv->path, line);
+    if (srv->logged++ < LOG_LINES) fprintf(stderr, "gpumem share %s: %s\n", srv->path, line);
+    else fprintf(stderr, "gpumem share %s: further refusals and drops are only counted "
+                 "(gm_share_stats)\n", srv->path);
 }
 
 /* Drop peer i: its mappings' references, its socket (g_mu held). */

@@ -46,6 +46,7 @@
 #include "gpumem.h"
 #include "share/share.h"
 #include "test.h"
+#include "share_util.h"
 
 #define MiB ((size_t)1 << 20)
 #define G_SIZE (4 * MiB)
@@ -61,49 +62,11 @@ static void *g_good;
 
 /* ---- helpers ---------------------------------------------------------------- */
 
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
 static double cpu_ms(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
-
-#define WAIT_FOR(cond, ms)                                                     \
-    do {                                                                       \
-        double w0_ = now_ms();                                                 \
-        while (!(cond) && now_ms() - w0_ < (ms)) sleep_ms(1);                  \
-    } while (0)
-
-static int fd_count(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    if (!d) return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) if (e->d_name[0] != '.') n++;
-    closedir(d);
-    return n - 1;
 }
 
 static gm_share_stats_t sstats(gm_pool_t *p)

@@ -52,6 +52,7 @@
 
 #include "gpumem.h"
 #include "test.h"
+#include "share_util.h"
 
 #define MiB ((size_t)1 << 20)
 #define WAIT_MS 15000 /* a pipe message not there in this long: the other side hung */
@@ -84,45 +85,7 @@ static const char *g_tmp = "/tmp";
 
 /* ---- small helpers ---------------------------------------------------------- */
 
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 static uint64_t rng_below(uint64_t *s, uint64_t n) { return rng_next(s) % n; }
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static void sleep_us(long us)
-{
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
-
-#define WAIT_FOR(cond, ms)                                                     \
-    do {                                                                       \
-        double w0_ = now_ms();                                                 \
-        while (!(cond) && now_ms() - w0_ < (ms)) sleep_us(1000);               \
-    } while (0)
-
-/* Open descriptors of this process (the directory's own one not counted). */
-static int fd_count(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    if (!d) return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) if (e->d_name[0] != '.') n++;
-    closedir(d);
-    return n - 1;
-}
 
 static int put(int fd, uint64_t v)
 {
