@@ -1569,6 +1569,57 @@ int gm_share_stats(gm_pool_t *pool, gm_share_stats_t *st)
     return GM_OK;
 }
 
+int gm__share_check(gm_pool_t *root)
+{
+    int rc = GM_OK;
+    pthread_mutex_lock(&g_mu);
+    gm_pool_t *h;
+    for (unsigned i = 0; rc == GM_OK && (h = gm__heap_next(root, &i));) {
+        size_t holds = 0, marked = 0;
+        gm__lock(&h->lock);
+        for (hold_t *x = g_holds; x && rc == GM_OK; x = x->next) {
+            if (x->root != root || x->heap != h) continue;
+            holds++;
+            gm__block_t *b = gm__hash_get(&h->live, x->base);
+            if (!b || !b->shared || x->refs == 0 || b->size != x->bytes)
+                rc = gm__set_error(GM_INTERNAL, "share: the hold on %p (%u references) names %s",
+                                   (void *)x->base, x->refs,
+                                   !b ? "no live block" : !b->shared ? "an unmarked block"
+                                   : x->refs == 0 ? "a block nobody holds" : "a block of another size");
+        }
+        for (int c = 0; c < GM_CLASS_COUNT; c++)
+            for (gm__block_t *b = h->arena[c].first; b; b = b->next)
+                marked += !b->free && !b->pending && b->shared;
+        gm__unlock(&h->lock);
+        if (rc == GM_OK && holds != marked)
+            rc = gm__set_error(GM_INTERNAL, "share: heap %u has %zu blocks marked shared and %zu "
+                               "holds", i - 1, marked, holds);
+    }
+    for (gm_share_server_t *v = g_servers; v && rc == GM_OK; v = v->next) {
+        if (v->root != root) continue;
+        uint64_t n = 0, bytes = 0, exported = 0;
+        for (pub_t *p = v->pubs; p; p = p->next) n++, bytes += p->shape->bytes;
+        for (size_t k = 0; k < v->n_peers; k++) {
+            size_t recs = 0;
+            for (rec_t *r = v->peers[k].recs; r; r = r->next, recs++)
+                exported += r->shape->npages * root->page;
+            if (recs != v->peers[k].n_recs)
+                rc = gm__set_error(GM_INTERNAL, "share: peer %zu of %s holds %zu mappings, counted "
+                                   "%zu", k, v->path, recs, v->peers[k].n_recs);
+        }
+        if (rc == GM_OK && (n != v->published || bytes != v->published_bytes ||
+                            exported != v->exported_bytes))
+            rc = gm__set_error(GM_INTERNAL, "share: %s counts %llu names, %llu bytes, %llu "
+                               "exported; its books say %llu, %llu, %llu", v->path,
+                               (unsigned long long)v->published,
+                               (unsigned long long)v->published_bytes,
+                               (unsigned long long)v->exported_bytes, (unsigned long long)n,
+                               (unsigned long long)bytes, (unsigned long long)exported);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
 void gm__share_atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
 void gm__share_atfork_parent(void) { pthread_mutex_unlock(&g_mu); }
 void gm__share_atfork_child(void)

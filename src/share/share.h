@@ -91,6 +91,11 @@ void gm__share_atfork_prepare(void);
 void gm__share_atfork_parent(void);
 void gm__share_atfork_child(void);
 
+/* gm_pool_check's part: every hold names a live block marked shared and
+ * every block so marked has a hold; each server's counters match its books.
+ * GM_INTERNAL with the broken one.  No lock held. */
+int gm__share_check(gm_pool_t *pool);
+
 /* Close every server and client of pool (the root), at its destroy. */
 void gm__share_pool_destroy(gm_pool_t *pool);
 

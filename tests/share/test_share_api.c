@@ -164,6 +164,8 @@ int main(void)
     gm__monitor_scan(top_row, &row);
     if (row.found) CHECK(row.exported == (wp + tp) * page && row.imported == (wp + tp) * page);
 
+    CHECK_OK(gm_pool_check(exp)); /* holds and counters while memory is shared */
+    CHECK_OK(gm_pool_check(imp));
     /* The owner frees a block others map: kept until they let go. */
     gm_stats_t before = pool_stats_of(exp);
     CHECK_OK(gm_free(exp, a, NULL));
@@ -255,7 +257,9 @@ int main(void)
             all &= same(imp2, got[i].ptr, (unsigned char)(i + off * 7), got[i].size);
         }
         CHECK(all);
+        CHECK_OK(gm_pool_check(exp));
         for (int i = 0; i < NB; i++) CHECK_OK(gm_free(exp, blk[i], NULL)); /* held */
+        CHECK_OK(gm_pool_check(exp));
         CHECK_OK(gm_share_unpublish(srv, "model"));
         CHECK(sstats(exp).held_for_peers_bytes > 0);
         CHECK_OK(gm_share_release(c2, got[0].ptr, NULL));
