@@ -66,7 +66,9 @@ _Static_assert(N_FIELDS <= GM_MON_MAX_FIELDS, "raise GM_MON_MAX_FIELDS");
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static mon_seg_t *seg;
-static double ns_per_tick;       /* read once at attach: no pthread_once per op */
+/* Set at every attach (always the same value), read by publishes under
+ * their pool's lock, not this file's: an atomic, so the two never race. */
+static _Atomic double ns_per_tick;
 static char seg_path[512];
 static bool failure_said;         /* the "no monitor file" note, once */
 
@@ -170,7 +172,7 @@ void gm__monitor_attach(gm_pool_t *pool)
 {
     double npt = gm__ns_per_tick();
     pthread_mutex_lock(&mu);
-    ns_per_tick = npt;
+    atomic_store_explicit(&ns_per_tick, npt, memory_order_relaxed);
     if (!seg) create_locked();
     if (seg) {
         for (int i = 0; i < MON_SLOTS; i++) {
@@ -253,7 +255,8 @@ void gm__monitor_publish_slow_locked(gm_pool_t *pool)
 #define GM__MON_COPY(name, desc) s->values[i++] = st->name;
         GM_STAT_FIELDS(GM__MON_COPY)
 #undef GM__MON_COPY
-        s->values[IDX(backend_ns)] = (uint64_t)((double)atomic_load_explicit(&pool->bk_calls.ticks, memory_order_relaxed) * ns_per_tick) | 1;
+        s->values[IDX(backend_ns)] = (uint64_t)((double)atomic_load_explicit(&pool->bk_calls.ticks, memory_order_relaxed) *
+                                                       atomic_load_explicit(&ns_per_tick, memory_order_relaxed)) | 1;
         s->values[IDX(cached)] = st->reserved - st->active;
     }
     atomic_store_explicit(&s->seq, q + 2, memory_order_release);
