@@ -273,6 +273,9 @@ int main(void)
     /* Another listener on the same path is refused; so is a plain file. */
     gm_share_server_t *srv2 = NULL;
     CHECK_RC(gm_share_listen(exp, path, NULL, &srv2), GM_INVALID_STATE);
+    /* A path that cannot be made: a clear error naming it, nothing left. */
+    CHECK_RC(gm_share_listen(exp, "/nonexistent-gm-share-dir/s.sock", NULL, &srv2), GM_IO);
+    CHECK(strstr(gm_last_error(), "/nonexistent-gm-share-dir/s.sock") != NULL && srv2 == NULL);
 
     /* Teardown: a pool destroyed with servers and clients open. */
     void *e = NULL, *q = NULL;
