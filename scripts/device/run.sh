@@ -101,7 +101,10 @@ phase_env() {
 phase_build() {
     rm -rf "$BUILD_DIR"
     # shellcheck disable=SC2086
-    cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" ${CMAKE_ARGS:-} || return 1
+    # GM_TEST_BACKEND=cuda: ctest sets each test's backend from it (its
+    # default, sim, would override the GPUMEM_TEST_BACKEND exported above).
+    cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DGM_TEST_BACKEND=cuda \
+        ${CMAKE_ARGS:-} || return 1
     cmake --build "$BUILD_DIR" -j "$(nproc)" || return 1
 }
 

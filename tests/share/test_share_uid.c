@@ -2,8 +2,8 @@
 /*
  * test_share_uid.c — who may connect: peers of another user, checked by the
  * socket file's mode and by the server's SO_PEERCRED policy.  Children made
- * with fork() take another uid/gid (so this needs root; skipped otherwise)
- * and make pools of their own:
+ * with fork() before this process touches the device take another uid/gid
+ * (so this needs root; skipped otherwise) and make pools of their own:
  *   - uid nobody against the default policy (socket 0600): GM_DENIED;
  *   - against allow_gid G (socket 0660, group G): a peer whose primary gid is
  *     G is admitted and imports; one that reaches the socket through a
@@ -57,14 +57,39 @@ static void child(const char *path, gid_t gid, long sup, const char *expect_text
     _exit(0);
 }
 
-static int run_child(const char *path, gid_t gid, long sup, const char *expect_text)
+/* A child made before this process touches the device (a CUDA context does
+ * not survive fork()): it waits for a byte on a pipe, then runs child(). */
+typedef struct kid {
+    pid_t pid;
+    int go;
+} kid_t;
+
+static kid_t spawn(const char *path, gid_t gid, long sup, const char *expect_text)
 {
+    kid_t k = {-1, -1};
+    int fd[2];
+    if (pipe(fd) != 0) return k;
     fflush(stdout);
     fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) child(path, gid, sup, expect_text);
+    k.pid = fork();
+    if (k.pid == 0) {
+        char c;
+        close(fd[1]);
+        if (read(fd[0], &c, 1) != 1) _exit(2);
+        child(path, gid, sup, expect_text);
+    }
+    close(fd[0]);
+    k.go = fd[1];
+    return k;
+}
+
+/* Let k go and wait for it: its exit code, -1 when it did not exit. */
+static int run(kid_t k)
+{
     int st = -1;
-    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return -1;
+    if (k.pid < 0 || write(k.go, "g", 1) != 1) return -1;
+    close(k.go);
+    if (waitpid(k.pid, &st, 0) != k.pid || !WIFEXITED(st)) return -1;
     return WEXITSTATUS(st);
 }
 
@@ -80,6 +105,10 @@ int main(void)
     char p1[128], p2[128];
     snprintf(p1, sizeof p1, "%s/default.sock", dir);
     snprintf(p2, sizeof p2, "%s/group.sock", dir);
+
+    kid_t other = spawn(p1, NOBODY, -1, NULL);
+    kid_t member = spawn(p2, GROUP_G, -1, NULL);
+    kid_t sup_only = spawn(p2, GROUP_H, GROUP_G, "may not connect");
 
     gm_pool_t *pool = test_pool(256 * MiB, 0);
     REQUIRE(pool != NULL);
@@ -98,14 +127,14 @@ int main(void)
     CHECK_OK(gm_share_publish(s2, "w", buf, 4 * MiB, GM_SHARE_READ_ONLY, NULL, NULL));
 
     /* Another user, default policy: the socket's mode stops it. */
-    CHECK(run_child(p1, NOBODY, -1, NULL) == 10 + GM_DENIED);
+    CHECK(run(other) == 10 + GM_DENIED);
     /* Primary gid G: admitted, imports, reads. */
-    CHECK(run_child(p2, GROUP_G, -1, NULL) == 0);
+    CHECK(run(member) == 0);
     /* Through a supplementary group only: the file lets it in, the policy
      * (the peer's credentials: uid and primary gid) does not. */
     gm_share_stats_t before = GM_SHARE_STATS_INIT, after = GM_SHARE_STATS_INIT;
     CHECK_OK(gm_share_stats(pool, &before));
-    CHECK(run_child(p2, GROUP_H, GROUP_G, "may not connect") == 10 + GM_DENIED);
+    CHECK(run(sup_only) == 10 + GM_DENIED);
     CHECK_OK(gm_share_stats(pool, &after));
     CHECK(after.peers_refused == before.peers_refused + 1);
     CHECK(after.exported_bytes == 0 && after.imports == 0);
