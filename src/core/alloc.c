@@ -532,27 +532,32 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s
 
 /* ---- free ---------------------------------------------------------------------- */
 
+gm__block_t *gm__block_at_locked(gm_pool_t *pool, uintptr_t p)
+{
+    for (int c = 0; c < GM_CLASS_COUNT; c++) {
+        gm__arena_t *a = &pool->arena[c];
+        if (p < a->base || p >= a->base + a->size) continue;
+        for (gm__block_t *b = a->first; b; b = b->next)
+            if (p >= b->addr && p < b->addr + b->size) return b;
+    }
+    return NULL;
+}
+
 /* Explain why ptr is not a live block of this pool (error path only). */
 static int bad_free(gm_pool_t *pool, void *ptr)
 {
     uintptr_t p = (uintptr_t)ptr;
-    for (int c = 0; c < GM_CLASS_COUNT; c++) {
-        gm__arena_t *a = &pool->arena[c];
-        if (p < a->base || p >= a->base + a->size) continue;
-        for (gm__block_t *b = a->first; b; b = b->next) {
-            if (p < b->addr || p >= b->addr + b->size) continue;
-            if (b->free || b->pending) {
-                if (b->addr == p)
-                    return gm__set_error(GM_DOUBLE_FREE, "gm_free: %p was already freed", ptr);
-                return gm__set_error(GM_DOUBLE_FREE,
-                                     "gm_free: %p lies in free memory (already freed?)", ptr);
-            }
-            return gm__set_error(GM_INVALID_POINTER,
-                                 "gm_free: %p points inside the live block %p of %zu bytes, "
-                                 "not at its start", ptr, (void *)b->addr, b->requested);
-        }
+    gm__block_t *b = gm__block_at_locked(pool, p);
+    if (!b)
+        return gm__set_error(GM_INVALID_POINTER, "gm_free: %p was not allocated by this pool", ptr);
+    if (b->free || b->pending) {
+        if (b->addr == p) return gm__set_error(GM_DOUBLE_FREE, "gm_free: %p was already freed", ptr);
+        return gm__set_error(GM_DOUBLE_FREE, "gm_free: %p lies in free memory (already freed?)",
+                             ptr);
     }
-    return gm__set_error(GM_INVALID_POINTER, "gm_free: %p was not allocated by this pool", ptr);
+    return gm__set_error(GM_INVALID_POINTER,
+                         "gm_free: %p points inside the live block %p of %zu bytes, not at its "
+                         "start", ptr, (void *)b->addr, b->requested);
 }
 
 int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed)

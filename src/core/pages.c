@@ -761,26 +761,23 @@ int gm__pages_prefault_locked(gm_pool_t *pool, size_t bytes)
     return rc;
 }
 
-/* May free physical page id be released now: are the fences of all its
- * mappings passed (no call)? */
 int gm__pages_handles_locked(gm_pool_t *pool, uintptr_t addr, size_t n, gm__phys_t *out)
 {
     for (int c = 0; c < GM_CLASS_COUNT; c++) {
         gm__arena_t *a = &pool->arena[c];
         if (addr < a->base || addr >= a->base + a->size) continue;
-        size_t p0 = (addr - a->base) >> pool->page_shift;
-        if (n > a->npages - p0) break;
-        for (size_t i = 0; i < n; i++) {
-            if (!bit_get(a->owned, p0 + i)) break;
+        size_t p0 = (addr - a->base) >> pool->page_shift, i = 0;
+        for (; i < n && p0 + i < a->npages && bit_get(a->owned, p0 + i); i++)
             out[i] = pool->phys[a->pid[p0 + i]].handle;
-            if (i + 1 == n) return GM_OK;
-        }
+        if (i == n) return GM_OK;
         break;
     }
     return gm__set_error(GM_INTERNAL, "pages: [%#" PRIxPTR ", +%zu pages) is not under live blocks",
                          addr, n);
 }
 
+/* May free physical page id be released now: are the fences of all its
+ * mappings passed (no call)? */
 static bool releasable(gm_pool_t *pool, uint32_t id)
 {
     for (uint32_t g = pool->phys[id].first_va; g != GM_NONE;) {

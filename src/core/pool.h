@@ -420,6 +420,10 @@ void gm__pages_fini(gm_pool_t *pool);
 /* align: GM_ALIGNMENT, or the page size for a block that owns whole pages
  * (gm_alloc_shareable: its size is then rounded up to whole pages). */
 int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s, void **ptr);
+/* The block (live or free) whose range holds address p, NULL when p lies in
+ * no arena of pool: a walk of the arena's blocks (error paths and sharing,
+ * never per operation). */
+gm__block_t *gm__block_at_locked(gm_pool_t *pool, uintptr_t p);
 /* gm__free_locked's answer for a block held by sharing (b->shared): nothing
  * was done; the caller hands the free to gm__share_owner_free.  Never seen
  * outside the library. */

@@ -859,30 +859,25 @@ static int check_name(const char *fn, const char *name, const char *what)
 /* The live block of heap holding [p, p + n) (lock held), or a refusal. */
 static int publishable_locked(gm_pool_t *heap, uintptr_t p, size_t n, gm__block_t **out)
 {
-    for (int c = 0; c < GM_CLASS_COUNT; c++) {
-        gm__arena_t *a = &heap->arena[c];
-        if (p < a->base || p >= a->base + a->size) continue;
-        for (gm__block_t *b = a->first; b; b = b->next) {
-            if (p < b->addr || p >= b->addr + b->size) continue;
-            if (b->free || b->pending || atomic_load(&b->tc_cached))
-                return gm__set_error(GM_INVALID_POINTER, "gm_share_publish: %p lies in free "
-                                     "memory", (void *)p);
-            if (n > b->addr + b->requested - p)
-                return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: [%p, +%zu) goes "
-                                     "past the end of its block (%p, %zu bytes)", (void *)p, n,
-                                     (void *)b->addr, b->requested);
-            uintptr_t lo = p & ~(uintptr_t)(heap->page - 1);
-            uintptr_t hi = GM_ALIGN_UP(p + n, heap->page);
-            if (lo < b->addr || hi > b->addr + b->size)
-                return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: the pages under "
-                                     "[%p, +%zu) hold other blocks too; allocate memory to "
-                                     "publish with gm_alloc_shareable", (void *)p, n);
-            *out = b;
-            return GM_OK;
-        }
-    }
-    return gm__set_error(GM_INVALID_POINTER, "gm_share_publish: %p was not allocated by this "
-                         "pool", (void *)p);
+    gm__block_t *b = gm__block_at_locked(heap, p);
+    if (!b)
+        return gm__set_error(GM_INVALID_POINTER, "gm_share_publish: %p was not allocated by this "
+                             "pool", (void *)p);
+    if (b->free || b->pending || atomic_load(&b->tc_cached))
+        return gm__set_error(GM_INVALID_POINTER, "gm_share_publish: %p lies in free memory",
+                             (void *)p);
+    if (n > b->addr + b->requested - p)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: [%p, +%zu) goes past the "
+                             "end of its block (%p, %zu bytes)", (void *)p, n, (void *)b->addr,
+                             b->requested);
+    uintptr_t lo = p & ~(uintptr_t)(heap->page - 1);
+    uintptr_t hi = GM_ALIGN_UP(p + n, heap->page);
+    if (lo < b->addr || hi > b->addr + b->size)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: the pages under [%p, +%zu) "
+                             "hold other blocks too; allocate memory to publish with "
+                             "gm_alloc_shareable", (void *)p, n);
+    *out = b;
+    return GM_OK;
 }
 
 int gm_share_publish_ranges(gm_share_server_t *srv, const char *name,
@@ -929,19 +924,32 @@ int gm_share_publish_ranges(gm_share_server_t *srv, const char *name,
                            name);
         goto out;
     }
-    /* Every range is checked first; then all are held at once. */
+    /* Each range is checked and held under its heap's lock, so no gm_free
+     * can come between the two; a refused range lets go of those before. */
+    hold_t *undone = NULL;
     size_t i;
-    for (i = 0; i < n && rc == GM_OK; i++) {
+    for (i = 0; i < n; i++) {
         uintptr_t ptr = (uintptr_t)ranges[i].ptr;
         gm_pool_t *heap = gm__heap_of(root, ranges[i].ptr);
         gm__lock(&heap->lock);
         gm__block_t *b = NULL;
         rc = publishable_locked(heap, ptr, ranges[i].size, &b);
+        hold_t *h = rc == GM_OK ? hold_find(root, b->addr) : NULL;
+        if (h && h->owner_freed)
+            rc = gm__set_error(GM_INVALID_POINTER, "gm_share_publish: %p was freed",
+                               ranges[i].ptr);
         if (rc == GM_OK) {
-            hold_t *h = hold_find(root, b->addr);
-            if (h && h->owner_freed)
-                rc = gm__set_error(GM_INVALID_POINTER, "gm_share_publish: %p was freed",
-                                   ranges[i].ptr);
+            if (!h) {
+                h = fresh[i];
+                fresh[i] = NULL;
+                *h = (hold_t){.next = g_holds, .root = root, .heap = heap, .base = b->addr,
+                              .bytes = b->size};
+                g_holds = h;
+            }
+            h->refs++; /* the publication's reference on this range */
+            b->shared = 1;
+            /* A thread cache that knew the block must ask the locked path now. */
+            atomic_store_explicit(&b->tc_gen, ++heap->tc_next, memory_order_release);
         }
         gm__unlock(&heap->lock);
         if (rc != GM_OK) break;
@@ -951,7 +959,7 @@ int gm_share_publish_ranges(gm_share_server_t *srv, const char *name,
         g->size = ranges[i].size;
         g->npages = (GM_ALIGN_UP(ptr + g->size, page) - g->va0) / page;
         g->page_first = sh->npages;
-        g->hold = (hold_t *)heap; /* the heap, until the hold is found below */
+        g->hold = h;
         sh->npages += g->npages;
         sh->bytes += g->size;
     }
@@ -961,31 +969,13 @@ int gm_share_publish_ranges(gm_share_server_t *srv, const char *name,
             snprintf(why, sizeof why, "%s", gm_last_error());
             gm__set_error(rc, "range %zu: %s", i, why);
         }
-        goto out;
-    }
-    for (i = 0; i < n; i++) {
-        range_t *g = &sh->r[i];
-        gm_pool_t *heap = (gm_pool_t *)g->hold;
-        gm__lock(&heap->lock);
-        gm__block_t *b = NULL;
-        rc = publishable_locked(heap, g->ptr, g->size, &b); /* still so: g_mu is held */
-        gm_assert(rc == GM_OK);
-        hold_t *h = hold_find(root, b->addr);
-        if (!h) {
-            h = fresh[i];
-            fresh[i] = NULL;
-            *h = (hold_t){.next = g_holds, .root = root, .heap = heap, .base = b->addr,
-                          .bytes = b->size};
-            g_holds = h;
-        }
-        b->shared = 1;
-        /* A thread cache that knew the block must ask the locked path now. */
-        atomic_store_explicit(&b->tc_gen, ++heap->tc_next, memory_order_release);
-        gm__unlock(&heap->lock);
-        g->hold = h;
+        for (size_t k = 0; k < i; k++) hold_unref(sh->r[k].hold, &undone);
+        pthread_mutex_unlock(&g_mu);
+        holds_free(undone); /* none was freed by its owner: only records */
+        goto out_free;
     }
     sh->n = n;
-    shape_ref(sh); /* the publication's reference */
+    sh->refs = 1; /* the publication (its hold references were taken above) */
     snprintf(pub->name, sizeof pub->name, "%s", name);
     if (token) snprintf(pub->token, sizeof pub->token, "%s", token);
     pub->access = access;
@@ -1214,6 +1204,26 @@ static void send_release(gm_share_client_t *cli, uint64_t id)
     if (msg_send(cli->fd, &m, NULL, 0, MSG_DONTWAIT) != GM_OK) gm__clear_error();
 }
 
+/* Undo an import's address range of npages: its first nmapped pages
+ * mapped, its first nh handles made.  The first failure's status (its
+ * message set); the rest is undone all the same. */
+static int unmap_import(gm_pool_t *pool, uintptr_t va, size_t npages, const gm__phys_t *h,
+                        size_t nmapped, size_t nh)
+{
+    int rc = GM_OK, r2;
+    size_t page = pool->page;
+    for (size_t i = 0; i < nmapped; i++) {
+        GM_BK(r2, pool, unmap, (pool->bk, va + i * page, page));
+        if (r2 != GM_OK && rc == GM_OK) rc = r2;
+    }
+    for (size_t i = 0; i < nh; i++) {
+        GM_BK(r2, pool, phys_release, (pool->bk, h[i]));
+        if (r2 != GM_OK && rc == GM_OK) rc = r2;
+    }
+    GM_BK(r2, pool, va_free, (pool->bk, va, npages * page));
+    return rc != GM_OK ? rc : r2;
+}
+
 /* The import itself, client mutex held. */
 static int import_locked(gm_share_client_t *cli, const char *name, const char *token,
                          imp_t **out)
@@ -1348,19 +1358,7 @@ fail:
     if (va) {
         char why[GM__SHARE_TEXT_MAX];
         snprintf(why, sizeof why, "%s", gm_last_error());
-        for (size_t i = 0; i < nmapped; i++) {
-            int r2;
-            GM_BK(r2, pool, unmap, (pool->bk, va + i * page, page));
-            (void)r2;
-        }
-        for (size_t i = 0; i < nh; i++) {
-            int r2;
-            GM_BK(r2, pool, phys_release, (pool->bk, h[i]));
-            (void)r2;
-        }
-        int r2;
-        GM_BK(r2, pool, va_free, (pool->bk, va, bytes));
-        (void)r2;
+        unmap_import(pool, va, npages, h, nmapped, nh);
         gm__set_error(rc, "%s", why);
     }
     send_release(cli, id);
@@ -1446,18 +1444,8 @@ int gm_share_import_ranges(gm_share_client_t *cli, const char *name, const char 
 static int imp_destroy(gm_share_client_t *cli, imp_t *imp)
 {
     gm_pool_t *pool = cli->root;
-    int rc = GM_OK;
     size_t page = pool->page;
-    for (size_t i = 0; i < imp->npages; i++) {
-        int r2;
-        GM_BK(r2, pool, unmap, (pool->bk, imp->va + i * page, page));
-        if (r2 != GM_OK && rc == GM_OK) rc = r2;
-        GM_BK(r2, pool, phys_release, (pool->bk, imp->handles[i]));
-        if (r2 != GM_OK && rc == GM_OK) rc = r2;
-    }
-    int r2;
-    GM_BK(r2, pool, va_free, (pool->bk, imp->va, imp->npages * page));
-    if (r2 != GM_OK && rc == GM_OK) rc = r2;
+    int rc = unmap_import(pool, imp->va, imp->npages, imp->handles, imp->npages, imp->npages);
     send_release(cli, imp->id);
     pthread_mutex_lock(&g_mu);
     cli->imports--;
