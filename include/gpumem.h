@@ -126,7 +126,7 @@ GM_API int gm_call_from_name(const char *name);
 
 typedef struct gm_pool gm_pool_t;
 
-#define GM_POOL_CONFIG_VERSION 3
+#define GM_POOL_CONFIG_VERSION 4
 
 typedef struct gm_pool_config {
     size_t size;                /* sizeof(gm_pool_config_t) */
@@ -165,16 +165,24 @@ typedef struct gm_pool_config {
      * leak checking or tracing is on at creation, or with
      * GM_POOL_SYSMEM_FALLBACK.  0: GPUMEM_HEAPS. */
     unsigned heaps;
+    /* Version 4: a machine broker (`gpumem broker`, docs/broker.md).  A
+     * socket path here makes the pool lease its physical pages from the
+     * broker instead of making them with the driver, so the broker's tenant
+     * quota applies; "" (the default): the driver.  gm_pool_create fails
+     * when the broker cannot be reached or refuses the process.  With
+     * GM_POOL_CONFIG_INIT: GPUMEM_BROKER through gm_config_from_env. */
+    char broker[108];
+    size_t broker_lease;        /* bytes per lease request; 0: 64 MiB (GPUMEM_BROKER_LEASE) */
 } gm_pool_config_t;
 
 #define GM_POOL_CONFIG_INIT                                                    \
     { sizeof(gm_pool_config_t), GM_POOL_CONFIG_VERSION, GM_BACKEND_AUTO, 0,    \
-      0, 0, SIZE_MAX, 0, 0u, 0u, 0, 0.015625, 0.018, 1.0, 1u }
+      0, 0, SIZE_MAX, 0, 0u, 0u, 0, 0.015625, 0.018, 1.0, 1u, "", 0 }
 
 /* Fill *cfg with the defaults, overridden by the environment (GPUMEM_BACKEND,
  * GPUMEM_LIMIT, GPUMEM_SIM_CAPACITY, GPUMEM_RELEASE_THRESHOLD, GPUMEM_DEVICE,
  * GPUMEM_RESERVE_SLACK, GPUMEM_RESERVE_SLACK_MAX, GPUMEM_CHURN_TARGET,
- * GPUMEM_HEAPS; the
+ * GPUMEM_HEAPS, GPUMEM_BROKER, GPUMEM_BROKER_LEASE; the
  * whole table: gpumem info --options). */
 GM_API int gm_config_from_env(gm_pool_config_t *cfg);
 

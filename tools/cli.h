@@ -40,6 +40,9 @@ void gm_cli_top_usage(FILE *out);
 int gm_cli_metrics(int argc, char **argv);    /* metrics.c */
 void gm_cli_metrics_usage(FILE *out);
 
+int gm_cli_broker(int argc, char **argv);     /* lib/broker.c */
+void gm_cli_broker_usage(FILE *out);
+
 /* ---- shared helpers (gpumem.c) ---------------------------------------- */
 
 /* The value of option `name` at argv[*i]: "--name=VALUE" or "--name VALUE"

@@ -36,6 +36,8 @@ static const command_t commands[] = {
     {"top", gm_cli_top, gm_cli_top_usage, "live view of every process using gpumem"},
     {"metrics", gm_cli_metrics, gm_cli_metrics_usage,
      "print every gpumem process's counters in Prometheus text format"},
+    {"broker", gm_cli_broker, gm_cli_broker_usage,
+     "own a GPU's memory and lease it to processes within tenant quotas"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

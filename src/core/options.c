@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +33,7 @@ typedef enum {
     T_MALLOC_FAIL_NTH, /* not a config field: arms gm__malloc_fail_nth once */
     /* process rows: every value is accepted */
     T_PATH,            /* a string */
+    T_CFG_PATH,        /* a socket path copied into a config char array */
     T_SWITCH,          /* "0": 0, anything else: 1 */
     T_LEAK,            /* "0": 0, "error": 2, anything else: 1 */
     T_TORCH_OOM        /* "null": 1, anything else: 0 (throw) */
@@ -66,6 +68,12 @@ static const gm__option_t table[GM_OPT_COUNT] = {
                       "heaps threads allocate from (1 to 64; 1: one lock, the least memory; "
                       "more: threads allocating at once do not wait for each other)",
                       CFG(heaps)},
+    [GM_OPT_BROKER] = {"GPUMEM_BROKER", T_CFG_PATH, "",
+                       "socket of a gpumem broker to lease physical pages from (empty: make "
+                       "them with the driver)", CFG(broker)},
+    [GM_OPT_BROKER_LEASE] = {"GPUMEM_BROKER_LEASE", T_SIZE, "64MiB",
+                             "bytes leased from the broker per request (one to 64 pages)",
+                             CFG(broker_lease)},
     [GM_OPT_SIM_CAPACITY] = {"GPUMEM_SIM_CAPACITY", T_SIZE, "80GiB",
                              "device size of the sim backend", CFG(sim_capacity)},
     [GM_OPT_SYSMEM_FALLBACK] = {"GPUMEM_SYSMEM_FALLBACK", T_SYSMEM_FLAG, "0",
@@ -184,6 +192,9 @@ static int parse(const gm__option_t *o, const char *v, uint64_t *out)
         return GM_OK;
     }
     case T_PATH: *out = 0; return GM_OK;
+    case T_CFG_PATH:
+        *out = 0;
+        return strlen(v) < sizeof(((gm_pool_config_t *)0)->broker) ? GM_OK : GM_INVALID_ARGUMENT;
     case T_SWITCH: *out = strcmp(v, "0") != 0; return GM_OK;
     case T_LEAK: *out = !strcmp(v, "0") ? 0 : !strcmp(v, "error") ? 2 : 1; return GM_OK;
     case T_TORCH_OOM: *out = strcmp(v, "null") == 0; return GM_OK;
@@ -214,6 +225,11 @@ static void apply(const gm__option_t *o, uint64_t x, gm_pool_config_t *d)
         if (x) *(unsigned *)(void *)base |= GM_POOL_SYSMEM_FALLBACK;
         else *(unsigned *)(void *)base &= ~GM_POOL_SYSMEM_FALLBACK;
         break;
+    case T_CFG_PATH: {
+        const char *v = getenv(o->name);
+        snprintf(base, sizeof(((gm_pool_config_t *)0)->broker), "%s", v ? v : "");
+        break;
+    }
     case T_MALLOC_FAIL_NTH: {
         static atomic_flag armed = ATOMIC_FLAG_INIT;
         if (x != 0 && !atomic_flag_test_and_set(&armed)) gm__malloc_fail_nth((unsigned long)x);

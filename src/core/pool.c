@@ -43,6 +43,7 @@
 #include "core/options.h"
 #include "core/pool.h"
 #include "share/share.h"
+#include "broker/broker.h"
 
 /* ---- creation and teardown ------------------------------------------------- */
 
@@ -57,6 +58,9 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
     memcpy(&d, in, in->size < sizeof d ? in->size : sizeof d);
     d.size = sizeof d;
     d.version = GM_POOL_CONFIG_VERSION;
+    if (!memchr(d.broker, '\0', sizeof d.broker))
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: config's broker path is not "
+                             "terminated within %zu bytes", sizeof d.broker);
     if (d.backend != GM_BACKEND_AUTO && d.backend != GM_BACKEND_SIM && d.backend != GM_BACKEND_CUDA)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: unknown backend %d",
                              (int)d.backend);
@@ -173,6 +177,12 @@ static void pool_teardown(gm_pool_t *pool, uint64_t *blocks, uint64_t *bytes)
     gm__host_fini(pool);
     gm__lock(&pool->lock);
     gm__pool_core_fini_locked(pool, blocks, bytes);
+    if (pool->provider.ops && pool->provider.ops->destroy) {
+        gm__unlock(&pool->lock);
+        pool->provider.ops->destroy(pool->provider.ctx);
+        gm__lock(&pool->lock);
+        pool->provider.ops = NULL;
+    }
     if (pool->bk) pool->ops->close(pool->bk);
     gm__unlock(&pool->lock);
     pthread_mutex_destroy(&pool->heaps_mu);
@@ -232,6 +242,8 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     }
     pool->page_shift = (unsigned)__builtin_ctzll(pool->page);
     gm__provider_local_init(&pool->provider, pool);
+    if (pool->cfg.broker[0])
+        GM_CHECK_GOTO(gm__broker_provider_init(&pool->provider, pool), rc, fail);
     pool->limit = pool->info.total_memory;
     if (pool->cfg.limit && pool->cfg.limit < pool->limit) pool->limit = pool->cfg.limit;
     pool->slack_eff = pool->cfg.reserve_slack;
@@ -607,6 +619,8 @@ int gm_trim(gm_pool_t *pool, size_t keep, size_t *released)
         VALIDATE_LOCKED(h);
         gm__unlock(&h->lock);
     }
+    /* A broker's leased pages kept aside go back too. */
+    if (pool->provider.ops->flush) pool->provider.ops->flush(pool->provider.ctx);
     if (released) *released = total;
     return rc;
 }

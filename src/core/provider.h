@@ -26,20 +26,21 @@
  *     phys_create / phys_release per page through GM_BK, so the backend call
  *     counts and the fault injection (fail_nth on phys_create/phys_release)
  *     are exactly those of the page layer before the seam existed.
- *   - broker (planned, issue 13): ctx holds a Unix socket to the machine's
- *     broker and a local stock of leased handles; obtain serves from the
- *     stock and leases many pages per round trip when it runs dry (import_fd
- *     of each descriptor received), give_back returns handles to the stock
- *     and gives whole leases back past a watermark; a quota refusal is
- *     GM_LIMIT and describe names the tenant.  The broker's requests to give
- *     cached pages back arrive on the provider's own thread, which takes the
- *     pool lock and trims (gm__pages_trim_locked) like gm_trim does.
+ *   - broker (src/broker/client.c): ctx holds the Unix sockets to the
+ *     machine's broker and a local stock of leased handles; obtain serves
+ *     from the stock and leases many pages per round trip when it runs dry
+ *     (import_fd of each descriptor received), give_back returns handles to
+ *     the stock and gives the oldest back past two leases; a quota refusal
+ *     is GM_LIMIT and describe names the tenant.  The broker's requests to
+ *     give cached pages back arrive on the provider's own thread, which
+ *     takes each heap's lock and trims (gm__pages_trim_locked).  All heaps
+ *     of a pool share the root's broker provider.
  *   - sharing (src/share/) needs no provider: pages imported from another
  *     process are made with import_fd into an address range of the importer's
  *     own, outside the arenas; exported pages stay under live (held) blocks,
  *     which trim, thinning and page moves never touch.
- * Selecting one will be a pool-config field or GPUMEM_BROKER read where the
- * pool is created; today gm_pool_create installs the local provider.
+ * gm_pool_create installs the broker provider when the config names a
+ * broker socket (cfg.broker, GPUMEM_BROKER), the local one otherwise.
  */
 #ifndef GM_PROVIDER_H
 #define GM_PROVIDER_H
@@ -68,6 +69,12 @@ typedef struct gm__page_provider_ops {
      * happened, for the OOM message ("tenant 'ci' over quota ..."), into
      * buf[cap]; "" when there is nothing to say. */
     void (*describe)(void *ctx, char *buf, size_t cap);
+    /* Optional: give back whatever the provider keeps aside (the broker's
+     * stock of leased pages), at gm_trim.  Called without any pool lock. */
+    void (*flush)(void *ctx);
+    /* Optional: at pool destroy, after every page was given back and before
+     * the backend closes.  No pool lock held. */
+    void (*destroy)(void *ctx);
 } gm__page_provider_ops_t;
 
 /* A provider and its context, held by value in the pool. */

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "broker/broker.h"
 #include "observe/observe.h"
 
 /* ---- handlers ------------------------------------------------------------------ */
@@ -81,7 +82,9 @@ int gm__oom_report_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, int 
                           const char *reason)
 {
     /* GM_LIMIT only for a limit the user set; the device's size is OOM. */
-    int status = rc == GM_LIMIT && pool->cfg.limit ? GM_LIMIT : GM_OUT_OF_MEMORY;
+    /* A broker's tenant quota is a limit set too (by the machine's admin). */
+    bool broker = gm__broker_provider_is(&pool->provider);
+    int status = rc == GM_LIMIT && (pool->cfg.limit || broker) ? GM_LIMIT : GM_OUT_OF_MEMORY;
     if (reason && !strncmp(reason, "gm_alloc: ", 10)) reason += 10;
     pool->st.oom_count++;
     gm__trace_record_locked(pool, GM__TRACE_ALLOC_FAIL, 0, size, stream);
@@ -124,6 +127,17 @@ int gm__oom_report_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, int 
         put(&o, "  limit %s (pool limit)\n", gm__fmt_bytes(pool->limit, b1, sizeof b1));
     else
         put(&o, "  limit none (device memory, %s)\n", gm__fmt_bytes(pool->limit, b1, sizeof b1));
+    if (broker) {
+        gm__broker_client_stats_t bs;
+        gm__broker_provider_stats(&pool->provider, &bs);
+        char b2[32], b3[32], b4[32];
+        put(&o, "  broker %s: tenant '%s', quota %s, the tenant holds %s, this process %s "
+            "(%llu leased pages kept aside)\n", pool->cfg.broker, bs.tenant,
+            bs.quota == UINT64_MAX ? "none" : gm__fmt_bytes(bs.quota, b2, sizeof b2),
+            gm__fmt_bytes(bs.tenant_used, b3, sizeof b3),
+            gm__fmt_bytes((bs.held_pages + bs.stock_pages) * pool->page, b4, sizeof b4),
+            (unsigned long long)bs.stock_pages);
+    }
     put(&o, "  reserve slack %.4f in force (from %.4f, up to %.4f; GPUMEM_RESERVE_SLACK[_MAX])\n",
         pool->slack_eff, pool->cfg.reserve_slack, pool->cfg.reserve_slack_max);
     put(&o, "  live allocations %llu; the largest:\n", (unsigned long long)st.live_blocks);

@@ -44,7 +44,9 @@
 
 #include "core/pool.h"
 #include "observe/observe.h"
+#include "broker/broker.h"
 #include "share/share.h"
+#include "share/wire.h"
 
 /* A connected client that sends nothing for this long while the server
  * waits on it is not waited for; a client waits this long for an answer. */
@@ -168,31 +170,11 @@ static void msg_init(gm__share_msg_t *m, int type)
 
 static bool terminated(const char *s, size_t cap) { return memchr(s, '\0', cap) != NULL; }
 
-/* Send m with fds[0..nfds) attached.  flags: MSG_DONTWAIT for the server. */
+/* One message with fds[0..nfds) attached (wire.h).  flags: MSG_DONTWAIT
+ * for the server. */
 static int msg_send(int fd, const gm__share_msg_t *m, const int *fds, size_t nfds, int flags)
 {
-    struct iovec iov = {.iov_base = (void *)m, .iov_len = sizeof *m};
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * GM__SHARE_FDS_MAX)];
-        struct cmsghdr align;
-    } u;
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (nfds) {
-        memset(&u, 0, sizeof u);
-        mh.msg_control = u.buf;
-        mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-        memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
-    }
-    ssize_t n;
-    do n = sendmsg(fd, &mh, flags | MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    if (n == (ssize_t)sizeof *m) return GM_OK;
-    return gm__set_error(GM_IO, "share: send failed: %s",
-                         n < 0 ? strerror(errno) : "short message");
+    return gm__wire_send(fd, m, sizeof *m, fds, nfds, flags, "share");
 }
 
 /* Receive one message; descriptors attached go to fds[0..*nfds) (cap of
@@ -200,45 +182,13 @@ static int msg_send(int fd, const gm__share_msg_t *m, const int *fds, size_t nfd
  * GM_OK, GM_IO (closed: *closed set; or an error), GM_PARSE (malformed). */
 static int msg_recv(int fd, gm__share_msg_t *m, int *fds, size_t cap, size_t *nfds, bool *closed)
 {
-    struct iovec iov = {.iov_base = m, .iov_len = sizeof *m};
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * GM__SHARE_FDS_MAX)];
-        struct cmsghdr align;
-    } u;
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-                        .msg_controllen = sizeof u.buf};
-    *nfds = 0;
-    *closed = false;
-    ssize_t n;
-    do n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
-    if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return gm__set_error(GM_IO, "share: no answer in %d s", SHARE_TIMEOUT_S);
-        if (errno == ECONNRESET) *closed = true;
-        return gm__set_error(GM_IO, "share: receive failed: %s", strerror(errno));
-    }
-    bool bad = false;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        int *in = (int *)CMSG_DATA(c);
-        for (size_t i = 0; i < k; i++) {
-            if (fds && *nfds < cap) fds[(*nfds)++] = in[i];
-            else { close(in[i]); bad = true; }
-        }
-    }
-    if (n == 0) {
-        *closed = true;
-        return gm__set_error(GM_IO, "share: the other side closed the connection");
-    }
-    if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) bad = true;
-    if (bad || n != (ssize_t)sizeof *m || m->magic != GM__SHARE_MAGIC ||
-        m->version != GM__SHARE_VERSION || !terminated(m->name, sizeof m->name) ||
-        !terminated(m->token, sizeof m->token) || !terminated(m->text, sizeof m->text)) {
+    GM_CHECK(gm__wire_recv(fd, m, sizeof *m, fds, cap, nfds, closed, SHARE_TIMEOUT_S, "share"));
+    if (m->magic != GM__SHARE_MAGIC || m->version != GM__SHARE_VERSION ||
+        !terminated(m->name, sizeof m->name) || !terminated(m->token, sizeof m->token) ||
+        !terminated(m->text, sizeof m->text)) {
         for (size_t i = 0; i < *nfds; i++) close(fds[i]);
         *nfds = 0;
-        return gm__set_error(GM_PARSE, "share: malformed message (%zd bytes)", n);
+        return gm__set_error(GM_PARSE, "share: malformed message (bad magic, version or text)");
     }
     return GM_OK;
 }
@@ -714,48 +664,9 @@ static void *server_main(void *arg)
     return NULL;
 }
 
-/* path free for a new socket: nothing there, or a stale socket of ours. */
-static int claim_path(const char *path)
-{
-    struct stat st;
-    if (lstat(path, &st) != 0) {
-        if (errno == ENOENT) return GM_OK;
-        return gm__set_error(GM_IO, "gm_share_listen: %s: %s", path, strerror(errno));
-    }
-    if (!S_ISSOCK(st.st_mode))
-        return gm__set_error(GM_INVALID_STATE, "gm_share_listen: %s exists and is not a socket",
-                             path);
-    if (st.st_uid != geteuid())
-        return gm__set_error(GM_INVALID_STATE, "gm_share_listen: %s is a socket of uid %u",
-                             path, (unsigned)st.st_uid);
-    /* Non-blocking: a listener whose queue is full answers EAGAIN at once
-     * instead of holding the probe (it is alive, so the path is taken). */
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return gm__set_error(GM_IO, "gm_share_listen: socket: %s", strerror(errno));
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    memcpy(a.sun_path, path, strlen(path) + 1);
-    int c = connect(fd, (struct sockaddr *)&a, sizeof a);
-    int err = errno;
-    close(fd);
-    if (c == 0 || err == EAGAIN || err == EINPROGRESS)
-        return gm__set_error(GM_INVALID_STATE, "gm_share_listen: a server is listening on %s",
-                             path);
-    if (err != ECONNREFUSED)
-        return gm__set_error(GM_INVALID_STATE, "gm_share_listen: %s: %s", path, strerror(err));
-    if (unlink(path) != 0 && errno != ENOENT)
-        return gm__set_error(GM_IO, "gm_share_listen: removing the stale %s: %s", path,
-                             strerror(errno));
-    return GM_OK;
-}
+static int claim_path(const char *path) { return gm__wire_claim_path("gm_share_listen", path); }
 
-static int check_path(const char *fn, const char *path)
-{
-    if (!path || !*path) return gm__set_error(GM_INVALID_ARGUMENT, "%s: empty socket path", fn);
-    if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
-        return gm__set_error(GM_INVALID_ARGUMENT, "%s: socket path longer than %zu bytes", fn,
-                             sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
-    return GM_OK;
-}
+static int check_path(const char *fn, const char *path) { return gm__wire_check_path(fn, path); }
 
 int gm_share_listen(gm_pool_t *pool, const char *path, const gm_share_policy_t *policy,
                     gm_share_server_t **server)
@@ -900,6 +811,12 @@ int gm_share_publish_ranges(gm_share_server_t *srv, const char *name,
     gm_pool_t *root = known ? srv->root : NULL;
     pthread_mutex_unlock(&g_mu);
     if (!known) return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: not an open server");
+    /* A broker hands this process's pages to another tenant once it lets
+     * them go or dies; a peer's mapping of them would outlive that. */
+    if (gm__broker_provider_is(&root->provider))
+        return gm__set_error(GM_NOT_SUPPORTED, "gm_share_publish: the pool leases its pages from "
+                             "a broker, which gives them to other tenants after this process; "
+                             "publish from a pool without a broker");
     /* What was written on stream is in memory before anyone can map it. */
     GM_CHECK(gm_stream_synchronize(root, stream));
 
@@ -1118,33 +1035,19 @@ int gm_share_connect(gm_pool_t *pool, const char *path, gm_share_client_t **clie
     *client = NULL;
     GM_CHECK(gm__pool_resolve(&pool, __func__));
     GM_CHECK(check_path(__func__, path));
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (fd < 0) return gm__set_error(GM_IO, "gm_share_connect: socket: %s", strerror(errno));
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    memcpy(a.sun_path, path, strlen(path) + 1);
-    int rc = GM_OK;
-    /* Timeouts first: they also bound connect() to a server whose queue is
-     * full. */
-    struct timeval tv = {.tv_sec = SHARE_TIMEOUT_S};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        rc = gm__set_error(errno == EACCES ? GM_DENIED : GM_IO, "gm_share_connect: %s: %s",
-                           path, strerror(errno));
+    int fd;
+    GM_CHECK(gm__wire_connect("gm_share_connect", path, SHARE_TIMEOUT_S, &fd));
+    int rc;
+    uid_t peer_uid;
+    rc = gm__wire_peer(fd, NULL, &peer_uid, NULL);
+    if (rc != GM_OK) {
         close(fd);
         return rc;
     }
-    struct ucred cr;
-    socklen_t len = sizeof cr;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) {
-        rc = gm__set_error(GM_IO, "gm_share_connect: SO_PEERCRED: %s", strerror(errno));
-        close(fd);
-        return rc;
-    }
-    if (cr.uid != geteuid() && cr.uid != 0) {
+    if (peer_uid != geteuid() && peer_uid != 0) {
         close(fd);
         return gm__set_error(GM_DENIED, "gm_share_connect: the server on %s runs as uid %u, "
-                             "not as this process's uid %u (nor root)", path, (unsigned)cr.uid,
+                             "not as this process's uid %u (nor root)", path, (unsigned)peer_uid,
                              (unsigned)geteuid());
     }
     gm_share_client_t *cli = gm__calloc(1, sizeof *cli);

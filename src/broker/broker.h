@@ -1,0 +1,38 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * broker.h — the broker page provider's hooks (client.c); the wire format
+ * is proto.h, the daemon tools/lib/broker.c, the user's side docs/broker.md.
+ */
+#ifndef GM_BROKER_H
+#define GM_BROKER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/provider.h"
+
+/* Bytes asked for per lease when the pool's config says 0. */
+#define GM__BROKER_LEASE_DEFAULT ((size_t)64 << 20)
+
+typedef struct gm__broker_client gm__broker_client_t;
+
+typedef struct gm__broker_client_stats {
+    bool connected;
+    uint64_t stock_pages;    /* leased, not held by the pool */
+    uint64_t held_pages;     /* held by the pool */
+    uint64_t quota;          /* the tenant's, bytes (as of the last answer) */
+    uint64_t tenant_used;    /* the tenant's use, bytes (idem) */
+    uint64_t leases, leased_pages, returned_pages, reclaims, lease_ns;
+    char tenant[64];
+} gm__broker_client_stats_t;
+
+/* Install the broker provider in pool (the root; cfg.broker names the
+ * socket): connects, says hello, starts the events thread.  On failure the
+ * pool keeps its provider and the error says why (GM_IO: no broker there;
+ * GM_DENIED: refused; GM_INVALID_STATE: another page size). */
+int gm__broker_provider_init(gm__page_provider_t *p, gm_pool_t *pool);
+bool gm__broker_provider_is(const gm__page_provider_t *p);
+/* Zeroes for another provider. */
+void gm__broker_provider_stats(const gm__page_provider_t *p, gm__broker_client_stats_t *s);
+
+#endif /* GM_BROKER_H */

@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_broker_api.c — one process against a broker: leases, the quota
+ * refusal through the OOM path, trim, the stock, pool destroy, a pool with
+ * heaps, a broker that is not there, and sharing refused on leased pages.
+ */
+#include "test.h"
+#include "broker_util.h"
+
+static char g_tenant[64];
+
+int main(void)
+{
+    test_broker_t b;
+    tb_init(&b);
+    snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());
+    tb_config(&b, "1GiB", "default_quota = 256MiB\nkeep_free = 64MiB\n");
+    tb_start(&b);
+
+    /* No broker at a path: pool creation fails and says so. */
+    {
+        gm_pool_config_t cfg;
+        gm_config_from_env(&cfg);
+        snprintf(cfg.broker, sizeof cfg.broker, "%.60s/none.sock", b.dir);
+        gm_pool_t *p = NULL;
+        CHECK_RC(gm_pool_create(&cfg, &p), GM_IO);
+        CHECK(strstr(gm_last_error(), "none.sock") != NULL);
+    }
+
+    gm_pool_t *pool = NULL;
+    CHECK_OK(tb_pool(&b, 16 * MiB, &pool));
+    void *p = NULL;
+    CHECK_OK(gm_alloc(pool, 4 * MiB, NULL, &p));
+    memset(p, 0x5a, 4 * MiB);
+    gm_broker_tenant_t t = tb_tenant(&b, g_tenant);
+    CHECK(t.used == 16 * MiB); /* one lease */
+    CHECK(t.quota == 256 * MiB);
+    CHECK(t.clients == 1);
+
+    /* Up to the quota, then the quota refusal, through gm_alloc's OOM path. */
+    void *q = NULL;
+    CHECK_OK(gm_alloc(pool, 200 * MiB, NULL, &q));
+    void *r = NULL;
+    CHECK_RC(gm_alloc(pool, 64 * MiB, NULL, &r), GM_LIMIT);
+    CHECK(strstr(gm_last_error(), "over its quota") != NULL);
+    CHECK(strstr(gm_last_error(), g_tenant) != NULL);
+    t = tb_tenant(&b, g_tenant);
+    CHECK(t.used <= 256 * MiB);
+    CHECK(t.refusals >= 1);
+    CHECK_OK(gm_pool_check(pool));
+
+    /* Free and trim: everything goes back to the broker. */
+    CHECK_OK(gm_free(pool, q, NULL));
+    size_t released = 0;
+    CHECK_OK(gm_trim(pool, 0, &released));
+    t = tb_tenant(&b, g_tenant);
+    CHECK(t.used == 4 * MiB || t.used == 2 * MiB * ((4 * MiB + 2 * MiB - 1) / (2 * MiB)));
+    /* The first block still holds its data. */
+    CHECK(((unsigned char *)p)[4 * MiB - 1] == 0x5a);
+    CHECK_OK(gm_free(pool, p, NULL));
+    CHECK_OK(gm_trim(pool, 0, NULL));
+    t = tb_tenant(&b, g_tenant);
+    CHECK(t.used == 0);
+
+    /* Sharing leased pages is refused. */
+    {
+        void *s = NULL;
+        CHECK_OK(gm_alloc_shareable(pool, 2 * MiB, NULL, &s));
+        char path[100];
+        snprintf(path, sizeof path, "%.60s/share.sock", b.dir);
+        gm_share_server_t *srv = NULL;
+        CHECK_OK(gm_share_listen(pool, path, NULL, &srv));
+        CHECK_RC(gm_share_publish(srv, "x", s, 2 * MiB, GM_SHARE_READ_WRITE, NULL, NULL),
+                 GM_NOT_SUPPORTED);
+        CHECK_OK(gm_share_close(srv));
+        CHECK_OK(gm_free(pool, s, NULL));
+    }
+
+    gm_pool_destroy(pool);
+    WAIT_FOR(tb_tenant(&b, g_tenant).clients == 0, 2000);
+    t = tb_tenant(&b, g_tenant);
+    CHECK(t.used == 0 && t.clients == 0);
+
+    /* Heaps share one connection. */
+    {
+        gm_pool_config_t cfg;
+        gm_config_from_env(&cfg);
+        snprintf(cfg.broker, sizeof cfg.broker, "%s", b.sock);
+        cfg.heaps = 4;
+        gm_pool_t *hp = NULL;
+        CHECK_OK(gm_pool_create(&cfg, &hp));
+        void *a = NULL;
+        CHECK_OK(gm_alloc(hp, 8 * MiB, NULL, &a));
+        CHECK_OK(gm_free(hp, a, NULL));
+        CHECK_OK(gm_pool_check(hp));
+        gm_pool_destroy(hp);
+        WAIT_FOR(tb_tenant(&b, g_tenant).clients == 0, 2000);
+        CHECK(tb_tenant(&b, g_tenant).used == 0);
+    }
+
+    CHECK(tb_stop(&b, SIGTERM) == 0);
+    tb_cleanup(&b);
+    return test_summary();
+}

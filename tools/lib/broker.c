@@ -1,0 +1,1417 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * broker.c — `gpumem broker`: one process owns a GPU's memory and leases it
+ * to the processes that use gpumem, tenant by tenant, within quotas.
+ *
+ * The one idea: the broker is the only one that makes physical pages
+ * (phys_create on its own backend context), so a quota is exact by
+ * construction: a tenant holds what it was leased and nothing else, however
+ * many processes it runs at once.  Its books are one single-threaded poll
+ * loop, so two requests never race.
+ *
+ *   pages    every page the broker made: its handle, its exported descriptor
+ *            (made once, sent again at each lease; SCM_RIGHTS duplicates it)
+ *            and its holder (a client, or none: on the free list).
+ *   tenants  from the config: who (uids, groups, a cgroup prefix), quota,
+ *            guaranteed minimum; a process no rule matches gets a tenant of
+ *            its uid ("uid:1000") with default_quota.  Books: used (pages
+ *            leased plus pages adopted), peak, refusals, reclaims.
+ *   clients  one per process (control connection + events connection).
+ *            A closed control connection (exit, kill -9) puts every page
+ *            leased on it back on the free list at once.
+ *
+ * A lease that fits neither the quota nor the device waits (at most
+ * reclaim_ms) while the broker asks clients holding pages for their unused
+ * ones (RECLAIM on their events connection); pages that hold data are never
+ * taken.  Then it is served or refused with the reason.
+ *
+ * Signals: SIGHUP reloads the config (a bad one is logged and the old one
+ * kept); SIGTERM and SIGINT stop the broker: clients keep the pages they
+ * map and a later broker adopts them.
+ */
+#include "lib/broker.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "base/internal.h"
+#include "broker/proto.h"
+#include "core/options.h"
+#include "share/wire.h"
+
+#define MAX_RULE_IDS 16
+#define LOG_BURST 64 /* lines per minute before the log is throttled */
+
+/* ---- configuration ------------------------------------------------------------ */
+
+typedef struct tenant_cfg {
+    char name[GM__BROKER_NAME_MAX];
+    uid_t uids[MAX_RULE_IDS];
+    size_t n_uids;
+    gid_t gids[MAX_RULE_IDS];
+    size_t n_gids;
+    char cgroup[256];
+    uint64_t quota, guaranteed; /* bytes; quota UINT64_MAX: none */
+} tenant_cfg_t;
+
+typedef struct bcfg {
+    char socket[108];
+    gm_backend_kind_t backend;
+    int device;
+    uint64_t capacity;       /* 0: the device's free memory at start */
+    uint64_t default_quota;  /* UINT64_MAX: none (the device) */
+    uint64_t keep_free;      /* free pages kept made, bytes */
+    unsigned reclaim_ms;
+    unsigned max_clients;
+    unsigned socket_mode;
+    char stats_file[PATH_MAX];
+    tenant_cfg_t *tenants;
+    size_t n_tenants;
+} bcfg_t;
+
+static void cfg_defaults(bcfg_t *c)
+{
+    memset(c, 0, sizeof *c);
+    c->backend = GM_BACKEND_AUTO;
+    c->default_quota = UINT64_MAX;
+    c->keep_free = (uint64_t)2 << 30;
+    c->reclaim_ms = 500;
+    c->max_clients = 1024;
+    c->socket_mode = 0666;
+}
+
+static void cfg_free(bcfg_t *c)
+{
+    free(c->tenants);
+    c->tenants = NULL;
+    c->n_tenants = 0;
+}
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t') s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\r' || s[n - 1] == '\n'))
+        s[--n] = '\0';
+    return s;
+}
+
+static int parse_bytes(const char *v, uint64_t *out)
+{
+    if (!strcmp(v, "none") || !strcmp(v, "unlimited")) {
+        *out = UINT64_MAX;
+        return 0;
+    }
+    size_t s;
+    if (gm__parse_size(v, &s) != GM_OK) return -1;
+    *out = s;
+    return 0;
+}
+
+static int parse_uint(const char *v, unsigned base, unsigned long max, unsigned long *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long x = strtoul(v, &end, (int)base);
+    if (errno || end == v || *end || x > max || v[0] == '-') return -1;
+    *out = x;
+    return 0;
+}
+
+/* "alice, 1001" -> uids (names through getpwnam). */
+static int parse_ids(char *v, bool groups, tenant_cfg_t *t, char *err, size_t cap)
+{
+    for (char *save = NULL, *tok = strtok_r(v, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        tok = trim(tok);
+        if (!*tok) continue;
+        unsigned long id;
+        if (parse_uint(tok, 10, UINT_MAX - 1, &id) != 0) {
+            if (groups) {
+                struct group *g = getgrnam(tok);
+                if (!g) return snprintf(err, cap, "no group named '%s'", tok), -1;
+                id = g->gr_gid;
+            } else {
+                struct passwd *p = getpwnam(tok);
+                if (!p) return snprintf(err, cap, "no user named '%s'", tok), -1;
+                id = p->pw_uid;
+            }
+        }
+        if (groups) {
+            if (t->n_gids == MAX_RULE_IDS) return snprintf(err, cap, "more than %d groups", MAX_RULE_IDS), -1;
+            t->gids[t->n_gids++] = (gid_t)id;
+        } else {
+            if (t->n_uids == MAX_RULE_IDS) return snprintf(err, cap, "more than %d users", MAX_RULE_IDS), -1;
+            t->uids[t->n_uids++] = (uid_t)id;
+        }
+    }
+    return 0;
+}
+
+/* Parse the config file at path into c (defaults first).  0, or -1 with
+ * err saying "LINE: what". */
+static int cfg_load(const char *path, bcfg_t *c, char *err, size_t cap)
+{
+    FILE *f = fopen(path, "re");
+    if (!f) return snprintf(err, cap, "%s: %s", path, strerror(errno)), -1;
+    char line[1024], why[256];
+    int lineno = 0, rc = 0;
+    tenant_cfg_t *t = NULL;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        why[0] = '\0';
+        if (!strchr(line, '\n') && !feof(f)) {
+            snprintf(why, sizeof why, "line longer than %zu bytes", sizeof line - 2);
+            goto bad;
+        }
+        char *hash = strchr(line, '#');
+        if (hash) *hash = '\0';
+        char *s = trim(line);
+        if (!*s) continue;
+        if (*s == '[') {
+            char *close_b = strchr(s, ']');
+            if (!close_b || close_b[1]) {
+                snprintf(why, sizeof why, "a section is [tenant NAME]");
+                goto bad;
+            }
+            *close_b = '\0';
+            char *body = trim(s + 1);
+            if (strncmp(body, "tenant", 6) != 0 || (body[6] != ' ' && body[6] != '\t')) {
+                snprintf(why, sizeof why, "a section is [tenant NAME]");
+                goto bad;
+            }
+            char *name = trim(body + 6);
+            size_t n = strlen(name);
+            if (n == 0 || n >= GM__BROKER_NAME_MAX || strncmp(name, "uid:", 4) == 0) {
+                snprintf(why, sizeof why, "tenant names are 1 to %d characters, not uid:N",
+                         GM__BROKER_NAME_MAX - 1);
+                goto bad;
+            }
+            for (size_t i = 0; i < n; i++)
+                if (!(name[i] == '-' || name[i] == '_' || name[i] == '.' ||
+                      (name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'z') ||
+                      (name[i] >= 'A' && name[i] <= 'Z'))) {
+                    snprintf(why, sizeof why, "tenant name '%s': letters, digits, - _ . only", name);
+                    goto bad;
+                }
+            for (size_t i = 0; i < c->n_tenants; i++)
+                if (!strcmp(c->tenants[i].name, name)) {
+                    snprintf(why, sizeof why, "tenant '%s' twice", name);
+                    goto bad;
+                }
+            tenant_cfg_t *nt = realloc(c->tenants, (c->n_tenants + 1) * sizeof *nt);
+            if (!nt) {
+                snprintf(why, sizeof why, "out of memory");
+                goto bad;
+            }
+            c->tenants = nt;
+            t = &c->tenants[c->n_tenants++];
+            memset(t, 0, sizeof *t);
+            snprintf(t->name, sizeof t->name, "%s", name);
+            t->quota = UINT64_MAX;
+            continue;
+        }
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            snprintf(why, sizeof why, "expected KEY = VALUE");
+            goto bad;
+        }
+        *eq = '\0';
+        char *k = trim(s), *v = trim(eq + 1);
+        unsigned long u;
+        if (t) {
+            if (!strcmp(k, "users")) {
+                if (parse_ids(v, false, t, why, sizeof why)) goto bad;
+            } else if (!strcmp(k, "groups")) {
+                if (parse_ids(v, true, t, why, sizeof why)) goto bad;
+            } else if (!strcmp(k, "cgroup")) {
+                if (v[0] != '/' || strlen(v) >= sizeof t->cgroup) {
+                    snprintf(why, sizeof why, "cgroup is a path like /system.slice/x.service");
+                    goto bad;
+                }
+                snprintf(t->cgroup, sizeof t->cgroup, "%s", v);
+            } else if (!strcmp(k, "quota")) {
+                if (parse_bytes(v, &t->quota)) goto badval;
+            } else if (!strcmp(k, "guaranteed")) {
+                if (parse_bytes(v, &t->guaranteed) || t->guaranteed == UINT64_MAX) goto badval;
+            } else {
+                snprintf(why, sizeof why, "unknown tenant key '%s' (users, groups, cgroup, quota, "
+                         "guaranteed)", k);
+                goto bad;
+            }
+            continue;
+        }
+        if (!strcmp(k, "socket")) {
+            if (gm__wire_check_path("socket", v) != GM_OK || v[0] != '/') {
+                snprintf(why, sizeof why, "socket is an absolute path of at most 107 bytes");
+                goto bad;
+            }
+            snprintf(c->socket, sizeof c->socket, "%s", v);
+        } else if (!strcmp(k, "backend")) {
+            if (gm__parse_backend(v, &c->backend) != GM_OK) goto badval;
+        } else if (!strcmp(k, "device")) {
+            if (parse_uint(v, 10, 1024, &u)) goto badval;
+            c->device = (int)u;
+        } else if (!strcmp(k, "capacity")) {
+            if (parse_bytes(v, &c->capacity) || c->capacity == UINT64_MAX) goto badval;
+        } else if (!strcmp(k, "default_quota")) {
+            if (parse_bytes(v, &c->default_quota)) goto badval;
+        } else if (!strcmp(k, "keep_free")) {
+            if (parse_bytes(v, &c->keep_free)) goto badval;
+        } else if (!strcmp(k, "reclaim_ms")) {
+            if (parse_uint(v, 10, 60000, &u)) goto badval;
+            c->reclaim_ms = (unsigned)u;
+        } else if (!strcmp(k, "max_clients")) {
+            if (parse_uint(v, 10, 65536, &u) || u == 0) goto badval;
+            c->max_clients = (unsigned)u;
+        } else if (!strcmp(k, "socket_mode")) {
+            if (parse_uint(v, 8, 0777, &u)) goto badval;
+            c->socket_mode = (unsigned)u;
+        } else if (!strcmp(k, "stats_file")) {
+            snprintf(c->stats_file, sizeof c->stats_file, "%s", v);
+        } else {
+            snprintf(why, sizeof why, "unknown key '%s'", k);
+            goto bad;
+        }
+        continue;
+    badval:
+        snprintf(why, sizeof why, "'%s' is not a valid %s", v, k);
+    bad:
+        snprintf(err, cap, "%s:%d: %s", path, lineno, why);
+        rc = -1;
+        break;
+    }
+    fclose(f);
+    return rc;
+}
+
+/* ---- state ---------------------------------------------------------------------- */
+
+typedef struct page {
+    gm__phys_t h;
+    int fd;          /* exported once */
+    uint32_t holder; /* client slot + 1; 0: free */
+    uint32_t next;   /* free list (index + 1) */
+} page_t;
+
+typedef struct tenant {
+    tenant_cfg_t cfg;
+    bool configured;   /* a rule of the config (else made for a uid) */
+    uint64_t used, peak; /* pages */
+    uint64_t refusals, reclaims, clients, cached;
+} tenant_t;
+
+enum { C_FREE, C_NEW, C_CONTROL, C_VIEWER };
+
+typedef struct client {
+    int state;
+    int fd, efd;
+    pid_t pid;
+    uid_t uid;
+    gid_t gid;
+    uint64_t number, cookie;
+    size_t tenant;
+    uint64_t pages, adopted, cached;
+    uint64_t first_ns;      /* when a new connection arrived */
+    /* a lease waiting for room */
+    bool pending;
+    uint64_t want_min, want_max, deadline_ns;
+} client_t;
+
+typedef struct broker {
+    bcfg_t cfg;
+    char config_path[PATH_MAX];
+    /* the device */
+    const gm__backend_ops_t *ops;
+    void *bk;
+    gm__bk_calls_t bk_calls;
+    gm__backend_info_t info;
+    size_t page;
+    uint64_t cap_pages;
+    /* books */
+    page_t *pages;
+    size_t n_pages, cap_pages_arr;
+    uint32_t free_head;  /* made pages no one holds (index + 1) */
+    uint32_t dead_head;  /* slots of released pages (index + 1) */
+    uint64_t n_free, n_made;
+    uint64_t leased;   /* pages held by clients, adopted ones included */
+    tenant_t *tenants;
+    size_t n_tenants;
+    client_t *clients;
+    size_t n_clients;
+    uint64_t next_number, generation;
+    int lfd;
+    uint64_t started_ns, last_stats_ns;
+    unsigned log_count;
+    uint64_t log_window_ns;
+    bool dirty;
+} broker_t;
+
+static volatile sig_atomic_t g_stop, g_reload;
+static int g_sigpipe[2] = {-1, -1};
+
+static void on_signal(int sig)
+{
+    int saved = errno;
+    if (sig == SIGHUP) g_reload = 1;
+    else g_stop = 1;
+    if (g_sigpipe[1] >= 0) {
+        ssize_t w = write(g_sigpipe[1], "s", 1);
+        (void)w;
+    }
+    errno = saved;
+}
+
+static void logf_(broker_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_(broker_t *b, const char *fmt, ...)
+{
+    uint64_t now = gm__now_ns();
+    if (now - b->log_window_ns > 60000000000ull) {
+        if (b->log_count > LOG_BURST)
+            fprintf(stderr, "gpumem broker: %u log lines left out in the last minute\n",
+                    b->log_count - LOG_BURST);
+        b->log_window_ns = now;
+        b->log_count = 0;
+    }
+    if (++b->log_count > LOG_BURST) return;
+    char buf[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "gpumem broker: %s\n", buf);
+}
+
+static uint64_t bytes_to_pages(const broker_t *b, uint64_t bytes)
+{
+    return bytes == UINT64_MAX ? UINT64_MAX : bytes / b->page;
+}
+
+static uint64_t quota_pages(const broker_t *b, const tenant_t *t)
+{
+    uint64_t q = bytes_to_pages(b, t->cfg.quota);
+    return q;
+}
+
+/* ---- tenants -------------------------------------------------------------------- */
+
+/* Does the process's cgroup (v2 path, or any v1 hierarchy's) lie under prefix? */
+static bool cgroup_under(pid_t pid, const char *prefix)
+{
+    char p[64], line[1024];
+    snprintf(p, sizeof p, "/proc/%d/cgroup", (int)pid);
+    FILE *f = fopen(p, "re");
+    if (!f) return false;
+    size_t n = strlen(prefix);
+    bool hit = false;
+    while (!hit && fgets(line, sizeof line, f)) {
+        char *path = strchr(line, ':');
+        if (path) path = strchr(path + 1, ':');
+        if (!path) continue;
+        path = trim(path + 1);
+        if (!strncmp(path, prefix, n) && (path[n] == '\0' || path[n] == '/' || prefix[n - 1] == '/'))
+            hit = true;
+    }
+    fclose(f);
+    return hit;
+}
+
+static bool in_group(uid_t uid, gid_t gid, gid_t want)
+{
+    if (gid == want) return true;
+    struct passwd *pw = getpwuid(uid);
+    if (!pw) return false;
+    gid_t groups[64];
+    int n = 64;
+    if (getgrouplist(pw->pw_name, pw->pw_gid, groups, &n) < 0) return false;
+    for (int i = 0; i < n; i++)
+        if (groups[i] == want) return true;
+    return false;
+}
+
+static bool rule_matches(const tenant_cfg_t *t, pid_t pid, uid_t uid, gid_t gid)
+{
+    if (!t->n_uids && !t->n_gids && !t->cgroup[0]) return false;
+    if (t->n_uids) {
+        bool ok = false;
+        for (size_t i = 0; i < t->n_uids; i++) ok |= t->uids[i] == uid;
+        if (!ok) return false;
+    }
+    if (t->n_gids) {
+        bool ok = false;
+        for (size_t i = 0; i < t->n_gids && !ok; i++) ok = in_group(uid, gid, t->gids[i]);
+        if (!ok) return false;
+    }
+    if (t->cgroup[0] && !cgroup_under(pid, t->cgroup)) return false;
+    return true;
+}
+
+static ssize_t tenant_find(broker_t *b, const char *name)
+{
+    for (size_t i = 0; i < b->n_tenants; i++)
+        if (!strcmp(b->tenants[i].cfg.name, name)) return (ssize_t)i;
+    return -1;
+}
+
+static ssize_t tenant_add(broker_t *b, const tenant_cfg_t *cfg, bool configured)
+{
+    tenant_t *nt = realloc(b->tenants, (b->n_tenants + 1) * sizeof *nt);
+    if (!nt) return -1;
+    b->tenants = nt;
+    tenant_t *t = &b->tenants[b->n_tenants];
+    memset(t, 0, sizeof *t);
+    t->cfg = *cfg;
+    t->configured = configured;
+    return (ssize_t)b->n_tenants++;
+}
+
+/* The tenant of a process: the first rule that matches, else "uid:N" with
+ * default_quota (none with default_quota 0: -2). */
+static ssize_t tenant_of(broker_t *b, pid_t pid, uid_t uid, gid_t gid)
+{
+    for (size_t i = 0; i < b->n_tenants; i++)
+        if (b->tenants[i].configured && rule_matches(&b->tenants[i].cfg, pid, uid, gid))
+            return (ssize_t)i;
+    char name[GM__BROKER_NAME_MAX];
+    snprintf(name, sizeof name, "uid:%u", (unsigned)uid);
+    ssize_t i = tenant_find(b, name);
+    if (b->cfg.default_quota == 0) return -2;
+    if (i >= 0) {
+        b->tenants[i].cfg.quota = b->cfg.default_quota;
+        return i;
+    }
+    tenant_cfg_t c = {.quota = b->cfg.default_quota};
+    snprintf(c.name, sizeof c.name, "%s", name);
+    return tenant_add(b, &c, false);
+}
+
+/* Pages the other tenants are promised and do not hold yet. */
+static uint64_t promised_to_others(const broker_t *b, size_t t)
+{
+    uint64_t sum = 0;
+    for (size_t i = 0; i < b->n_tenants; i++) {
+        if (i == t) continue;
+        uint64_t g = bytes_to_pages(b, b->tenants[i].cfg.guaranteed);
+        if (g > b->tenants[i].used) sum += g - b->tenants[i].used;
+    }
+    return sum;
+}
+
+/* ---- pages -------------------------------------------------------------------- */
+
+static int page_take(broker_t *b, uint32_t holder, uint64_t *id)
+{
+    if (b->free_head) {
+        uint32_t i = b->free_head - 1;
+        b->free_head = b->pages[i].next;
+        b->pages[i].holder = holder;
+        b->n_free--;
+        *id = i + 1;
+        return GM_OK;
+    }
+    if (b->n_made >= b->cap_pages)
+        return gm__set_error(GM_OUT_OF_MEMORY, "the broker's capacity is reached");
+    if (b->n_pages == b->cap_pages_arr) {
+        size_t cap = b->cap_pages_arr ? b->cap_pages_arr * 2 : 1024;
+        page_t *np = realloc(b->pages, cap * sizeof *np);
+        if (!np) return gm__set_error(GM_NO_HOST_MEMORY, "out of host memory");
+        b->pages = np;
+        b->cap_pages_arr = cap;
+    }
+    /* A slot of a released page first, else a new one. */
+    size_t slot = b->dead_head ? b->dead_head - 1 : b->n_pages;
+    gm__phys_t h;
+    int rc;
+    GM_BK(rc, b, phys_create, (b->bk, b->page, &h));
+    if (rc != GM_OK) return rc;
+    int fd;
+    GM_BK(rc, b, export_fd, (b->bk, h, &fd));
+    if (rc != GM_OK) {
+        int r;
+        GM_BK(r, b, phys_release, (b->bk, h));
+        (void)r;
+        return rc;
+    }
+    if (slot == b->n_pages) b->n_pages++;
+    else b->dead_head = b->pages[slot].next;
+    b->pages[slot] = (page_t){.h = h, .fd = fd, .holder = holder};
+    b->n_made++;
+    *id = slot + 1;
+    return GM_OK;
+}
+
+/* A page back on the free list, or released past keep_free. */
+static void page_put(broker_t *b, uint64_t id)
+{
+    page_t *p = &b->pages[id - 1];
+    p->holder = 0;
+    if ((b->n_free + 1) * b->page > b->cfg.keep_free) {
+        int rc;
+        close(p->fd);
+        p->fd = -1;
+        GM_BK(rc, b, phys_release, (b->bk, p->h));
+        if (rc != GM_OK) logf_(b, "releasing a page failed: %s", gm_last_error());
+        b->n_made--;
+        p->next = b->dead_head;
+        b->dead_head = (uint32_t)id;
+        return;
+    }
+    p->next = b->free_head;
+    b->free_head = (uint32_t)id;
+    b->n_free++;
+}
+
+/* ---- clients ------------------------------------------------------------------ */
+
+static size_t client_slot(const broker_t *b, const client_t *c) { return (size_t)(c - b->clients); }
+
+static void send_msg(broker_t *b, client_t *c, int fd, gm__broker_msg_t *m, const int *fds,
+                     size_t nfds);
+
+static void client_drop(broker_t *b, client_t *c, const char *why)
+{
+    if (c->state == C_CONTROL) {
+        uint32_t me = (uint32_t)client_slot(b, c) + 1;
+        uint64_t back = 0;
+        for (size_t i = 0; i < b->n_pages && back < c->pages; i++)
+            if (b->pages[i].holder == me) {
+                page_put(b, i + 1);
+                back++;
+            }
+        tenant_t *t = &b->tenants[c->tenant];
+        t->used -= c->pages + c->adopted;
+        t->clients--;
+        t->cached -= c->cached < t->cached ? c->cached : t->cached;
+        b->leased -= c->pages + c->adopted;
+        if (why)
+            logf_(b, "pid %d (tenant '%s'): %s; %" PRIu64 " pages back", (int)c->pid,
+                  t->cfg.name, why, back);
+        b->dirty = true;
+    } else if (why && c->state == C_NEW) {
+        logf_(b, "pid %d: %s", (int)c->pid, why);
+    }
+    if (c->fd >= 0) close(c->fd);
+    if (c->efd >= 0) close(c->efd);
+    memset(c, 0, sizeof *c);
+    c->fd = c->efd = -1;
+    c->state = C_FREE;
+}
+
+static void reply_init(broker_t *b, gm__broker_msg_t *m, const client_t *c, int status)
+{
+    memset(m, 0, sizeof *m);
+    m->magic = GM__BROKER_MAGIC;
+    m->version = GM__BROKER_VERSION;
+    m->type = GM__BROKER_REPLY;
+    m->status = status;
+    m->pid = getpid();
+    m->device = b->cfg.device;
+    m->page_size = b->page;
+    m->generation = b->generation;
+    if (c && c->state == C_CONTROL) {
+        const tenant_t *t = &b->tenants[c->tenant];
+        snprintf(m->tenant, sizeof m->tenant, "%s", t->cfg.name);
+        m->quota = t->cfg.quota;
+        m->guaranteed = t->cfg.guaranteed;
+        m->used = t->used * b->page;
+        m->peak = t->peak * b->page;
+    }
+}
+
+/* Send without blocking; a peer that cannot take it is dropped. */
+static void send_msg(broker_t *b, client_t *c, int fd, gm__broker_msg_t *m, const int *fds,
+                     size_t nfds)
+{
+    m->nfds = (uint32_t)nfds;
+    if (gm__wire_send(fd, m, sizeof *m, fds, nfds, MSG_DONTWAIT, "broker") != GM_OK) {
+        char why[300];
+        snprintf(why, sizeof why, "%.280s", gm_last_error());
+        gm__clear_error();
+        client_drop(b, c, why);
+    }
+}
+
+static char *fmt(uint64_t bytes, char *buf)
+{
+    if (bytes == UINT64_MAX) return strcpy(buf, "no limit");
+    return (char *)gm__fmt_bytes(bytes, buf, 32);
+}
+
+/* Try to serve c's lease.  1 served or refused (replied), 0 must wait. */
+static int lease_try(broker_t *b, client_t *c, bool final)
+{
+    tenant_t *t = &b->tenants[c->tenant];
+    uint64_t q = quota_pages(b, t);
+    uint64_t room_q = q == UINT64_MAX ? UINT64_MAX : q > t->used ? q - t->used : 0;
+    uint64_t promised = promised_to_others(b, c->tenant);
+    uint64_t taken = b->leased + promised;
+    uint64_t room_d = b->cap_pages > taken ? b->cap_pages - taken : 0;
+    uint64_t room = room_q < room_d ? room_q : room_d;
+    gm__broker_msg_t m;
+    if (room >= c->want_min) {
+        uint64_t n = c->want_max < room ? c->want_max : room;
+        int fds[GM__BROKER_IDS];
+        reply_init(b, &m, c, GM_OK);
+        uint64_t got = 0;
+        uint32_t me = (uint32_t)client_slot(b, c) + 1;
+        while (got < n) {
+            uint64_t id = 0;
+            if (page_take(b, me, &id) != GM_OK) break;
+            m.ids[got] = id;
+            fds[got++] = b->pages[id - 1].fd;
+        }
+        if (got < c->want_min) {
+            /* The device itself is full (other users of the GPU). */
+            char err[200];
+            snprintf(err, sizeof err, "%.190s", gm_last_error());
+            for (uint64_t i = 0; i < got; i++) page_put(b, m.ids[i]);
+            if (!final) return 0;
+            t->refusals++;
+            reply_init(b, &m, c, GM_OUT_OF_MEMORY);
+            snprintf(m.text, sizeof m.text, "the broker could not make pages: %s", err);
+            c->pending = false;
+            send_msg(b, c, c->fd, &m, NULL, 0);
+            return 1;
+        }
+        c->pages += got;
+        t->used += got;
+        if (t->used > t->peak) t->peak = t->used;
+        b->leased += got;
+        m.count = got;
+        m.used = t->used * b->page;
+        m.peak = t->peak * b->page;
+        c->pending = false;
+        b->dirty = true;
+        send_msg(b, c, c->fd, &m, fds, got);
+        return 1;
+    }
+    if (!final) return 0;
+    t->refusals++;
+    c->pending = false;
+    char a[32], bq[32], cc[32], d[32], e[32], f[32];
+    if (room_q < c->want_min) {
+        reply_init(b, &m, c, GM_LIMIT);
+        snprintf(m.text, sizeof m.text,
+                 "tenant '%s' is over its quota: it holds %s of %s (this process %s) and asked "
+                 "for %s more", t->cfg.name, fmt(t->used * b->page, a), fmt(t->cfg.quota, bq),
+                 fmt((c->pages + c->adopted) * b->page, cc), fmt(c->want_min * b->page, d));
+    } else {
+        reply_init(b, &m, c, GM_OUT_OF_MEMORY);
+        snprintf(m.text, sizeof m.text,
+                 "the broker's device is full: %s of %s leased, %s promised to other tenants; "
+                 "tenant '%s' holds %s and asked for %s more", fmt(b->leased * b->page, a),
+                 fmt(b->cap_pages * b->page, bq), fmt(promised * b->page, cc), t->cfg.name,
+                 fmt(t->used * b->page, e), fmt(c->want_min * b->page, f));
+        (void)d;
+    }
+    send_msg(b, c, c->fd, &m, NULL, 0);
+    return 1;
+}
+
+/* Ask clients that hold pages for their unused ones: over quota, the
+ * tenant's own other processes; a full device, everyone else. */
+static size_t reclaim_ask(broker_t *b, client_t *c)
+{
+    tenant_t *t = &b->tenants[c->tenant];
+    uint64_t q = quota_pages(b, t);
+    bool quota_bound = q != UINT64_MAX && t->used + c->want_min > q;
+    size_t asked = 0;
+    for (size_t i = 0; i < b->n_clients; i++) {
+        client_t *o = &b->clients[i];
+        if (o == c || o->state != C_CONTROL || o->efd < 0 || o->pages == 0) continue;
+        if (quota_bound && o->tenant != c->tenant) continue;
+        gm__broker_msg_t m;
+        memset(&m, 0, sizeof m);
+        m.magic = GM__BROKER_MAGIC;
+        m.version = GM__BROKER_VERSION;
+        m.type = GM__BROKER_RECLAIM;
+        m.count = c->want_min;
+        if (gm__wire_send(o->efd, &m, sizeof m, NULL, 0, MSG_DONTWAIT, "broker") != GM_OK) {
+            gm__clear_error();
+            continue; /* busy: it may still give back */
+        }
+        b->tenants[o->tenant].reclaims++;
+        asked++;
+    }
+    return asked;
+}
+
+static void serve_pending(broker_t *b)
+{
+    for (size_t i = 0; i < b->n_clients; i++) {
+        client_t *c = &b->clients[i];
+        if (c->state == C_CONTROL && c->pending) lease_try(b, c, false);
+    }
+}
+
+static bool ids_ok(const broker_t *b, const client_t *c, const gm__broker_msg_t *m)
+{
+    uint32_t me = (uint32_t)client_slot(b, c) + 1;
+    if (m->count == 0 || m->count > GM__BROKER_IDS || m->count > c->pages) return false;
+    for (uint64_t i = 0; i < m->count; i++) {
+        uint64_t id = m->ids[i];
+        if (id == 0 || id > b->n_pages || b->pages[id - 1].holder != me) return false;
+        for (uint64_t j = 0; j < i; j++)
+            if (m->ids[j] == id) return false;
+    }
+    return true;
+}
+
+static void set_cached(broker_t *b, client_t *c, uint64_t cached)
+{
+    tenant_t *t = &b->tenants[c->tenant];
+    if (cached > c->pages) cached = c->pages;
+    t->cached = t->cached - (c->cached < t->cached ? c->cached : t->cached) + cached;
+    c->cached = cached;
+}
+
+static void on_hello(broker_t *b, client_t *c, gm__broker_msg_t *in)
+{
+    gm__broker_msg_t m;
+    if (in->flags & GM__BROKER_FLAG_EVENTS) {
+        /* Attach to the control connection it names, of the same process. */
+        for (size_t i = 0; i < b->n_clients; i++) {
+            client_t *o = &b->clients[i];
+            if (o->state == C_CONTROL && o->number == in->client && o->cookie == in->cookie &&
+                o->pid == c->pid && o->efd < 0) {
+                o->efd = c->fd;
+                c->fd = -1;
+                reply_init(b, &m, o, GM_OK);
+                send_msg(b, o, o->efd, &m, NULL, 0);
+                c->state = C_FREE;
+                client_drop(b, c, NULL);
+                return;
+            }
+        }
+        client_drop(b, c, "an events connection naming no client of its process");
+        return;
+    }
+    if (in->page_size != b->page) {
+        reply_init(b, &m, NULL, GM_INVALID_STATE);
+        snprintf(m.text, sizeof m.text, "this broker leases pages of %zu bytes, the process's "
+                 "pool uses %" PRIu64, b->page, in->page_size);
+        send_msg(b, c, c->fd, &m, NULL, 0);
+        client_drop(b, c, NULL);
+        return;
+    }
+    ssize_t t = tenant_of(b, c->pid, c->uid, c->gid);
+    if (t < 0) {
+        reply_init(b, &m, NULL, t == -2 ? GM_DENIED : GM_NO_HOST_MEMORY);
+        snprintf(m.text, sizeof m.text, t == -2 ? "no tenant of the broker's config matches uid "
+                 "%u, and default_quota is 0" : "the broker is out of host memory",
+                 (unsigned)c->uid);
+        send_msg(b, c, c->fd, &m, NULL, 0);
+        client_drop(b, c, t == -2 ? "refused: no tenant matches" : NULL);
+        return;
+    }
+    c->state = C_CONTROL;
+    c->tenant = (size_t)t;
+    c->number = ++b->next_number;
+    uint64_t r;
+    if (getentropy(&r, sizeof r) != 0) r = gm__now_ns() * 0x9e3779b97f4a7c15ull;
+    c->cookie = r | 1;
+    tenant_t *tn = &b->tenants[t];
+    tn->clients++;
+    /* Pages it kept across a restart count as they are (never refused). */
+    uint64_t adopt = in->adopt > (uint64_t)1 << 40 ? 0 : in->adopt;
+    c->adopted = adopt;
+    tn->used += adopt;
+    if (tn->used > tn->peak) tn->peak = tn->used;
+    b->leased += adopt;
+    if (adopt)
+        logf_(b, "pid %d (tenant '%s') kept %" PRIu64 " pages from an earlier broker run",
+              (int)c->pid, tn->cfg.name, adopt);
+    reply_init(b, &m, c, GM_OK);
+    m.client = c->number;
+    m.cookie = c->cookie;
+    b->dirty = true;
+    send_msg(b, c, c->fd, &m, NULL, 0);
+}
+
+static void on_stats(broker_t *b, client_t *c, gm__broker_msg_t *in)
+{
+    gm__broker_msg_t m;
+    reply_init(b, &m, NULL, GM_OK);
+    m.count = b->n_tenants;
+    m.capacity = b->cap_pages * b->page;
+    m.device_used = b->leased * b->page;
+    if (in->first < b->n_tenants) {
+        const tenant_t *t = &b->tenants[in->first];
+        m.first = in->first;
+        snprintf(m.tenant, sizeof m.tenant, "%s", t->cfg.name);
+        m.quota = t->cfg.quota;
+        m.guaranteed = t->cfg.guaranteed;
+        m.used = t->used * b->page;
+        m.peak = t->peak * b->page;
+        m.cached_bytes = t->cached * b->page;
+        m.refusals = t->refusals;
+        m.clients = t->clients;
+        m.reclaims = t->reclaims;
+    }
+    send_msg(b, c, c->fd, &m, NULL, 0);
+}
+
+/* One message from c's control connection (or a new one). */
+static void on_message(broker_t *b, client_t *c)
+{
+    gm__broker_msg_t m;
+    size_t nfds;
+    bool closed;
+    int rc = gm__wire_recv(c->fd, &m, sizeof m, NULL, 0, &nfds, &closed, 0, "broker");
+    if (rc != GM_OK) {
+        char why[300];
+        if (closed) snprintf(why, sizeof why, "connection closed");
+        else snprintf(why, sizeof why, "dropped: %.280s", gm_last_error());
+        gm__clear_error();
+        client_drop(b, c, c->state == C_NEW && closed ? NULL : why);
+        return;
+    }
+    const char *bad = NULL;
+    if (m.magic != GM__BROKER_MAGIC || m.version != GM__BROKER_VERSION)
+        bad = "bad magic or version";
+    else if (c->state == C_NEW) {
+        if (m.type == GM__BROKER_HELLO) return on_hello(b, c, &m);
+        if (m.type == GM__BROKER_STATS) {
+            c->state = C_VIEWER;
+            return on_stats(b, c, &m);
+        }
+        bad = "the first message is not HELLO or STATS";
+    } else if (c->state == C_VIEWER) {
+        if (m.type == GM__BROKER_STATS) return on_stats(b, c, &m);
+        bad = "a viewer sent more than STATS";
+    } else if (c->pending) {
+        bad = "a request while its lease waits";
+    } else {
+        switch (m.type) {
+        case GM__BROKER_LEASE:
+            if (m.min == 0 || m.min > m.count || m.count > GM__BROKER_IDS) {
+                bad = "a lease of a wrong size";
+                break;
+            }
+            set_cached(b, c, m.cached);
+            c->want_min = m.min;
+            c->want_max = m.count;
+            c->pending = true;
+            if (lease_try(b, c, false)) return;
+            if (reclaim_ask(b, c) == 0) {
+                lease_try(b, c, true);
+                return;
+            }
+            c->deadline_ns = gm__now_ns() + (uint64_t)b->cfg.reclaim_ms * 1000000ull;
+            return;
+        case GM__BROKER_RETURN:
+            if (!ids_ok(b, c, &m)) {
+                bad = "it returned pages it does not hold";
+                break;
+            }
+            for (uint64_t i = 0; i < m.count; i++) page_put(b, m.ids[i]);
+            c->pages -= m.count;
+            b->tenants[c->tenant].used -= m.count;
+            b->leased -= m.count;
+            set_cached(b, c, m.cached);
+            b->dirty = true;
+            serve_pending(b);
+            return;
+        case GM__BROKER_UNADOPT:
+            if (m.count == 0 || m.count > c->adopted) {
+                bad = "it let go of more adopted pages than it had";
+                break;
+            }
+            c->adopted -= m.count;
+            b->tenants[c->tenant].used -= m.count;
+            b->leased -= m.count;
+            b->dirty = true;
+            serve_pending(b);
+            return;
+        case GM__BROKER_STATS: return on_stats(b, c, &m);
+        default: bad = "an unknown message type"; break;
+        }
+    }
+    char why[128];
+    snprintf(why, sizeof why, "dropped: %s", bad);
+    client_drop(b, c, why);
+}
+
+static void on_accept(broker_t *b)
+{
+    int fd = accept4(b->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    size_t slot = b->n_clients, live = 0;
+    for (size_t i = 0; i < b->n_clients; i++) {
+        if (b->clients[i].state == C_FREE) {
+            if (slot == b->n_clients) slot = i;
+        } else live++;
+    }
+    if (live >= b->cfg.max_clients) {
+        logf_(b, "refused a connection: %u clients already", b->cfg.max_clients);
+        close(fd);
+        return;
+    }
+    if (slot == b->n_clients) {
+        client_t *nc = realloc(b->clients, (b->n_clients + 1) * sizeof *nc);
+        if (!nc) {
+            close(fd);
+            return;
+        }
+        b->clients = nc;
+        b->n_clients++;
+    }
+    client_t *c = &b->clients[slot];
+    memset(c, 0, sizeof *c);
+    c->fd = fd;
+    c->efd = -1;
+    c->state = C_NEW;
+    c->first_ns = gm__now_ns();
+    if (gm__wire_peer(fd, &c->pid, &c->uid, &c->gid) != GM_OK) {
+        gm__clear_error();
+        client_drop(b, c, NULL);
+    }
+}
+
+/* ---- stats file --------------------------------------------------------------- */
+
+static void write_stats(broker_t *b)
+{
+    if (!b->cfg.stats_file[0]) return;
+    char tmp[PATH_MAX + 8];
+    snprintf(tmp, sizeof tmp, "%.4090s.tmp", b->cfg.stats_file);
+    FILE *f = fopen(tmp, "we");
+    if (!f) {
+        logf_(b, "stats file %s: %s", tmp, strerror(errno));
+        return;
+    }
+    size_t clients = 0;
+    for (size_t i = 0; i < b->n_clients; i++) clients += b->clients[i].state == C_CONTROL;
+    fprintf(f, "{\"pid\": %d, \"generation\": \"%016" PRIx64 "\", \"page_size\": %zu, "
+            "\"capacity\": %" PRIu64 ", \"leased\": %" PRIu64 ", \"made\": %" PRIu64
+            ", \"free\": %" PRIu64 ", \"clients\": %zu, \"uptime_s\": %.1f, \"tenants\": [",
+            (int)getpid(), b->generation, b->page, b->cap_pages * b->page, b->leased * b->page,
+            b->n_made * b->page, b->n_free * b->page, clients,
+            (double)(gm__now_ns() - b->started_ns) / 1e9);
+    for (size_t i = 0; i < b->n_tenants; i++) {
+        const tenant_t *t = &b->tenants[i];
+        fprintf(f, "%s\n  {\"name\": \"%s\", \"quota\": %" PRIu64 ", \"guaranteed\": %" PRIu64
+                ", \"used\": %" PRIu64 ", \"peak\": %" PRIu64 ", \"cached\": %" PRIu64
+                ", \"refusals\": %" PRIu64 ", \"reclaims\": %" PRIu64 ", \"clients\": %" PRIu64 "}",
+                i ? "," : "", t->cfg.name, t->cfg.quota == UINT64_MAX ? 0 : t->cfg.quota,
+                t->cfg.guaranteed, t->used * b->page, t->peak * b->page, t->cached * b->page,
+                t->refusals, t->reclaims, t->clients);
+    }
+    fprintf(f, "]}\n");
+    if (fclose(f) != 0 || rename(tmp, b->cfg.stats_file) != 0) {
+        logf_(b, "stats file %s: %s", b->cfg.stats_file, strerror(errno));
+        unlink(tmp);
+    }
+}
+
+/* ---- configuration in force --------------------------------------------------- */
+
+/* Apply cfg's tenants (at start and at SIGHUP): books of a tenant kept by
+ * name; every client's tenant decided again. */
+static int apply_tenants(broker_t *b, bcfg_t *cfg)
+{
+    uint64_t guaranteed = 0;
+    for (size_t i = 0; i < cfg->n_tenants; i++) guaranteed += cfg->tenants[i].guaranteed;
+    if (guaranteed > b->cap_pages * b->page) {
+        char a[32], c[32];
+        logf_(b, "the tenants' guaranteed memory (%s) exceeds the capacity (%s)",
+              fmt(guaranteed, a), fmt(b->cap_pages * b->page, c));
+        return -1;
+    }
+    for (size_t i = 0; i < b->n_tenants; i++) b->tenants[i].configured = false;
+    for (size_t i = 0; i < cfg->n_tenants; i++) {
+        ssize_t t = tenant_find(b, cfg->tenants[i].name);
+        if (t < 0) t = tenant_add(b, &cfg->tenants[i], true);
+        if (t < 0) return -1;
+        b->tenants[t].cfg = cfg->tenants[i];
+        b->tenants[t].configured = true;
+    }
+    for (size_t i = 0; i < b->n_tenants; i++)
+        if (!b->tenants[i].configured) {
+            b->tenants[i].cfg.quota = cfg->default_quota;
+            b->tenants[i].cfg.guaranteed = 0;
+        }
+    for (size_t i = 0; i < b->n_clients; i++) {
+        client_t *c = &b->clients[i];
+        if (c->state != C_CONTROL) continue;
+        ssize_t t = tenant_of(b, c->pid, c->uid, c->gid);
+        if (t < 0 || (size_t)t == c->tenant) continue;
+        tenant_t *from = &b->tenants[c->tenant], *to = &b->tenants[t];
+        from->used -= c->pages + c->adopted;
+        from->clients--;
+        to->used += c->pages + c->adopted;
+        to->clients++;
+        if (to->used > to->peak) to->peak = to->used;
+        c->tenant = (size_t)t;
+    }
+    return 0;
+}
+
+static void reload(broker_t *b)
+{
+    if (!b->config_path[0]) {
+        logf_(b, "SIGHUP: no config file to reload");
+        return;
+    }
+    bcfg_t n;
+    cfg_defaults(&n);
+    char err[512];
+    if (cfg_load(b->config_path, &n, err, sizeof err) != 0) {
+        logf_(b, "SIGHUP: %s; the config in force stays", err);
+        cfg_free(&n);
+        return;
+    }
+    if (strcmp(n.socket, b->cfg.socket) || n.device != b->cfg.device ||
+        n.backend != b->cfg.backend || n.capacity != b->cfg.capacity)
+        logf_(b, "SIGHUP: socket, backend, device and capacity change only at a restart");
+    /* What a reload may change. */
+    bcfg_t keep = b->cfg;
+    keep.default_quota = n.default_quota;
+    keep.keep_free = n.keep_free;
+    keep.reclaim_ms = n.reclaim_ms;
+    keep.max_clients = n.max_clients;
+    memcpy(keep.stats_file, n.stats_file, sizeof keep.stats_file);
+    keep.tenants = n.tenants;
+    keep.n_tenants = n.n_tenants;
+    if (apply_tenants(b, &keep) != 0) {
+        logf_(b, "SIGHUP: the config in force stays");
+        cfg_free(&n);
+        return;
+    }
+    free(b->cfg.tenants);
+    b->cfg = keep;
+    b->dirty = true;
+    logf_(b, "SIGHUP: %s reloaded, %zu tenants", b->config_path, n.n_tenants);
+}
+
+/* ---- the daemon ---------------------------------------------------------------- */
+
+void gm_cli_broker_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: gpumem broker [--config FILE] [--socket PATH] [--backend auto|sim|cuda]\n"
+            "                     [--device N] [--capacity BYTES] [--default-quota BYTES]\n"
+            "                     [--stats-file PATH]\n\n"
+            "Own a GPU's memory and lease it to processes that use gpumem, within each\n"
+            "tenant's quota.  A process uses the broker when GPUMEM_BROKER names its socket.\n"
+            "Runs in the foreground and logs on stderr; SIGHUP reloads the config file,\n"
+            "SIGTERM stops it (processes keep the memory they map).  Options override the\n"
+            "config file; docs/broker.md describes the file:\n\n"
+            "  socket = /run/gpumem/broker.sock   capacity = 70GiB   default_quota = 8GiB\n"
+            "  [tenant training]\n"
+            "  users = alice, 1001    groups = ml    cgroup = /system.slice/train.service\n"
+            "  quota = 40GiB          guaranteed = 10GiB\n");
+}
+
+static int setup(broker_t *b)
+{
+    char why[256];
+    GM_CHECK(gm__backend_select(b->cfg.backend, b->cfg.device, &b->ops, &b->cfg.backend, why,
+                                sizeof why));
+    gm__backend_config_t bc = {.device = b->cfg.device,
+                               .sim_capacity = b->cfg.capacity ? b->cfg.capacity : 0};
+    if (b->ops == NULL) return gm__set_error(GM_NO_DEVICE, "no backend");
+    GM_CHECK(b->ops->open(&bc, &b->bk));
+    GM_CHECK(b->ops->info(b->bk, &b->info));
+    b->page = b->info.granularity;
+    uint64_t cap = b->cfg.capacity ? b->cfg.capacity : b->info.free_memory;
+    if (cap > b->info.total_memory) cap = b->info.total_memory;
+    b->cap_pages = cap / b->page;
+    if (b->cap_pages == 0)
+        return gm__set_error(GM_INVALID_ARGUMENT, "capacity %" PRIu64 " is less than a page", cap);
+    /* One descriptor per page made (two on the sim): raise the soft limit. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    GM_CHECK(gm__wire_claim_path("gpumem broker", b->cfg.socket));
+    b->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (b->lfd < 0) return gm__set_error(GM_IO, "socket: %s", strerror(errno));
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", b->cfg.socket);
+    mode_t old = umask(0777 & ~b->cfg.socket_mode);
+    int r = bind(b->lfd, (struct sockaddr *)&a, sizeof a);
+    umask(old);
+    if (r != 0) return gm__set_error(GM_IO, "bind %s: %s", b->cfg.socket, strerror(errno));
+    chmod(b->cfg.socket, b->cfg.socket_mode);
+    if (listen(b->lfd, 128) != 0) return gm__set_error(GM_IO, "listen: %s", strerror(errno));
+    if (getentropy(&b->generation, sizeof b->generation) != 0) b->generation = gm__now_ns();
+    return GM_OK;
+}
+
+static void teardown(broker_t *b)
+{
+    for (size_t i = 0; i < b->n_clients; i++)
+        if (b->clients[i].state != C_FREE) client_drop(b, &b->clients[i], NULL);
+    for (size_t i = 0; i < b->n_pages; i++) {
+        if (b->pages[i].fd < 0) continue;
+        close(b->pages[i].fd);
+        int rc;
+        GM_BK(rc, b, phys_release, (b->bk, b->pages[i].h));
+        (void)rc;
+    }
+    if (b->lfd >= 0) {
+        close(b->lfd);
+        unlink(b->cfg.socket);
+    }
+    if (b->bk) b->ops->close(b->bk);
+    free(b->pages);
+    free(b->clients);
+    free(b->tenants);
+    cfg_free(&b->cfg);
+}
+
+static const char *opt(int argc, char **argv, int *i, const char *name, int *bad)
+{
+    size_t n = strlen(name);
+    if (strncmp(argv[*i], name, n) != 0) return NULL;
+    if (argv[*i][n] == '=') return argv[*i] + n + 1;
+    if (argv[*i][n] != '\0') return NULL;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "gpumem broker: %s needs a value\n", name);
+        *bad = 1;
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int gm_cli_broker(int argc, char **argv)
+{
+    broker_t b;
+    memset(&b, 0, sizeof b);
+    b.lfd = -1;
+    cfg_defaults(&b.cfg);
+    const char *config = NULL, *sock = NULL, *backend = NULL, *device = NULL, *capacity = NULL,
+               *dquota = NULL, *stats = NULL;
+    for (int i = 1; i < argc; i++) {
+        int bad = 0;
+        const char *v;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            gm_cli_broker_usage(stdout);
+            return 0;
+        }
+        if ((v = opt(argc, argv, &i, "--config", &bad))) config = v;
+        else if ((v = opt(argc, argv, &i, "--socket", &bad))) sock = v;
+        else if ((v = opt(argc, argv, &i, "--backend", &bad))) backend = v;
+        else if ((v = opt(argc, argv, &i, "--device", &bad))) device = v;
+        else if ((v = opt(argc, argv, &i, "--capacity", &bad))) capacity = v;
+        else if ((v = opt(argc, argv, &i, "--default-quota", &bad))) dquota = v;
+        else if ((v = opt(argc, argv, &i, "--stats-file", &bad))) stats = v;
+        else {
+            if (!bad) fprintf(stderr, "gpumem broker: unknown option '%s'\n", argv[i]);
+            gm_cli_broker_usage(stderr);
+            return 2;
+        }
+    }
+    char err[512];
+    if (config) {
+        if (!realpath(config, b.config_path)) {
+            fprintf(stderr, "gpumem broker: %s: %s\n", config, strerror(errno));
+            return 2;
+        }
+        if (cfg_load(b.config_path, &b.cfg, err, sizeof err) != 0) {
+            fprintf(stderr, "gpumem broker: %s\n", err);
+            cfg_free(&b.cfg);
+            return 2;
+        }
+    }
+    unsigned long u;
+    if ((sock && (gm__wire_check_path("--socket", sock) != GM_OK || sock[0] != '/')) ||
+        (backend && gm__parse_backend(backend, &b.cfg.backend) != GM_OK) ||
+        (device && parse_uint(device, 10, 1024, &u) != 0) ||
+        (capacity && (parse_bytes(capacity, &b.cfg.capacity) || b.cfg.capacity == UINT64_MAX)) ||
+        (dquota && parse_bytes(dquota, &b.cfg.default_quota)) ||
+        (stats && strlen(stats) >= sizeof b.cfg.stats_file)) {
+        fprintf(stderr, "gpumem broker: a bad option value (--socket is an absolute path)\n");
+        cfg_free(&b.cfg);
+        return 2;
+    }
+    if (sock) snprintf(b.cfg.socket, sizeof b.cfg.socket, "%s", sock);
+    if (device) b.cfg.device = (int)u;
+    if (stats) snprintf(b.cfg.stats_file, sizeof b.cfg.stats_file, "%s", stats);
+    if (!b.cfg.socket[0]) {
+        fprintf(stderr, "gpumem broker: no socket: give --socket PATH or socket = in the config\n");
+        cfg_free(&b.cfg);
+        return 2;
+    }
+
+    if (pipe2(g_sigpipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+        fprintf(stderr, "gpumem broker: pipe: %s\n", strerror(errno));
+        return 1;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGHUP, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    g_stop = g_reload = 0;
+    b.started_ns = gm__now_ns();
+    if (setup(&b) != GM_OK || apply_tenants(&b, &b.cfg) != 0) {
+        fprintf(stderr, "gpumem broker: cannot start: %s\n", gm_last_error());
+        teardown(&b);
+        return 1;
+    }
+    char c1[32], c2[32];
+    logf_(&b, "pid %d serving %s: %s device %d (%s), capacity %s in pages of %s, %zu tenants%s",
+          (int)getpid(), b.cfg.socket, b.ops->name, b.cfg.device, b.info.name,
+          fmt(b.cap_pages * b.page, c1), fmt(b.page, c2), b.cfg.n_tenants,
+          b.cfg.default_quota == 0 ? "; other processes are refused" : "");
+    write_stats(&b);
+
+    struct pollfd *pfd = NULL;
+    size_t *who = NULL;
+    int status = 0;
+    while (!g_stop) {
+        if (g_reload) {
+            g_reload = 0;
+            reload(&b);
+        }
+        size_t cap = 2 + 2 * b.n_clients;
+        struct pollfd *np = realloc(pfd, cap * sizeof *np);
+        size_t *nw = realloc(who, cap * sizeof *nw);
+        if (np) pfd = np;
+        if (nw) who = nw;
+        if (!np || !nw) {
+            logf_(&b, "out of host memory");
+            status = 1;
+            break;
+        }
+        size_t n = 0;
+        pfd[n++] = (struct pollfd){.fd = g_sigpipe[0], .events = POLLIN};
+        pfd[n++] = (struct pollfd){.fd = b.lfd, .events = POLLIN};
+        uint64_t now = gm__now_ns(), next = now + 1000000000ull;
+        for (size_t i = 0; i < b.n_clients; i++) {
+            client_t *c = &b.clients[i];
+            if (c->state == C_FREE) continue;
+            if (c->pending && c->deadline_ns < next) next = c->deadline_ns;
+            if (c->state == C_NEW && c->first_ns + 10000000000ull < next)
+                next = c->first_ns + 10000000000ull;
+            who[n] = i * 2;
+            pfd[n++] = (struct pollfd){.fd = c->fd, .events = POLLIN};
+            if (c->efd >= 0) {
+                who[n] = i * 2 + 1;
+                pfd[n++] = (struct pollfd){.fd = c->efd, .events = POLLIN};
+            }
+        }
+        int ms = next > now ? (int)((next - now) / 1000000ull) + 1 : 0;
+        int r = poll(pfd, n, ms);
+        if (r < 0 && errno != EINTR) {
+            logf_(&b, "poll: %s", strerror(errno));
+            status = 1;
+            break;
+        }
+        if (r > 0) {
+            if (pfd[0].revents) {
+                char buf[64];
+                while (read(g_sigpipe[0], buf, sizeof buf) > 0) {}
+            }
+            for (size_t k = 2; k < n; k++) {
+                if (!pfd[k].revents) continue;
+                client_t *c = &b.clients[who[k] / 2];
+                if (c->state == C_FREE) continue;
+                if (who[k] % 2 == 0) {
+                    if (pfd[k].fd == c->fd) on_message(&b, c);
+                } else if (pfd[k].fd == c->efd) {
+                    /* The events connection only listens: anything or a
+                     * close there ends the client. */
+                    client_drop(&b, c, (pfd[k].revents & POLLIN) ? "spoke on its events connection "
+                                                                  "or closed it" : "events connection closed");
+                }
+            }
+            if (pfd[1].revents) on_accept(&b);
+        }
+        now = gm__now_ns();
+        for (size_t i = 0; i < b.n_clients; i++) {
+            client_t *c = &b.clients[i];
+            if (c->state == C_CONTROL && c->pending && c->deadline_ns <= now) lease_try(&b, c, true);
+            else if (c->state == C_NEW && c->first_ns + 10000000000ull <= now)
+                client_drop(&b, c, "said nothing for 10 s");
+        }
+        if (b.dirty && now - b.last_stats_ns > 1000000000ull) {
+            write_stats(&b);
+            b.last_stats_ns = now;
+            b.dirty = false;
+        }
+    }
+    write_stats(&b);
+    logf_(&b, "stopping: %" PRIu64 " pages leased to running processes stay theirs",
+          b.leased);
+    free(pfd);
+    free(who);
+    teardown(&b);
+    close(g_sigpipe[0]);
+    close(g_sigpipe[1]);
+    g_sigpipe[0] = g_sigpipe[1] = -1;
+    return status;
+}
+
+/* ---- the viewer's side ---------------------------------------------------------- */
+
+int gm_broker_query(const char *path, gm_broker_view_t *out)
+{
+    memset(out, 0, sizeof *out);
+    int fd;
+    GM_CHECK(gm__wire_connect("gpumem broker query", path, 5, &fd));
+    int rc = GM_OK;
+    for (uint64_t first = 0;; first++) {
+        gm__broker_msg_t m;
+        memset(&m, 0, sizeof m);
+        m.magic = GM__BROKER_MAGIC;
+        m.version = GM__BROKER_VERSION;
+        m.type = GM__BROKER_STATS;
+        m.first = first;
+        size_t nfds;
+        bool closed;
+        rc = gm__wire_send(fd, &m, sizeof m, NULL, 0, 0, "broker");
+        if (rc == GM_OK) rc = gm__wire_recv(fd, &m, sizeof m, NULL, 0, &nfds, &closed, 5, "broker");
+        if (rc != GM_OK) break;
+        if (m.magic != GM__BROKER_MAGIC || m.type != GM__BROKER_REPLY || m.status != GM_OK ||
+            !memchr(m.tenant, 0, sizeof m.tenant) || m.count > 65536) {
+            rc = gm__set_error(GM_PARSE, "the broker on %s answered nonsense", path);
+            break;
+        }
+        out->capacity = m.capacity;
+        out->device_used = m.device_used;
+        out->pid = m.pid;
+        if (first >= m.count) break;
+        gm_broker_tenant_t *nt = realloc(out->tenants, (out->n + 1) * sizeof *nt);
+        if (!nt) {
+            rc = gm__set_error(GM_NO_HOST_MEMORY, "out of host memory");
+            break;
+        }
+        out->tenants = nt;
+        gm_broker_tenant_t *t = &out->tenants[out->n++];
+        snprintf(t->name, sizeof t->name, "%s", m.tenant);
+        t->quota = m.quota;
+        t->guaranteed = m.guaranteed;
+        t->used = m.used;
+        t->peak = m.peak;
+        t->cached = m.cached_bytes;
+        t->refusals = m.refusals;
+        t->clients = m.clients;
+        t->reclaims = m.reclaims;
+    }
+    close(fd);
+    if (rc != GM_OK) {
+        free(out->tenants);
+        memset(out, 0, sizeof *out);
+    }
+    return rc;
+}

@@ -1,0 +1,38 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * broker.h — `gpumem broker`, the machine's owner of a GPU's memory
+ * (broker.c; wire format src/broker/proto.h; the user's side docs/broker.md).
+ * In libgpumem_tools, not in libgpumem.so, so tests can run a broker in a
+ * forked child.
+ */
+#ifndef GM_TOOLS_BROKER_H
+#define GM_TOOLS_BROKER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* The whole daemon: argv[0] == "broker".  Runs until SIGTERM/SIGINT; exit
+ * status 0, 1 (could not start), 2 (bad usage or config). */
+int gm_cli_broker(int argc, char **argv);
+void gm_cli_broker_usage(FILE *out);
+
+/* A tenant row as the broker reports it (STATS), in bytes. */
+typedef struct gm_broker_tenant {
+    char name[64];
+    uint64_t quota, guaranteed, used, peak, cached, refusals, clients, reclaims;
+} gm_broker_tenant_t;
+
+typedef struct gm_broker_view {
+    uint64_t capacity, device_used;
+    int64_t pid;
+    size_t n;
+    gm_broker_tenant_t *tenants; /* malloc'd; free() */
+} gm_broker_view_t;
+
+/* Ask the broker on path for its tenant table (`gpumem top --broker`,
+ * `gpumem metrics --broker`).  GM_OK, or an error with gm_last_error(). */
+int gm_broker_query(const char *path, gm_broker_view_t *out);
+
+#endif /* GM_TOOLS_BROKER_H */
