@@ -22,6 +22,7 @@
 
 #include "cli.h"
 #include "base/internal.h"
+#include "lib/broker.h"
 #include "lib/monitor_read.h"
 
 void gm_cli_metrics_usage(FILE *out)
@@ -32,7 +33,9 @@ void gm_cli_metrics_usage(FILE *out)
             "gpumem top) in Prometheus text exposition format: gpumem_<field>_bytes\n"
             "gauges, gpumem_<field>_total counters, labels device, backend, command,\n"
             "pid, pool (one series per pool of each process: never a duplicate).\n\n"
-            "  --pid-labels    accepted for compatibility (pid labels are always on)\n");
+            "  --pid-labels    accepted for compatibility (pid labels are always on)\n"
+            "  --broker PATH   also the tenants of the broker on PATH (default:\n"
+            "                  $GPUMEM_BROKER when set): gpumem_broker_* series\n");
 }
 
 static const char *const descs[][2] = {
@@ -107,14 +110,20 @@ static void label_value(FILE *out, const char *s)
 
 int gm_cli_metrics(int argc, char **argv)
 {
+    const char *broker = getenv("GPUMEM_BROKER");
+    if (broker && !*broker) broker = NULL;
+    int missing = 0;
     for (int i = 1; i < argc; i++) {
+        const char *v;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             gm_cli_metrics_usage(stdout);
             return 0;
         } else if (!strcmp(argv[i], "--pid-labels")) {
             /* the default now */
+        } else if ((v = gm_cli_option(argc, argv, &i, "broker", &missing))) {
+            broker = v;
         } else {
-            fprintf(stderr, "gpumem metrics: unknown option '%s'\n", argv[i]);
+            if (!missing) fprintf(stderr, "gpumem metrics: unknown option '%s'\n", argv[i]);
             gm_cli_metrics_usage(stderr);
             return 2;
         }
@@ -148,5 +157,14 @@ int gm_cli_metrics(int argc, char **argv)
         }
     }
     free(l.v);
+    if (broker) {
+        gm_broker_view_t v;
+        if (gm_broker_query(broker, &v) != GM_OK) {
+            fprintf(stderr, "gpumem metrics: broker %s: %s\n", broker, gm_last_error());
+            return 1;
+        }
+        gm_broker_print_metrics(stdout, &v);
+        free(v.tenants);
+    }
     return 0;
 }

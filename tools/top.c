@@ -22,6 +22,7 @@
 
 #include "cli.h"
 #include "base/internal.h"
+#include "lib/broker.h"
 #include "lib/monitor_read.h"
 
 void gm_cli_top_usage(FILE *out)
@@ -37,7 +38,10 @@ void gm_cli_top_usage(FILE *out)
             "(gpumem.<pid>); files of dead processes are ignored and removed.\n\n"
             "  --once          print one snapshot and exit (also without a terminal)\n"
             "  --json          one JSON array of processes (implies --once)\n"
-            "  --interval S    seconds between refreshes, 0.1 to 3600 (default 1)\n");
+            "  --interval S    seconds between refreshes, 0.1 to 3600 (default 1)\n"
+            "  --broker PATH   also show the tenants of the broker on PATH (default:\n"
+            "                  $GPUMEM_BROKER when set); with --json: {\"processes\": [...],\n"
+            "                  \"broker\": {...}}\n");
 }
 
 typedef struct row_arg {
@@ -88,22 +92,40 @@ static void print_row(const gm__mon_proc_view_t *v, void *arg)
     a->count++;
 }
 
+static const char *g_broker; /* --broker, or GPUMEM_BROKER */
+
 static int snapshot(FILE *out, int json)
 {
     row_arg_t a = {out, json, 0};
+    if (json && g_broker) fprintf(out, "{\"processes\": ");
     if (json) fprintf(out, "[");
     else
         fprintf(out, "%7s %-16s %3s %-5s %11s %11s %11s %11s %6s %11s %11s\n", "PID", "COMMAND",
                 "DEV", "BACK", "ALLOCATED", "RESERVED", "CACHED", "PEAK", "OOMS", "EXPORTED",
                 "IMPORTED");
     int n = gm__monitor_scan(print_row, &a);
-    if (json) fprintf(out, "]\n");
+    if (json) fprintf(out, "]%s", g_broker ? "" : "\n");
     if (n < 0) {
         fprintf(stderr, "gpumem top: cannot read the monitor directory: %s\n", strerror(errno));
         return 1;
     }
     if (!json && n == 0) fprintf(out, "(no process is using gpumem)\n");
-    return 0;
+    if (!g_broker) return 0;
+    gm_broker_view_t v;
+    int rc = gm_broker_query(g_broker, &v);
+    if (json) {
+        fprintf(out, ", \"broker\": ");
+        if (rc == GM_OK) gm_broker_print_json(out, &v);
+        else fprintf(out, "null");
+        fprintf(out, "}\n");
+    } else if (rc == GM_OK) {
+        fprintf(out, "\n");
+        gm_broker_print_table(out, g_broker, &v);
+    } else {
+        fprintf(out, "\nbroker %s: %s\n", g_broker, gm_last_error());
+    }
+    free(v.tenants);
+    return rc == GM_OK ? 0 : 1;
 }
 
 /* Refresh period bounds: below 0.1 s top would spin; above an hour it is
@@ -129,6 +151,8 @@ int gm_cli_top(int argc, char **argv)
 {
     int once = 0, json = 0, missing = 0;
     double interval = 1.0;
+    g_broker = getenv("GPUMEM_BROKER");
+    if (g_broker && !*g_broker) g_broker = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -138,6 +162,8 @@ int gm_cli_top(int argc, char **argv)
             once = 1;
         } else if (!strcmp(argv[i], "--json")) {
             json = once = 1;
+        } else if ((v = gm_cli_option(argc, argv, &i, "broker", &missing))) {
+            g_broker = v;
         } else if ((v = gm_cli_option(argc, argv, &i, "interval", &missing))) {
             if (parse_interval(v, &interval) != 0) {
                 fprintf(stderr, "gpumem top: --interval '%s': give seconds from %g to %g, e.g. 0.5\n",

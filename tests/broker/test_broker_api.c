@@ -53,12 +53,15 @@ int main(void)
     CHECK_OK(gm_free(pool, q, NULL));
     size_t released = 0;
     CHECK_OK(gm_trim(pool, 0, &released));
+    /* Returns need no answer: the broker may read them after a query. */
+    WAIT_FOR(tb_tenant(&b, g_tenant).used == 4 * MiB, 2000);
     t = tb_tenant(&b, g_tenant);
-    CHECK(t.used == 4 * MiB || t.used == 2 * MiB * ((4 * MiB + 2 * MiB - 1) / (2 * MiB)));
+    CHECK(t.used == 4 * MiB);
     /* The first block still holds its data. */
     CHECK(((unsigned char *)p)[4 * MiB - 1] == 0x5a);
     CHECK_OK(gm_free(pool, p, NULL));
     CHECK_OK(gm_trim(pool, 0, NULL));
+    WAIT_FOR(tb_tenant(&b, g_tenant).used == 0, 2000);
     t = tb_tenant(&b, g_tenant);
     CHECK(t.used == 0);
 

@@ -40,6 +40,7 @@
 #include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -1414,4 +1415,88 @@ int gm_broker_query(const char *path, gm_broker_view_t *out)
         memset(out, 0, sizeof *out);
     }
     return rc;
+}
+
+static const char *q_or_none(uint64_t q, char *buf)
+{
+    return q == UINT64_MAX ? "none" : gm__fmt_bytes(q, buf, 32);
+}
+
+void gm_broker_print_table(FILE *out, const char *path, const gm_broker_view_t *v)
+{
+    char a[32], b[32], c[32], d[32], e[32];
+    fprintf(out, "broker %s (pid %lld): %s of %s leased\n", path, (long long)v->pid,
+            gm__fmt_bytes(v->device_used, a, sizeof a), gm__fmt_bytes(v->capacity, b, sizeof b));
+    fprintf(out, "%-24s %7s %11s %11s %11s %11s %11s %8s %8s\n", "TENANT", "PROCS", "USED", "QUOTA",
+            "GUARANTEED", "PEAK", "CACHED", "REFUSED", "RECLAIMS");
+    for (size_t i = 0; i < v->n; i++) {
+        const gm_broker_tenant_t *t = &v->tenants[i];
+        fprintf(out, "%-24s %7llu %11s %11s %11s %11s %11s %8llu %8llu\n", t->name,
+                (unsigned long long)t->clients, gm__fmt_bytes(t->used, a, sizeof a),
+                q_or_none(t->quota, b), gm__fmt_bytes(t->guaranteed, c, sizeof c),
+                gm__fmt_bytes(t->peak, d, sizeof d), gm__fmt_bytes(t->cached, e, sizeof e),
+                (unsigned long long)t->refusals, (unsigned long long)t->reclaims);
+    }
+}
+
+void gm_broker_print_json(FILE *out, const gm_broker_view_t *v)
+{
+    fprintf(out, "{\"pid\": %lld, \"capacity\": %llu, \"leased\": %llu, \"tenants\": [",
+            (long long)v->pid, (unsigned long long)v->capacity,
+            (unsigned long long)v->device_used);
+    for (size_t i = 0; i < v->n; i++) {
+        const gm_broker_tenant_t *t = &v->tenants[i];
+        /* Tenant names are letters, digits, - _ . : (the config's rule). */
+        fprintf(out, "%s{\"name\": \"%s\", \"clients\": %llu, \"used\": %llu, \"quota\": %s%llu%s, "
+                "\"guaranteed\": %llu, \"peak\": %llu, \"cached\": %llu, \"refusals\": %llu, "
+                "\"reclaims\": %llu}", i ? ", " : "", t->name, (unsigned long long)t->clients,
+                (unsigned long long)t->used, t->quota == UINT64_MAX ? "null" : "",
+                t->quota == UINT64_MAX ? 0ull : (unsigned long long)t->quota,
+                t->quota == UINT64_MAX ? "" : "", (unsigned long long)t->guaranteed,
+                (unsigned long long)t->peak, (unsigned long long)t->cached,
+                (unsigned long long)t->refusals, (unsigned long long)t->reclaims);
+    }
+    fprintf(out, "]}");
+}
+
+void gm_broker_print_metrics(FILE *out, const gm_broker_view_t *v)
+{
+    fprintf(out, "# HELP gpumem_broker_capacity_bytes Device memory the broker may lease.\n"
+                 "# TYPE gpumem_broker_capacity_bytes gauge\ngpumem_broker_capacity_bytes %llu\n"
+                 "# HELP gpumem_broker_leased_bytes Device memory leased to processes.\n"
+                 "# TYPE gpumem_broker_leased_bytes gauge\ngpumem_broker_leased_bytes %llu\n",
+            (unsigned long long)v->capacity, (unsigned long long)v->device_used);
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+    } rows[] = {
+        {"gpumem_broker_tenant_used_bytes", "gauge", "Device memory a tenant holds.",
+         offsetof(gm_broker_tenant_t, used)},
+        {"gpumem_broker_tenant_quota_bytes", "gauge", "A tenant's quota (absent: none).",
+         offsetof(gm_broker_tenant_t, quota)},
+        {"gpumem_broker_tenant_guaranteed_bytes", "gauge", "A tenant's guaranteed minimum.",
+         offsetof(gm_broker_tenant_t, guaranteed)},
+        {"gpumem_broker_tenant_peak_bytes", "gauge", "The most a tenant held.",
+         offsetof(gm_broker_tenant_t, peak)},
+        {"gpumem_broker_tenant_cached_bytes", "gauge", "Leased memory a tenant's processes keep unused.",
+         offsetof(gm_broker_tenant_t, cached)},
+        {"gpumem_broker_tenant_processes", "gauge", "A tenant's connected processes.",
+         offsetof(gm_broker_tenant_t, clients)},
+        {"gpumem_broker_tenant_refusals_total", "counter", "Leases refused to a tenant.",
+         offsetof(gm_broker_tenant_t, refusals)},
+        {"gpumem_broker_tenant_reclaims_total", "counter",
+         "Requests to a tenant's processes to give unused memory back.",
+         offsetof(gm_broker_tenant_t, reclaims)},
+    };
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", rows[r].name, rows[r].help, rows[r].name,
+                rows[r].type);
+        for (size_t i = 0; i < v->n; i++) {
+            uint64_t x;
+            memcpy(&x, (const char *)&v->tenants[i] + rows[r].off, sizeof x);
+            if (x == UINT64_MAX) continue;
+            fprintf(out, "%s{tenant=\"%s\"} %llu\n", rows[r].name, v->tenants[i].name,
+                    (unsigned long long)x);
+        }
+    }
 }

@@ -35,4 +35,10 @@ typedef struct gm_broker_view {
  * `gpumem metrics --broker`).  GM_OK, or an error with gm_last_error(). */
 int gm_broker_query(const char *path, gm_broker_view_t *out);
 
+/* The view as a table (gpumem top), a JSON object, or Prometheus series
+ * (gpumem metrics; HELP/TYPE lines included). */
+void gm_broker_print_table(FILE *out, const char *path, const gm_broker_view_t *v);
+void gm_broker_print_json(FILE *out, const gm_broker_view_t *v);
+void gm_broker_print_metrics(FILE *out, const gm_broker_view_t *v);
+
 #endif /* GM_TOOLS_BROKER_H */
