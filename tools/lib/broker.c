@@ -1107,12 +1107,13 @@ void gm_cli_broker_usage(FILE *out)
     fprintf(out,
             "usage: gpumem broker [--config FILE] [--socket PATH] [--backend auto|sim|cuda]\n"
             "                     [--device N] [--capacity BYTES] [--default-quota BYTES]\n"
-            "                     [--stats-file PATH]\n\n"
+            "                     [--stats-file PATH] [--check]\n\n"
             "Own a GPU's memory and lease it to processes that use gpumem, within each\n"
             "tenant's quota.  A process uses the broker when GPUMEM_BROKER names its socket.\n"
             "Runs in the foreground and logs on stderr; SIGHUP reloads the config file,\n"
             "SIGTERM stops it (processes keep the memory they map).  Options override the\n"
-            "config file; docs/broker.md describes the file:\n\n"
+            "config file; --check reads the config, prints what it says and exits.\n"
+            "docs/broker.md describes the file:\n\n"
             "  socket = /run/gpumem/broker.sock   capacity = 70GiB   default_quota = 8GiB\n"
             "  [tenant training]\n"
             "  users = alice, 1001    groups = ml    cgroup = /system.slice/train.service\n"
@@ -1200,6 +1201,7 @@ int gm_cli_broker(int argc, char **argv)
     cfg_defaults(&b.cfg);
     const char *config = NULL, *sock = NULL, *backend = NULL, *device = NULL, *capacity = NULL,
                *dquota = NULL, *stats = NULL;
+    bool check = false;
     for (int i = 1; i < argc; i++) {
         int bad = 0;
         const char *v;
@@ -1207,7 +1209,8 @@ int gm_cli_broker(int argc, char **argv)
             gm_cli_broker_usage(stdout);
             return 0;
         }
-        if ((v = opt(argc, argv, &i, "--config", &bad))) config = v;
+        if (!strcmp(argv[i], "--check")) check = true;
+        else if ((v = opt(argc, argv, &i, "--config", &bad))) config = v;
         else if ((v = opt(argc, argv, &i, "--socket", &bad))) sock = v;
         else if ((v = opt(argc, argv, &i, "--backend", &bad))) backend = v;
         else if ((v = opt(argc, argv, &i, "--device", &bad))) device = v;
@@ -1252,6 +1255,23 @@ int gm_cli_broker(int argc, char **argv)
         return 2;
     }
 
+    if (check) {
+        char a[32], q[32], k[32];
+        printf("socket %s, backend %s, device %d, capacity %s, default_quota %s, keep_free %s, "
+               "reclaim_ms %u, max_clients %u, socket_mode %04o\n", b.cfg.socket,
+               gm__backend_kind_name(b.cfg.backend), b.cfg.device,
+               b.cfg.capacity ? fmt(b.cfg.capacity, a) : "the device's free memory",
+               fmt(b.cfg.default_quota, q), fmt(b.cfg.keep_free, k), b.cfg.reclaim_ms,
+               b.cfg.max_clients, b.cfg.socket_mode);
+        for (size_t i = 0; i < b.cfg.n_tenants; i++) {
+            const tenant_cfg_t *t = &b.cfg.tenants[i];
+            printf("tenant %s: %zu users, %zu groups, cgroup %s, quota %s, guaranteed %s\n",
+                   t->name, t->n_uids, t->n_gids, t->cgroup[0] ? t->cgroup : "any",
+                   fmt(t->quota, a), fmt(t->guaranteed, q));
+        }
+        cfg_free(&b.cfg);
+        return 0;
+    }
     if (pipe2(g_sigpipe, O_CLOEXEC | O_NONBLOCK) != 0) {
         fprintf(stderr, "gpumem broker: pipe: %s\n", strerror(errno));
         return 1;
