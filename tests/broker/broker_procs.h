@@ -265,6 +265,7 @@ static inline void bp_start(test_broker_t *b)
         bp_results = -1;
         FILE *l = freopen(b->log, "a", stderr);
         (void)l;
+        setvbuf(stderr, NULL, _IONBF, 0); /* freopen made it buffered: _exit would lose it */
         char *argv[] = {"broker", "--config", b->config, NULL};
         _exit(gm_cli_broker(3, argv));
     }

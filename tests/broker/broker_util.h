@@ -68,6 +68,7 @@ static inline void tb_start(test_broker_t *b)
     if (pid == 0) {
         FILE *l = freopen(b->log, "a", stderr);
         (void)l;
+        setvbuf(stderr, NULL, _IONBF, 0); /* freopen made it buffered: _exit would lose it */
         char *argv[] = {"broker", "--config", b->config, NULL};
         _exit(gm_cli_broker(3, argv));
     }
