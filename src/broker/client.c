@@ -63,7 +63,9 @@ struct gm__broker_client {
     gm_pool_t *pool;           /* the root */
     char path[108];
     int fd, efd;               /* control, events; -1 when closed */
-    int wake[2];               /* stops the events thread */
+    int retired_efd;           /* an events connection replaced by a reconnect:
+                                  the events thread closes it (it may be polling it) */
+    int wake[2];               /* 'x': the events thread stops; 'r': efd changed */
     pthread_t thr;
     bool thr_started;
     uint64_t client, cookie, generation;
@@ -173,12 +175,17 @@ static int connect_locked(gm__broker_client_t *c, uint64_t adopt)
     if (rc != GM_OK) goto fail;
     rc = hello(c, efd, GM__BROKER_FLAG_EVENTS, 0, &m);
     if (rc != GM_OK) goto fail;
-    /* The events thread blocks in poll, not in a receive timeout. */
     c->fd = fd;
-    int old = c->efd;
+    if (c->efd >= 0) {
+        if (c->retired_efd >= 0) close(c->retired_efd); /* the thread is past it */
+        c->retired_efd = c->efd;
+    }
     c->efd = efd;
     c->epoch++;
-    if (old >= 0) close(old);
+    if (c->wake[1] >= 0) {
+        ssize_t w = write(c->wake[1], "r", 1);
+        (void)w;
+    }
     return GM_OK;
 fail:
     if (fd >= 0) close(fd);
@@ -472,9 +479,18 @@ static void *events_main(void *arg)
         int efd = c->efd;
         pthread_mutex_unlock(&c->mu);
         struct pollfd p[2] = {{.fd = c->wake[0], .events = POLLIN}, {.fd = efd, .events = POLLIN}};
-        int n = poll(p, efd >= 0 ? 2 : 1, efd >= 0 ? -1 : 100);
+        int n = poll(p, efd >= 0 ? 2 : 1, -1);
         if (n < 0 && errno != EINTR) break;
-        if (p[0].revents) break;
+        if (p[0].revents) {
+            char cmd[16];
+            ssize_t k = read(c->wake[0], cmd, sizeof cmd);
+            if (k <= 0 || memchr(cmd, 'x', (size_t)k)) break;
+            pthread_mutex_lock(&c->mu);
+            if (c->retired_efd >= 0) close(c->retired_efd);
+            c->retired_efd = -1;
+            pthread_mutex_unlock(&c->mu);
+            continue;
+        }
         if (efd < 0 || !p[1].revents) continue;
         gm__broker_msg_t m;
         size_t nfds;
@@ -506,7 +522,7 @@ int gm__broker_provider_init(gm__page_provider_t *p, gm_pool_t *pool)
     if (!c) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
     pthread_mutex_init(&c->mu, NULL);
     c->pool = pool;
-    c->fd = c->efd = -1;
+    c->fd = c->efd = c->retired_efd = -1;
     c->wake[0] = c->wake[1] = -1;
     snprintf(c->path, sizeof c->path, "%s", pool->cfg.broker);
     size_t lease = pool->cfg.broker_lease ? pool->cfg.broker_lease : GM__BROKER_LEASE_DEFAULT;
@@ -514,9 +530,9 @@ int gm__broker_provider_init(gm__page_provider_t *p, gm_pool_t *pool)
     if (c->lease_pages < 1) c->lease_pages = 1;
     if (c->lease_pages > GM__BROKER_IDS) c->lease_pages = GM__BROKER_IDS;
     int rc = gm__hash_init(&c->held, 1024);
-    if (rc == GM_OK) rc = connect_locked(c, 0);
     if (rc == GM_OK && pipe2(c->wake, O_CLOEXEC) != 0)
         rc = gm__set_error(GM_IO, "broker: pipe: %s", strerror(errno));
+    if (rc == GM_OK) rc = connect_locked(c, 0);
     if (rc == GM_OK && pthread_create(&c->thr, NULL, events_main, c) != 0)
         rc = gm__set_error(GM_NO_HOST_MEMORY, "broker: cannot start its thread");
     if (rc != GM_OK) {
@@ -546,7 +562,8 @@ static void destroy(void *ctx)
     give_stock_locked(c, c->n_stock);
     close_conn(c);
     if (c->efd >= 0) close(c->efd);
-    c->efd = -1;
+    if (c->retired_efd >= 0) close(c->retired_efd);
+    c->efd = c->retired_efd = -1;
     pthread_mutex_unlock(&c->mu);
     for (int i = 0; i < 2; i++)
         if (c->wake[i] >= 0) close(c->wake[i]);
@@ -558,6 +575,21 @@ static void destroy(void *ctx)
 }
 
 bool gm__broker_provider_is(const gm__page_provider_t *p) { return p->ops == &broker_ops; }
+
+void gm__broker_atfork_child(const gm__page_provider_t *p)
+{
+    if (!gm__broker_provider_is(p)) return;
+    gm__broker_client_t *c = p->ctx;
+    /* The parent's connections: a child holding them open would keep the
+     * parent's lease alive at the broker after the parent dies.  No lock:
+     * the child has one thread, and the pool is dead in it. */
+    int *fds[] = {&c->fd, &c->efd, &c->retired_efd, &c->wake[0], &c->wake[1]};
+    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
+        if (*fds[i] >= 0) {
+            close(*fds[i]);
+            *fds[i] = -1;
+        }
+}
 
 void gm__broker_provider_stats(const gm__page_provider_t *p, gm__broker_client_stats_t *s)
 {

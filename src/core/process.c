@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "core/options.h"
+#include "broker/broker.h"
 #include "core/pool.h"
 #include "share/share.h"
 #include "observe/observe.h"
@@ -81,7 +82,10 @@ static void atfork_child(void)
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     pools_mu = fresh;
     gm__share_atfork_child();
-    for (gm_pool_t *p = pools_head; p; p = p->all_next) p->magic = GM_POOL_FORKED;
+    for (gm_pool_t *p = pools_head; p; p = p->all_next) {
+        p->magic = GM_POOL_FORKED;
+        gm__broker_atfork_child(&p->provider);
+    }
     library_pools_atfork_child();
     registry_atfork_child();
     gm__monitor_atfork_child();

@@ -101,6 +101,46 @@ int main(void)
         CHECK(tb_tenant(&b, g_tenant).used == 0);
     }
 
+    /* A client that forked (a data loader's workers) and is then killed:
+     * its child must not keep the lease alive. */
+    {
+        int ready[2];
+        CHECK(pipe(ready) == 0);
+        fflush(NULL);
+        pid_t parent = fork();
+        if (parent == 0) {
+            gm_pool_t *cp = NULL;
+            void *a = NULL;
+            if (tb_pool(&b, 0, &cp) != GM_OK || gm_alloc(cp, 32 * MiB, NULL, &a) != GM_OK) _exit(1);
+            pid_t kid = fork();
+            if (kid == 0) {
+                sleep(5);
+                _exit(0);
+            }
+            char pidbuf[32];
+            int n = snprintf(pidbuf, sizeof pidbuf, "%d\n", (int)kid);
+            if (write(ready[1], pidbuf, (size_t)n) != n) _exit(1);
+            pause();
+            _exit(0);
+        }
+        close(ready[1]);
+        char buf[32] = {0};
+        ssize_t n = read(ready[0], buf, sizeof buf - 1);
+        close(ready[0]);
+        CHECK(n > 0);
+        pid_t kid = n > 0 ? atoi(buf) : 0;
+        CHECK(tb_tenant(&b, g_tenant).used >= 32 * MiB);
+        double t0 = now_ms();
+        kill(parent, SIGKILL);
+        waitpid(parent, NULL, 0);
+        WAIT_FOR(tb_tenant(&b, g_tenant).used == 0, 3000);
+        double took = now_ms() - t0;
+        CHECK(tb_tenant(&b, g_tenant).used == 0);
+        CHECK(took < 1000);
+        printf("a killed client with a forked child: its pages back in %.1f ms\n", took);
+        if (kid > 0) kill(kid, SIGKILL);
+    }
+
     CHECK(tb_stop(&b, SIGTERM) == 0);
     tb_cleanup(&b);
     return test_summary();
