@@ -21,6 +21,7 @@
 #   CMAKE_ARGS        extra arguments for configure
 #   CTEST_JOBS        parallel ctest jobs            (4)
 #   CTEST_TIMEOUT     seconds per test               (120)
+#   CTEST_ARGS        more ctest arguments, e.g. "-L broker"  (none)
 #   SANITIZE_GLOB     extended regex on executable paths for the sanitizer
 #                     phase: the programs that use the GPU  ((^|/)test_(api|stress)$)
 #   SANITIZE_ARGS     arguments passed to each sanitized test (none)
@@ -38,6 +39,7 @@ BUILD_DIR="${BUILD_DIR:-build-device}"
 BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}"
 CTEST_JOBS="${CTEST_JOBS:-4}"
 CTEST_TIMEOUT="${CTEST_TIMEOUT:-120}"
+CTEST_ARGS="${CTEST_ARGS:-}"
 SANITIZE_GLOB="${SANITIZE_GLOB:-(^|/)test_(api|stress)$}"
 SANITIZE_ARGS="${SANITIZE_ARGS:-}"
 SANITIZE_TIMEOUT="${SANITIZE_TIMEOUT:-150}"
@@ -119,8 +121,9 @@ phase_info() {
 }
 
 phase_ctest() {
+    # shellcheck disable=SC2086
     cd "$BUILD_DIR" && ctest --output-on-failure -j "$CTEST_JOBS" \
-        --timeout "$CTEST_TIMEOUT" --no-tests=error
+        --timeout "$CTEST_TIMEOUT" --no-tests=error $CTEST_ARGS
 }
 
 phase_sanitize() {
