@@ -251,30 +251,33 @@ static int stock_reserve(gm__broker_client_t *c, size_t more)
     return GM_OK;
 }
 
-/* Give stock[0..n) back to the broker: released here first, then named. */
+/* Give stock[0..n) back to the broker, 64 at a time: each batch released
+ * here and taken off the stock first, then named to the broker.  A broker
+ * that is gone takes nothing back (its books died with it): lost_locked
+ * releases what is left of the stock. */
 static void give_stock_locked(gm__broker_client_t *c, size_t n)
 {
     if (n > c->n_stock) n = c->n_stock;
-    release_local(c, c->stock_h, n);
-    size_t sent = 0;
-    while (sent < n && c->fd >= 0) {
+    while (n > 0 && c->n_stock > 0) {
         gm__broker_msg_t m;
         msg_init(&m, GM__BROKER_RETURN);
-        size_t k = n - sent < GM__BROKER_IDS ? n - sent : GM__BROKER_IDS;
-        memcpy(m.ids, c->stock_id + sent, k * sizeof *m.ids);
+        size_t k = n < GM__BROKER_IDS ? n : GM__BROKER_IDS;
+        release_local(c, c->stock_h, k);
+        memcpy(m.ids, c->stock_id, k * sizeof *m.ids);
+        memmove(c->stock_h, c->stock_h + k, (c->n_stock - k) * sizeof *c->stock_h);
+        memmove(c->stock_id, c->stock_id + k, (c->n_stock - k) * sizeof *c->stock_id);
+        c->n_stock -= k;
+        n -= k;
+        atomic_fetch_add_explicit(&c->returned_pages, k, memory_order_relaxed);
+        if (c->fd < 0) continue;
         m.count = k;
-        sent += k;
-        m.cached = c->n_stock - sent;
+        m.cached = c->n_stock;
         if (gm__wire_send(c->fd, &m, sizeof m, NULL, 0, 0, "broker") != GM_OK) {
             lost_locked(c, gm_last_error());
             gm__clear_error();
-            return; /* lost_locked released the rest of the stock */
+            return;
         }
     }
-    atomic_fetch_add_explicit(&c->returned_pages, n, memory_order_relaxed);
-    memmove(c->stock_h, c->stock_h + n, (c->n_stock - n) * sizeof *c->stock_h);
-    memmove(c->stock_id, c->stock_id + n, (c->n_stock - n) * sizeof *c->stock_id);
-    c->n_stock -= n;
 }
 
 /* One lease of min..count pages into the stock (mu held, connected). */

@@ -315,6 +315,10 @@ typedef struct tenant {
     bool configured;   /* a rule of the config (else made for a uid) */
     uint64_t used, peak; /* pages */
     uint64_t refusals, reclaims, clients, cached;
+    /* A wait for its other processes' unused pages that ended with nothing
+     * given back: the next lease over quota is refused at once instead of
+     * waiting again, until one of its processes returns a page. */
+    bool futile;
 } tenant_t;
 
 enum { C_FREE, C_NEW, C_CONTROL, C_VIEWER };
@@ -351,6 +355,7 @@ typedef struct broker {
     uint32_t dead_head;  /* slots of released pages (index + 1) */
     uint64_t n_free, n_made;
     uint64_t leased;   /* pages held by clients, adopted ones included */
+    bool futile;       /* the same for a full device (any return clears it) */
     tenant_t *tenants;
     size_t n_tenants;
     client_t *clients;
@@ -597,6 +602,7 @@ static void client_drop(broker_t *b, client_t *c, const char *why)
         tenant_t *t = &b->tenants[c->tenant];
         t->used -= c->pages + c->adopted;
         t->clients--;
+        if (c->pages + c->adopted) t->futile = b->futile = false;
         t->cached -= c->cached < t->cached ? c->cached : t->cached;
         b->leased -= c->pages + c->adopted;
         if (why)
@@ -704,6 +710,8 @@ static int lease_try(broker_t *b, client_t *c, bool final)
     if (!final) return 0;
     t->refusals++;
     c->pending = false;
+    if (room_q < c->want_min) t->futile = true;
+    else b->futile = true;
     char a[32], bq[32], cc[32], d[32], e[32], f[32];
     if (room_q < c->want_min) {
         reply_init(b, &m, c, GM_LIMIT);
@@ -731,6 +739,8 @@ static size_t reclaim_ask(broker_t *b, client_t *c)
     tenant_t *t = &b->tenants[c->tenant];
     uint64_t q = quota_pages(b, t);
     bool quota_bound = q != UINT64_MAX && t->used + c->want_min > q;
+    /* The last wait got nothing and nothing came back since: do not wait. */
+    if (quota_bound ? t->futile : b->futile) return 0;
     size_t asked = 0;
     for (size_t i = 0; i < b->n_clients; i++) {
         client_t *o = &b->clients[i];
@@ -923,6 +933,7 @@ static void on_message(broker_t *b, client_t *c)
             for (uint64_t i = 0; i < m.count; i++) page_put(b, m.ids[i]);
             c->pages -= m.count;
             b->tenants[c->tenant].used -= m.count;
+            b->tenants[c->tenant].futile = b->futile = false;
             b->leased -= m.count;
             set_cached(b, c, m.cached);
             b->dirty = true;
@@ -935,6 +946,7 @@ static void on_message(broker_t *b, client_t *c)
             }
             c->adopted -= m.count;
             b->tenants[c->tenant].used -= m.count;
+            b->tenants[c->tenant].futile = b->futile = false;
             b->leased -= m.count;
             b->dirty = true;
             serve_pending(b);
@@ -1034,7 +1046,8 @@ static int apply_tenants(broker_t *b, bcfg_t *cfg)
               fmt(guaranteed, a), fmt(b->cap_pages * b->page, c));
         return -1;
     }
-    for (size_t i = 0; i < b->n_tenants; i++) b->tenants[i].configured = false;
+    for (size_t i = 0; i < b->n_tenants; i++) b->tenants[i].configured = b->tenants[i].futile = false;
+    b->futile = false;
     for (size_t i = 0; i < cfg->n_tenants; i++) {
         ssize_t t = tenant_find(b, cfg->tenants[i].name);
         if (t < 0) t = tenant_add(b, &cfg->tenants[i], true);
