@@ -8,6 +8,29 @@
 #include "broker_util.h"
 
 static char g_tenant[64];
+static int g_go[2], g_ready[2];
+static pid_t g_client;
+
+/* The client of the fork case: waits for "go", leases 32 MiB, forks a child
+ * that only sleeps, says the child's pid, waits to be killed. */
+static void forking_client(const test_broker_t *b)
+{
+    char c;
+    if (read(g_go[0], &c, 1) != 1) _exit(1);
+    gm_pool_t *cp = NULL;
+    void *a = NULL;
+    if (tb_pool(b, 0, &cp) != GM_OK || gm_alloc(cp, 32 * MiB, NULL, &a) != GM_OK) _exit(1);
+    pid_t kid = fork();
+    if (kid == 0) {
+        sleep(5);
+        _exit(0);
+    }
+    char pidbuf[32];
+    int n = snprintf(pidbuf, sizeof pidbuf, "%d\n", (int)kid);
+    if (write(g_ready[1], pidbuf, (size_t)n) != n) _exit(1);
+    pause();
+    _exit(0);
+}
 
 int main(void)
 {
@@ -16,6 +39,10 @@ int main(void)
     snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());
     tb_config(&b, "1GiB", "default_quota = 256MiB\nkeep_free = 64MiB\n");
     tb_start(&b);
+    if (pipe(g_go) != 0 || pipe(g_ready) != 0) return 1;
+    fflush(NULL);
+    g_client = fork();
+    if (g_client == 0) forking_client(&b);
 
     /* No broker at a path: pool creation fails and says so. */
     {
@@ -102,37 +129,19 @@ int main(void)
     }
 
     /* A client that forked (a data loader's workers) and is then killed:
-     * its child must not keep the lease alive. */
+     * its child must not keep the lease alive.  (It was forked before this
+     * process touched the device: a CUDA process cannot fork a CUDA user.) */
     {
-        int ready[2];
-        CHECK(pipe(ready) == 0);
-        fflush(NULL);
-        pid_t parent = fork();
-        if (parent == 0) {
-            gm_pool_t *cp = NULL;
-            void *a = NULL;
-            if (tb_pool(&b, 0, &cp) != GM_OK || gm_alloc(cp, 32 * MiB, NULL, &a) != GM_OK) _exit(1);
-            pid_t kid = fork();
-            if (kid == 0) {
-                sleep(5);
-                _exit(0);
-            }
-            char pidbuf[32];
-            int n = snprintf(pidbuf, sizeof pidbuf, "%d\n", (int)kid);
-            if (write(ready[1], pidbuf, (size_t)n) != n) _exit(1);
-            pause();
-            _exit(0);
-        }
-        close(ready[1]);
+        CHECK(write(g_go[1], "g", 1) == 1);
         char buf[32] = {0};
-        ssize_t n = read(ready[0], buf, sizeof buf - 1);
-        close(ready[0]);
+        ssize_t n = read(g_ready[0], buf, sizeof buf - 1);
         CHECK(n > 0);
         pid_t kid = n > 0 ? atoi(buf) : 0;
+        CHECK(kid > 0);
         CHECK(tb_tenant(&b, g_tenant).used >= 32 * MiB);
         double t0 = now_ms();
-        kill(parent, SIGKILL);
-        waitpid(parent, NULL, 0);
+        kill(g_client, SIGKILL);
+        waitpid(g_client, NULL, 0);
         WAIT_FOR(tb_tenant(&b, g_tenant).used == 0, 3000);
         double took = now_ms() - t0;
         CHECK(tb_tenant(&b, g_tenant).used == 0);
