@@ -32,6 +32,9 @@ typedef struct gm__broker_client_stats {
  * GM_DENIED: refused; GM_INVALID_STATE: another page size). */
 int gm__broker_provider_init(gm__page_provider_t *p, gm_pool_t *pool);
 bool gm__broker_provider_is(const gm__page_provider_t *p);
+/* Stop the events thread (it walks the pool's heaps): first thing at pool
+ * destroy.  Nothing for another provider. */
+void gm__broker_provider_stop(const gm__page_provider_t *p);
 /* In a fork child: close the parent pool's broker connections (p of a
  * pool that is dead in the child), so the broker sees the parent go when it
  * does.  Nothing for another provider. */

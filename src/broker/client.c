@@ -551,16 +551,24 @@ int gm__broker_provider_init(gm__page_provider_t *p, gm_pool_t *pool)
     return GM_OK;
 }
 
+void gm__broker_provider_stop(const gm__page_provider_t *p)
+{
+    if (!gm__broker_provider_is(p)) return;
+    gm__broker_client_t *c = p->ctx;
+    if (!c->thr_started) return;
+    ssize_t w = write(c->wake[1], "x", 1);
+    (void)w;
+    pthread_join(c->thr, NULL);
+    c->thr_started = false;
+}
+
 /* After the pool gave every page back: the stock goes to the broker, the
  * connections close (the broker takes back whatever is left). */
 static void destroy(void *ctx)
 {
     gm__broker_client_t *c = ctx;
-    if (c->thr_started) {
-        ssize_t w = write(c->wake[1], "x", 1);
-        (void)w;
-        pthread_join(c->thr, NULL);
-    }
+    gm__page_provider_t p = {&broker_ops, c};
+    gm__broker_provider_stop(&p);
     pthread_mutex_lock(&c->mu);
     give_stock_locked(c, c->n_stock);
     close_conn(c);

@@ -171,6 +171,7 @@ void gm__pool_core_fini_locked(gm_pool_t *pool, uint64_t *blocks, uint64_t *byte
 static void pool_teardown(gm_pool_t *pool, uint64_t *blocks, uint64_t *bytes)
 {
     gm__process_pool_destroying(pool);
+    gm__broker_provider_stop(&pool->provider); /* its thread walks the heaps */
     gm__heaps_destroy(pool, blocks, bytes); /* unregistered: no walk reaches them */
     gm__copy_fini(pool);
     gm__sysmem_fini(pool);
