@@ -102,8 +102,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -113,6 +111,9 @@
 #include "gpumem.h"
 #include "core/pool.h" /* the pool's backend-call counters, read without its lock */
 #include "lib/broker.h"
+
+#define BENCH_NAME "broker_bench"
+#include "bench_util.h"
 
 #define MiB ((uint64_t)1 << 20)
 #define GiB ((uint64_t)1 << 30)
@@ -139,73 +140,12 @@
 
 /* ---- small helpers ---------------------------------------------------------- */
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_us(long us)
-{
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* The q-quantile with linear interpolation between order statistics (as
- * numpy.percentile does; q = 0.5 is the median); NAN when n == 0. */
-static double quantile_of(const double *v, int n, double q)
-{
-    if (n <= 0) return NAN;
-    double *s = malloc((size_t)n * sizeof *s);
-    if (!s) return NAN;
-    memcpy(s, v, (size_t)n * sizeof *s);
-    qsort(s, (size_t)n, sizeof *s, cmp_double);
-    double x = q * (n - 1);
-    int i = (int)x;
-    double r = i >= n - 1 ? s[n - 1] : s[i] + (x - i) * (s[i + 1] - s[i]);
-    free(s);
-    return r;
-}
-
-static double median_of(const double *v, int n) { return quantile_of(v, n, 0.5); }
-
-static double max_of(const double *v, int n)
-{
-    double m = NAN;
-    for (int i = 0; i < n; i++)
-        if (isnan(m) || v[i] > m) m = v[i];
-    return m;
-}
-
-static bool env_is(const char *name, const char *value)
-{
-    const char *v = getenv(name);
-    return v && strcmp(v, value) == 0;
-}
-
 static uint64_t splitmix64(uint64_t *x)
 {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
-}
-
-static void raise_nofile(void)
-{
-    /* The sim holds one descriptor per 2 MiB page. */
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
 }
 
 /* ---- shared memory between the coordinator and its children ------------------ */
@@ -234,7 +174,6 @@ typedef struct shared {
 
 static shared_t *g_sh;
 static int g_slot = -1;      /* a child's slot */
-static pid_t g_coordinator;
 static gm_backend_kind_t g_backend = GM_BACKEND_AUTO; /* what children's pools ask for */
 
 static void slot_reset(int i)
@@ -246,7 +185,8 @@ static void slot_reset(int i)
 
 /* ---- the child's side --------------------------------------------------------- */
 
-static void child_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* The step that failed (and gm_last_error()) into the child's slot, then
+ * exit 1; CK (bench_util.h) calls it. */
 static void child_fail(const char *fmt, ...)
 {
     slot_t *s = &g_sh->slot[g_slot];
@@ -257,15 +197,6 @@ static void child_fail(const char *fmt, ...)
     atomic_store(&s->state, S_FAILED);
     _exit(1);
 }
-
-/* A gm call that must succeed; its step and gm_last_error() go to the
- * coordinator otherwise. */
-#define CK(expr, step)                                                         \
-    do {                                                                       \
-        int ck_ = (expr);                                                      \
-        if (ck_ != GM_OK)                                                      \
-            child_fail("%s: %s (%s)", step, gm_errname(ck_), gm_last_error()); \
-    } while (0)
 
 /* A pool of this process: leasing from the broker on sock (lease bytes per
  * lease, 0: GPUMEM_BROKER_LEASE or the default), or without a broker (sock
@@ -284,30 +215,7 @@ static gm_pool_t *make_pool(const char *sock, size_t lease)
     return pool;
 }
 
-static gm_stats_t pool_stats(gm_pool_t *pool)
-{
-    gm_stats_t st = GM_STATS_INIT;
-    CK(gm_pool_stats(pool, &st), "gm_pool_stats");
-    return st;
-}
-
 /* ---- the coordinator's side --------------------------------------------------- */
-
-#define MAX_ERRORS 64
-static char g_errors[MAX_ERRORS][600];
-static int g_nerrors;
-
-static void add_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void add_error(const char *fmt, ...)
-{
-    char line[600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "broker_bench: FAILED %s\n", line);
-    if (g_nerrors < MAX_ERRORS) memcpy(g_errors[g_nerrors++], line, sizeof line);
-}
 
 /* Live children, for the cleanup. */
 #define MAX_KIDS (MAX_CLIENTS + 8)
@@ -372,8 +280,6 @@ typedef struct kid {
     bool reaped;
 } kid_t;
 
-typedef void (*child_fn)(const void *arg);
-
 /* Fork a child that runs fn(arg) in slot `slot` and exits.  -1 (recorded)
  * on failure. */
 static int spawn(kid_t *k, int slot, child_fn fn, const void *arg, const char *ctx)
@@ -389,29 +295,14 @@ static int spawn(kid_t *k, int slot, child_fn fn, const void *arg, const char *c
     }
     if (pid == 0) {
         g_slot = slot;
-        signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
-        signal(SIGHUP, SIG_DFL);
         signal(SIGPIPE, SIG_DFL);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != g_coordinator) _exit(3);
-        alarm(CHILD_ALARM_S);
-        raise_nofile();
+        bench_child_init(CHILD_ALARM_S);
         fn(arg);
         _exit(0);
     }
     k->pid = pid;
     kid_add(pid);
     return 0;
-}
-
-static void describe_status(int st, char *buf, size_t cap)
-{
-    if (WIFEXITED(st)) snprintf(buf, cap, "exited with status %d", WEXITSTATUS(st));
-    else if (WIFSIGNALED(st)) snprintf(buf, cap, "killed by signal %d (%s)%s", WTERMSIG(st),
-                                       strsignal(WTERMSIG(st)),
-                                       WTERMSIG(st) == SIGALRM ? ": its alarm ran out" : "");
-    else snprintf(buf, cap, "status %#x", st);
 }
 
 static void mark_reaped(kid_t *k, int st)
@@ -661,13 +552,6 @@ static void broker_stop(broker_t *b)
 }
 
 /* ---- the info child -------------------------------------------------------------- */
-
-typedef struct info {
-    bool ok;
-    char device_name[128], backend_name[32];
-    int backend, device, driver_version;
-    uint64_t total_memory, free_memory, granularity;
-} info_t;
 
 /* The backend for a broker's config: the one the first pool got. */
 static const char *bk_name(const info_t *info)
@@ -1424,43 +1308,6 @@ static void run_steady(steady_res_t *r, const info_t *info)
 
 /* ---- output ------------------------------------------------------------------- */
 
-static void jstr(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p == '\n') fputs("\\n", f);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
-    }
-    fputc('"', f);
-}
-
-static void jnum(FILE *f, double v)
-{
-    if (isnan(v) || isinf(v)) fputs("null", f);
-    else if (fabs(v) < 1e15 && v == (double)(int64_t)v) fprintf(f, "%" PRId64, (int64_t)v);
-    else fprintf(f, "%.6g", v);
-}
-
-static void jarr(FILE *f, const double *v, int n)
-{
-    fputc('[', f);
-    for (int i = 0; i < n; i++) {
-        if (i) fputc(',', f);
-        jnum(f, v[i]);
-    }
-    fputc(']', f);
-}
-
-static void jbool(FILE *f, int v) { fputs(v < 0 ? "null" : v ? "true" : "false", f); }
-static void jkey(FILE *f, const char *key) { fprintf(f, ",\"%s\":", key); }
-static void jfield(FILE *f, const char *key, double v)
-{
-    jkey(f, key);
-    jnum(f, v);
-}
-
 /* {"512B": x, "64KiB": y, "2MiB": z} */
 static void jsizes(FILE *f, const char *key, const double *v, bool ok)
 {
@@ -1501,18 +1348,8 @@ static void write_json(FILE *f, const results_t *r, const char *date, const char
     const lease_res_t *le = &r->lease;
     const reclaim_res_t *rc = &r->reclaim;
     const steady_res_t *st = &r->steady;
-    fputs("{\"date\":", f);
-    jstr(f, date);
-    jkey(f, "command");
-    jstr(f, command);
-    jkey(f, "gpu");
-    if (r->info.ok) jstr(f, r->info.device_name); else fputs("null", f);
-    jkey(f, "backend");
-    if (r->info.ok) jstr(f, r->info.backend_name); else fputs("null", f);
-    jkey(f, "driver_version");
-    if (r->info.ok) jnum(f, r->info.driver_version); else fputs("null", f);
-    jkey(f, "commit");
-    jstr(f, commit);
+    jhead(f, date, command, r->info.ok, r->info.device_name, r->info.backend_name,
+          r->info.driver_version, commit);
     jfield(f, "page_bytes", (double)r->info.granularity);
     jfield(f, "clients", ra->ran ? ra->ready : NAN);
     jfield(f, "clients_asked", ra->ran ? ra->clients : NAN);
@@ -1616,30 +1453,7 @@ static void write_json(FILE *f, const results_t *r, const char *date, const char
     jfield(f, "local_backend_calls", st->ok ? (double)st->local_calls : NAN);
     fputs("},\"device_total_memory\":", f);
     jnum(f, (double)r->info.total_memory);
-    fputs("},\"errors\":[", f);
-    for (int i = 0; i < g_nerrors; i++) {
-        if (i) fputc(',', f);
-        jstr(f, g_errors[i]);
-    }
-    fputs("]}\n", f);
-}
-
-static void fmt_num(char *buf, size_t cap, double v, const char *fmt)
-{
-    if (isnan(v)) snprintf(buf, cap, "—");
-    else snprintf(buf, cap, fmt, v);
-}
-
-static void fmt_runs(char *buf, size_t cap, const double *v, int n, const char *fmt)
-{
-    size_t k = 0;
-    buf[0] = 0;
-    for (int i = 0; i < n && k + 1 < cap; i++) {
-        char one[32];
-        snprintf(one, sizeof one, fmt, v[i]);
-        k += (size_t)snprintf(buf + k, cap - k, "%s%s", i ? ", " : "", one);
-    }
-    if (n == 0) snprintf(buf, cap, "none");
+    jerrors_end(f);
 }
 
 static const char *yes(int v) { return v < 0 ? "—" : v ? "yes" : "NO"; }
@@ -1771,11 +1585,7 @@ static void write_md(FILE *f, const results_t *r, const char *date, const char *
         fprintf(f, "; backend calls in the timed steady batches: broker pool %" PRIu64 ", local %" PRIu64,
                 st->broker_calls, st->local_calls);
     fprintf(f, ".\n\n");
-    if (g_nerrors) {
-        fprintf(f, "Failures:\n\n");
-        for (int i = 0; i < g_nerrors; i++) fprintf(f, "- %s\n", g_errors[i]);
-        fputc('\n', f);
-    }
+    md_failures(f);
 }
 
 /* ---- main ------------------------------------------------------------------------- */
@@ -1811,8 +1621,7 @@ int main(int argc, char **argv)
     uint64_t quota = 0;
     bool quick = false;
     double deadline = 0; /* seconds; 0: none */
-    const char *st_env = getenv("BROKER_BENCH_SELFTEST");
-    bool selftest = st_env && *st_env && strcmp(st_env, "0") != 0;
+    bool selftest = env_on("BROKER_BENCH_SELFTEST");
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
         else if (!strcmp(argv[i], "--md") && i + 1 < argc) md_path = argv[++i];
@@ -1852,39 +1661,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "broker_bench: mmap: %s\n", strerror(errno));
         return 1;
     }
-    const char *tmp = getenv("TMPDIR");
-    if (!tmp || !*tmp || strlen(tmp) > 60) tmp = "/tmp";
-    snprintf(g_dir, sizeof g_dir, "%s/gmbb.XXXXXX", tmp);
+    snprintf(g_dir, sizeof g_dir, "%s/gmbb.XXXXXX", bench_tmpdir());
     if (!mkdtemp(g_dir)) {
         fprintf(stderr, "broker_bench: mkdtemp %s: %s\n", g_dir, strerror(errno));
         return 1;
     }
     atexit(cleanup);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGHUP, on_signal);
-    signal(SIGPIPE, SIG_IGN);
+    bench_coordinator_signals(on_signal);
     raise_nofile();
 
-    char command[1024] = "";
-    if (command_arg) {
-        snprintf(command, sizeof command, "%s", command_arg);
-    } else {
-        size_t k = 0;
-        const char *envs[] = {"GPUMEM_BACKEND", "GPUMEM_SIM_CAPACITY", "BROKER_BENCH_SELFTEST"};
-        for (size_t e = 0; e < sizeof envs / sizeof envs[0]; e++)
-            if (getenv(envs[e]) && k < sizeof command)
-                k += (size_t)snprintf(command + k, sizeof command - k, "%s=%s ", envs[e], getenv(envs[e]));
-        for (int i = 0; i < argc && k < sizeof command; i++)
-            k += (size_t)snprintf(command + k, sizeof command - k, "%s%s", i ? " " : "", argv[i]);
-    }
-    char date[32];
-    time_t tt = time(NULL);
-    struct tm tmv;
-    gmtime_r(&tt, &tmv);
-    strftime(date, sizeof date, "%Y-%m-%d", &tmv);
-    const char *commit = getenv("GM_COMMIT");
-    if (!commit || !*commit) commit = "unknown";
+    const char *const envs[] = {"GPUMEM_BACKEND", "GPUMEM_SIM_CAPACITY", "BROKER_BENCH_SELFTEST"};
+    bench_label_t lbl;
+    bench_label(&lbl, command_arg, envs, sizeof envs / sizeof envs[0], argc, argv);
 
     static results_t r;
     memset(&r, 0, sizeof r);
@@ -1964,23 +1752,14 @@ int main(int argc, char **argv)
     fprintf(stderr, "broker_bench: done in %.1f s, %d failure(s)\n", now() - t_start, g_nerrors);
 
     int status = g_nerrors ? 1 : 0;
-    FILE *jf = stdout;
-    if (json_path && !(jf = fopen(json_path, "w"))) {
-        fprintf(stderr, "broker_bench: cannot write %s: %s\n", json_path, strerror(errno));
-        jf = stdout;
-        status = 1;
-    }
-    write_json(jf, &r, date, command, commit);
-    if (jf != stdout && fclose(jf) != 0) status = 1;
-    if (md_path) {
-        FILE *mf = fopen(md_path, "w");
-        if (!mf) {
-            fprintf(stderr, "broker_bench: cannot write %s: %s\n", md_path, strerror(errno));
-            status = 1;
-        } else {
-            write_md(mf, &r, date, command, commit);
-            if (fclose(mf) != 0) status = 1;
-        }
+    FILE *jf = json_path ? bench_open(json_path, &status) : stdout;
+    if (!jf) jf = stdout;
+    write_json(jf, &r, lbl.date, lbl.command, lbl.commit);
+    bench_close(jf, &status);
+    FILE *mf = md_path ? bench_open(md_path, &status) : NULL;
+    if (mf) {
+        write_md(mf, &r, lbl.date, lbl.command, lbl.commit);
+        bench_close(mf, &status);
     }
     return status;
 }

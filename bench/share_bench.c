@@ -66,14 +66,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "gpumem.h"
+
+#define BENCH_NAME "share_bench"
+#define BENCH_ERROR_LEN 520
+#include "bench_util.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
@@ -96,19 +98,6 @@
 
 /* ---- small helpers ---------------------------------------------------------- */
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_us(long us)
-{
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
-}
-
 /* Copy the string in src[scap] into dst[cap], cut to fit, always
  * terminated (src need not be: it may come from a pipe). */
 static void copy_str(char *dst, size_t cap, const char *src, size_t scap)
@@ -119,47 +108,7 @@ static void copy_str(char *dst, size_t cap, const char *src, size_t scap)
     dst[n] = 0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* NAN when n == 0; v is not reordered. */
-static double median_of(const double *v, int n)
-{
-    if (n <= 0) return NAN;
-    double s[64];
-    memcpy(s, v, (size_t)n * sizeof *s);
-    qsort(s, (size_t)n, sizeof *s, cmp_double);
-    return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
-}
-
-/* The q-quantile with linear interpolation between order statistics (as
- * numpy.percentile does); NAN when n == 0. */
-static double quantile_of(const double *v, int n, double q)
-{
-    if (n <= 0) return NAN;
-    double s[64];
-    memcpy(s, v, (size_t)n * sizeof *s);
-    qsort(s, (size_t)n, sizeof *s, cmp_double);
-    double x = q * (n - 1);
-    int i = (int)x;
-    if (i >= n - 1) return s[n - 1];
-    return s[i] + (x - i) * (s[i + 1] - s[i]);
-}
-
-static bool quick(void)
-{
-    const char *q = getenv("SHARE_BENCH_QUICK");
-    return q && *q && strcmp(q, "0") != 0;
-}
-
-static bool env_is(const char *name, const char *value)
-{
-    const char *v = getenv(name);
-    return v && strcmp(v, value) == 0;
-}
+static bool quick(void) { return env_on("SHARE_BENCH_QUICK"); }
 
 /* The fill byte of tensor i (never 0: a missing mapping reads as zeros on
  * the sim's fresh pages). */
@@ -239,8 +188,9 @@ static void child_send(msg_t *m)
     if (write_msg(g_out, m) != 0) _exit(3); /* the parent is gone */
 }
 
-static void child_failf(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void child_failf(const char *fmt, ...)
+/* The step that failed (and gm_last_error()) to the coordinator over the
+ * pipe, then exit 1; CK (bench_util.h) calls it. */
+static void child_fail(const char *fmt, ...)
 {
     msg_t m;
     msg_init(&m, M_FAIL);
@@ -254,23 +204,14 @@ static void child_failf(const char *fmt, ...)
     _exit(1);
 }
 
-/* A gm call that must succeed; its step name and gm_last_error() go to the
- * parent otherwise. */
-#define CK(expr, step)                                                         \
-    do {                                                                       \
-        int ck_ = (expr);                                                      \
-        if (ck_ != GM_OK)                                                      \
-            child_failf("%s: %s (%s)", step, gm_errname(ck_), gm_last_error()); \
-    } while (0)
-
 /* The parent's next message, which must be of `type`. */
 static void child_wait(int type, msg_t *m, const char *what)
 {
     int r = read_msg(g_in, m, PIPE_WAIT_MS);
     if (r == 2) _exit(3); /* the parent is gone */
-    if (r == 1) child_failf("waiting for the coordinator (%s): nothing in %d s", what, PIPE_WAIT_MS / 1000);
-    if (r != 0) child_failf("waiting for the coordinator (%s): %s", what, strerror(errno));
-    if (m->type != type) child_failf("waiting for the coordinator (%s): message %d, not %d", what, m->type, type);
+    if (r == 1) child_fail("waiting for the coordinator (%s): nothing in %d s", what, PIPE_WAIT_MS / 1000);
+    if (r != 0) child_fail("waiting for the coordinator (%s): %s", what, strerror(errno));
+    if (m->type != type) child_fail("waiting for the coordinator (%s): message %d, not %d", what, m->type, type);
 }
 
 static void child_tell(int type)
@@ -308,23 +249,6 @@ typedef struct child {
 
 #define MAX_KIDS 16
 static child_t *g_kids[MAX_KIDS]; /* live children, for the cleanup */
-static pid_t g_coordinator;
-
-#define MAX_ERRORS 64
-static char g_errors[MAX_ERRORS][520];
-static int g_nerrors;
-
-static void add_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void add_error(const char *fmt, ...)
-{
-    char line[520];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "share_bench: FAILED %s\n", line);
-    if (g_nerrors < MAX_ERRORS) memcpy(g_errors[g_nerrors++], line, sizeof line);
-}
 
 static void forget_kid(child_t *c)
 {
@@ -360,18 +284,6 @@ static void on_signal(int sig)
         if (g_kids[i] && g_kids[i]->pid > 0) kill(g_kids[i]->pid, SIGKILL);
     _exit(128 + sig);
 }
-
-static void raise_nofile(void)
-{
-    /* The sim holds one descriptor per 2 MiB page (an 8 GiB buffer: 4096). */
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
-}
-
-typedef void (*child_fn)(const void *arg);
 
 /* Fork a child that runs fn(arg) and exits.  -1 (recorded) on failure. */
 static int spawn(child_t *c, const char *role, child_fn fn, const void *arg, const char *ctx)
@@ -410,13 +322,7 @@ static int spawn(child_t *c, const char *role, child_fn fn, const void *arg, con
         g_in = to[0];
         g_out = from[1];
         g_role = role;
-        signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
-        signal(SIGHUP, SIG_DFL);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != g_coordinator) _exit(3);
-        alarm(CHILD_ALARM_S);
-        raise_nofile();
+        bench_child_init(CHILD_ALARM_S);
         fn(arg);
         _exit(0);
     }
@@ -428,15 +334,6 @@ static int spawn(child_t *c, const char *role, child_fn fn, const void *arg, con
     for (int i = 0; i < MAX_KIDS; i++)
         if (!g_kids[i]) { g_kids[i] = c; break; }
     return 0;
-}
-
-static void describe_status(int st, char *buf, size_t cap)
-{
-    if (WIFEXITED(st)) snprintf(buf, cap, "exited with status %d", WEXITSTATUS(st));
-    else if (WIFSIGNALED(st)) snprintf(buf, cap, "killed by signal %d (%s)%s", WTERMSIG(st),
-                                       strsignal(WTERMSIG(st)),
-                                       WTERMSIG(st) == SIGALRM ? ": its alarm ran out" : "");
-    else snprintf(buf, cap, "status %#x", st);
 }
 
 /* The child's next message, which must be of `type`; -1 (recorded, the
@@ -519,19 +416,10 @@ static int g_sock_seq;
 
 static void sock_path(char *buf, size_t cap)
 {
-    const char *tmp = getenv("TMPDIR");
-    if (!tmp || !*tmp || strlen(tmp) > 60) tmp = "/tmp";
-    snprintf(buf, cap, "%s/gm-share-bench-%d-%d.sock", tmp, (int)getpid(), g_sock_seq++);
+    snprintf(buf, cap, "%s/gm-share-bench-%d-%d.sock", bench_tmpdir(), (int)getpid(), g_sock_seq++);
 }
 
 /* ---- the info child ----------------------------------------------------------- */
-
-typedef struct info {
-    bool ok;
-    char device_name[128], backend_name[16];
-    int backend, device, driver_version;
-    uint64_t total_memory, free_memory, granularity;
-} info_t;
 
 static void info_main(const void *arg)
 {
@@ -598,7 +486,7 @@ static void exporter_setup(const exp_arg_t *a, exporter_t *x)
     x->pool = child_pool();
     CK(gm_stream_create(x->pool, &x->stream), "gm_stream_create");
     x->blocks = calloc((size_t)a->nblocks, sizeof *x->blocks);
-    if (!x->blocks) child_failf("calloc: out of host memory");
+    if (!x->blocks) child_fail("calloc: out of host memory");
     for (int i = 0; i < a->nblocks; i++) {
         char step[96];
         snprintf(step, sizeof step, "gm_alloc_shareable(%zu bytes, block %d of %d)", a->block, i,
@@ -626,7 +514,7 @@ static void exporter_publish_all(const exp_arg_t *a, exporter_t *x)
 {
     if (a->grouped) {
         gm_share_range_t *rs = calloc((size_t)a->nblocks, sizeof *rs);
-        if (!rs) child_failf("calloc: out of host memory");
+        if (!rs) child_fail("calloc: out of host memory");
         for (int i = 0; i < a->nblocks; i++) rs[i] = (gm_share_range_t){x->blocks[i], a->block};
         CK(gm_share_publish_ranges(x->srv, "group", rs, (size_t)a->nblocks, a->access, NULL,
                                    x->stream), "gm_share_publish_ranges('group')");
@@ -648,13 +536,6 @@ static void exporter_teardown(const exp_arg_t *a, exporter_t *x)
     CK(gm_stream_destroy(x->pool, x->stream), "gm_stream_destroy");
     gm_pool_destroy(x->pool);
     free(x->blocks);
-}
-
-static gm_stats_t pool_stats(gm_pool_t *pool)
-{
-    gm_stats_t st = GM_STATS_INIT;
-    CK(gm_pool_stats(pool, &st), "gm_pool_stats");
-    return st;
 }
 
 /* Publish everything, serve until DONE; then report the driver time its
@@ -731,11 +612,11 @@ static void exporter_dead_importer_main(const void *arg)
     CK(gm_free(x.pool, x.blocks[0], x.stream), "gm_free (of the imported block)");
     stats_now(x.pool, &ss, &ps);
     if (ss.held_for_peers_bytes < a->block)
-        child_failf("after gm_free of the imported block: held_for_peers_bytes %llu, expected "
+        child_fail("after gm_free of the imported block: held_for_peers_bytes %llu, expected "
                     ">= %zu (is the importer's mapping not counted?)",
                     (unsigned long long)ss.held_for_peers_bytes, a->block);
     if (ps.live_blocks != live_before)
-        child_failf("after gm_free of the imported block: live_blocks %llu -> %llu (the held "
+        child_fail("after gm_free of the imported block: live_blocks %llu -> %llu (the held "
                     "block should stay live)", (unsigned long long)live_before,
                     (unsigned long long)ps.live_blocks);
     msg_init(&m, M_FREED);
@@ -841,13 +722,13 @@ static void import_all(const imp_arg_t *a, gm_share_client_t *cli, void **ptrs)
     if (a->grouped) {
         gm_share_range_t *rs = calloc((size_t)a->nnames, sizeof *rs);
         size_t n = 0;
-        if (!rs) child_failf("calloc: out of host memory");
+        if (!rs) child_fail("calloc: out of host memory");
         CK(gm_share_import_ranges(cli, "group", NULL, rs, (size_t)a->nnames, &n, NULL),
            "gm_share_import_ranges('group')");
-        if (n != (size_t)a->nnames) child_failf("'group': %zu ranges, expected %d", n, a->nnames);
+        if (n != (size_t)a->nnames) child_fail("'group': %zu ranges, expected %d", n, a->nnames);
         for (int i = 0; i < a->nnames; i++) {
             if (rs[i].size != a->block)
-                child_failf("'group' range %d: size %zu, expected %zu", i, rs[i].size, a->block);
+                child_fail("'group' range %d: size %zu, expected %zu", i, rs[i].size, a->block);
             ptrs[i] = rs[i].ptr;
         }
         free(rs);
@@ -860,10 +741,10 @@ static void import_all(const imp_arg_t *a, gm_share_client_t *cli, void **ptrs)
         else snprintf(name, sizeof name, "b%d", i);
         int rc = gm_share_import(cli, name, NULL, &ptrs[i], &size, NULL);
         if (rc != GM_OK)
-            child_failf("gm_share_import('%s', %d of %d): %s (%s)", name, i + 1, a->nnames,
+            child_fail("gm_share_import('%s', %d of %d): %s (%s)", name, i + 1, a->nnames,
                         gm_errname(rc), gm_last_error());
         if (size != a->block)
-            child_failf("gm_share_import('%s'): size %zu, expected %zu", name, size, a->block);
+            child_fail("gm_share_import('%s'): size %zu, expected %zu", name, size, a->block);
     }
 }
 
@@ -881,7 +762,7 @@ static void importer_import_main(const void *arg)
     msg_t m;
     gm_pool_t *pool = child_pool();
     void **ptrs = calloc((size_t)a->nnames, sizeof *ptrs);
-    if (!ptrs) child_failf("calloc: out of host memory");
+    if (!ptrs) child_fail("calloc: out of host memory");
     child_tell(M_READY);
     child_wait(M_GO, &m, "the start");
     gm_share_client_t *cli;
@@ -918,7 +799,7 @@ static void importer_weights_main(const void *arg)
     CK(gm_stream_create(pool, &s), "gm_stream_create");
     void **ptrs = calloc((size_t)a->nnames, sizeof *ptrs);
     unsigned char *got = calloc((size_t)a->tensors, 1);
-    if (!ptrs || !got) child_failf("calloc: out of host memory");
+    if (!ptrs || !got) child_fail("calloc: out of host memory");
     child_tell(M_READY);
     child_wait(M_GO, &m, "the publish");
     double t_pub = m.t, t_told = now();
@@ -936,7 +817,7 @@ static void importer_weights_main(const void *arg)
     double t_end = now();
     for (int t = 0; t < a->tensors; t++)
         if (got[t] != tensor_byte(t))
-            child_failf("tensor %d of the import reads %#x, the exporter wrote %#x", t, got[t],
+            child_fail("tensor %d of the import reads %#x, the exporter wrote %#x", t, got[t],
                         tensor_byte(t));
     msg_init(&m, M_RESULT);
     m.v[0] = t_end - t_pub;
@@ -966,7 +847,7 @@ static void importer_hold_main(const void *arg)
     size_t size = 0;
     CK(gm_share_connect(pool, a->path, &cli), "gm_share_connect");
     CK(gm_share_import(cli, "b0", NULL, &p, &size, NULL), "gm_share_import('b0')");
-    if (size != a->block) child_failf("gm_share_import('b0'): size %zu, expected %zu", size, a->block);
+    if (size != a->block) child_fail("gm_share_import('b0'): size %zu, expected %zu", size, a->block);
     child_tell(M_IMPORTED);
     child_wait(M_DONE, &m, "the kill"); /* never comes: killed */
     _exit(0);
@@ -988,7 +869,7 @@ static void importer_dead_exporter_main(const void *arg)
     size_t size = 0;
     CK(gm_share_connect(pool, a->path, &cli), "gm_share_connect");
     CK(gm_share_import(cli, "b0", NULL, &p, &size, NULL), "gm_share_import('b0')");
-    if (size != a->block) child_failf("gm_share_import('b0'): size %zu, expected %zu", size, a->block);
+    if (size != a->block) child_fail("gm_share_import('b0'): size %zu, expected %zu", size, a->block);
     gm_device_info_t di = GM_DEVICE_INFO_INIT;
     CK(gm_pool_device_info(pool, &di), "gm_pool_device_info (imported)");
     msg_init(&m, M_IMPORTED);
@@ -1024,7 +905,7 @@ static void importer_dead_exporter_main(const void *arg)
     /* The connection is dead: a new import must fail with GM_IO. */
     void *q;
     int rc = gm_share_import(cli, "b0", NULL, &q, &size, NULL);
-    if (rc == GM_OK) child_failf("gm_share_import after the exporter died returned GM_OK");
+    if (rc == GM_OK) child_fail("gm_share_import after the exporter died returned GM_OK");
     CK(gm_share_disconnect(cli), "gm_share_disconnect");
     CK(gm_stream_destroy(pool, s), "gm_stream_destroy");
     gm_pool_destroy(pool);
@@ -1110,7 +991,7 @@ static const char *cu_err(const cu_t *cu, CUresult r)
 #define CU_CK(cu, expr, step)                                                  \
     do {                                                                       \
         CUresult cr_ = (expr);                                                 \
-        if (cr_ != 0) child_failf("%s: CUresult %d (%s)", step, cr_, cu_err(cu, cr_)); \
+        if (cr_ != 0) child_fail("%s: CUresult %d (%s)", step, cr_, cu_err(cu, cr_)); \
     } while (0)
 
 /* dlopen libcuda.so.1, the symbols, cuInit, the primary context of device. */
@@ -1118,11 +999,11 @@ static void cu_open(cu_t *cu, int device)
 {
     memset(cu, 0, sizeof *cu);
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) child_failf("dlopen libcuda.so.1: %s", dlerror());
+    if (!lib) child_fail("dlopen libcuda.so.1: %s", dlerror());
 #define CU_SYM(field, name)                                                    \
     do {                                                                       \
         void *s_ = dlsym(lib, name);                                           \
-        if (!s_) child_failf("dlsym %s: %s", name, dlerror());                 \
+        if (!s_) child_fail("dlsym %s: %s", name, dlerror());                 \
         memcpy(&cu->field, &s_, sizeof s_);                                    \
     } while (0)
     CU_SYM(GetErrorString, "cuGetErrorString");
@@ -1446,50 +1327,6 @@ out:
 
 /* ---- output ----------------------------------------------------------------------- */
 
-static void jstr(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p == '\n') fputs("\\n", f);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
-    }
-    fputc('"', f);
-}
-
-static void jnum(FILE *f, double v)
-{
-    if (isnan(v) || isinf(v)) fputs("null", f);
-    else if (v == floor(v) && fabs(v) < 1e15) fprintf(f, "%.0f", v);
-    else fprintf(f, "%.6g", v);
-}
-
-static void jarr(FILE *f, const double *v, int n)
-{
-    fputc('[', f);
-    for (int i = 0; i < n; i++) {
-        if (i) fputc(',', f);
-        jnum(f, v[i]);
-    }
-    fputc(']', f);
-}
-
-static void jbool(FILE *f, int v) { fputs(v < 0 ? "null" : v ? "true" : "false", f); }
-
-/* ,"key": then the value */
-static void jkey(FILE *f, const char *key) { fprintf(f, ",\"%s\":", key); }
-static void jfield(FILE *f, const char *key, double v)
-{
-    jkey(f, key);
-    jnum(f, v);
-}
-static void jfield_arr(FILE *f, const char *key, const double *v, int n)
-{
-    jkey(f, key);
-    jarr(f, v, n);
-}
-
 typedef struct headline {
     double import_us, import_p90_us, import_64_us, weight_sync_s, weight_sync_per_tensor_s;
     double import_64_names_us, weight_sync_per_name_s;
@@ -1499,18 +1336,8 @@ typedef struct headline {
 static void write_json(FILE *f, const results_t *r, const headline_t *h, const char *date,
                        const char *command, const char *commit)
 {
-    fputs("{\"date\":", f);
-    jstr(f, date);
-    jkey(f, "command");
-    jstr(f, command);
-    jkey(f, "gpu");
-    if (r->info.ok) jstr(f, r->info.device_name); else fputs("null", f);
-    jkey(f, "backend");
-    if (r->info.ok) jstr(f, r->info.backend_name); else fputs("null", f);
-    jkey(f, "driver_version");
-    if (r->info.ok) jnum(f, r->info.driver_version); else fputs("null", f);
-    jkey(f, "commit");
-    jstr(f, commit);
+    jhead(f, date, command, r->info.ok, r->info.device_name, r->info.backend_name,
+          r->info.driver_version, commit);
     jfield(f, "import_us", h->import_us);
     jfield(f, "import_p90_us", h->import_p90_us);
     jfield(f, "import_64_us", h->import_64_us);
@@ -1577,30 +1404,7 @@ static void write_json(FILE *f, const results_t *r, const headline_t *h, const c
     jfield(f, "page_bytes", (double)r->info.granularity);
     jkey(f, "quick");
     fputs(quick() ? "true" : "false", f);
-    fputs("},\"errors\":[", f);
-    for (int i = 0; i < g_nerrors; i++) {
-        if (i) fputc(',', f);
-        jstr(f, g_errors[i]);
-    }
-    fputs("]}\n", f);
-}
-
-static void fmt_num(char *buf, size_t cap, double v, const char *fmt)
-{
-    if (isnan(v)) snprintf(buf, cap, "—");
-    else snprintf(buf, cap, fmt, v);
-}
-
-static void fmt_runs(char *buf, size_t cap, const double *v, int n, const char *fmt)
-{
-    size_t k = 0;
-    buf[0] = 0;
-    for (int i = 0; i < n && k + 1 < cap; i++) {
-        char one[32];
-        snprintf(one, sizeof one, fmt, v[i]);
-        k += (size_t)snprintf(buf + k, cap - k, "%s%s", i ? ", " : "", one);
-    }
-    if (n == 0) snprintf(buf, cap, "none");
+    jerrors_end(f);
 }
 
 static const char *met(double v, double goal)
@@ -1742,11 +1546,7 @@ static void write_md(FILE *f, const results_t *r, const headline_t *h, const cha
         fprintf(f, "Dead importer: %d run(s) not reclaimed within %.0f s (in the median at the "
                    "time they gave up: a lower bound).\n\n",
                 r->di_timeouts, RECLAIM_WAIT_S);
-    if (g_nerrors) {
-        fprintf(f, "Failures:\n\n");
-        for (int i = 0; i < g_nerrors; i++) fprintf(f, "- %s\n", g_errors[i]);
-        fputc('\n', f);
-    }
+    md_failures(f);
 }
 
 /* ---- main ------------------------------------------------------------------------- */
@@ -1772,30 +1572,11 @@ int main(int argc, char **argv)
     }
     g_coordinator = getpid();
     atexit(kill_all_kids);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-    signal(SIGHUP, on_signal);
-    signal(SIGPIPE, SIG_IGN);
+    bench_coordinator_signals(on_signal);
 
-    char command[1024] = "";
-    if (command_arg) {
-        snprintf(command, sizeof command, "%s", command_arg);
-    } else {
-        size_t k = 0;
-        const char *envs[] = {"GPUMEM_BACKEND", "SHARE_BENCH_QUICK", "GPUMEM_SIM_CAPACITY"};
-        for (size_t e = 0; e < sizeof envs / sizeof envs[0]; e++)
-            if (getenv(envs[e]) && k < sizeof command)
-                k += (size_t)snprintf(command + k, sizeof command - k, "%s=%s ", envs[e], getenv(envs[e]));
-        for (int i = 0; i < argc && k < sizeof command; i++)
-            k += (size_t)snprintf(command + k, sizeof command - k, "%s%s", i ? " " : "", argv[i]);
-    }
-    char date[32];
-    time_t tt = time(NULL);
-    struct tm tmv;
-    gmtime_r(&tt, &tmv);
-    strftime(date, sizeof date, "%Y-%m-%d", &tmv);
-    const char *commit = getenv("GM_COMMIT");
-    if (!commit || !*commit) commit = "unknown";
+    const char *const envs[] = {"GPUMEM_BACKEND", "SHARE_BENCH_QUICK", "GPUMEM_SIM_CAPACITY"};
+    bench_label_t lbl;
+    bench_label(&lbl, command_arg, envs, sizeof envs / sizeof envs[0], argc, argv);
 
     static results_t r;
     memset(&r, 0, sizeof r);
@@ -1939,23 +1720,14 @@ int main(int argc, char **argv)
     fprintf(stderr, "share_bench: done in %.1f s, %d failure(s)\n", now() - t_start, g_nerrors);
 
     int status = g_nerrors ? 1 : 0;
-    FILE *jf = stdout;
-    if (json_path && !(jf = fopen(json_path, "w"))) {
-        fprintf(stderr, "share_bench: cannot write %s: %s\n", json_path, strerror(errno));
-        jf = stdout;
-        status = 1;
-    }
-    write_json(jf, &r, &h, date, command, commit);
-    if (jf != stdout && fclose(jf) != 0) status = 1;
-    if (md_path) {
-        FILE *mf = fopen(md_path, "w");
-        if (!mf) {
-            fprintf(stderr, "share_bench: cannot write %s: %s\n", md_path, strerror(errno));
-            status = 1;
-        } else {
-            write_md(mf, &r, &h, date, command, commit);
-            if (fclose(mf) != 0) status = 1;
-        }
+    FILE *jf = json_path ? bench_open(json_path, &status) : stdout;
+    if (!jf) jf = stdout;
+    write_json(jf, &r, &h, lbl.date, lbl.command, lbl.commit);
+    bench_close(jf, &status);
+    FILE *mf = md_path ? bench_open(md_path, &status) : NULL;
+    if (mf) {
+        write_md(mf, &r, &h, lbl.date, lbl.command, lbl.commit);
+        bench_close(mf, &status);
     }
     return status;
 }
