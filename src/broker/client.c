@@ -70,6 +70,7 @@ struct gm__broker_client {
     bool thr_started;
     uint64_t client, cookie, generation;
     unsigned epoch;            /* bumped at each (re)connect */
+    bool owed;                 /* a lease was sent and its answer not read yet */
     uint64_t last_try_ns;
     size_t lease_pages;
     /* stock */
@@ -138,7 +139,9 @@ static int hello(gm__broker_client_t *c, int fd, unsigned flags, uint64_t adopt,
     GM_CHECK(gm__wire_send(fd, m, sizeof *m, NULL, 0, 0, "broker"));
     bool closed;
     size_t nfds;
-    GM_CHECK(msg_recv(fd, m, NULL, 0, &nfds, &closed));
+    int rc = msg_recv(fd, m, NULL, 0, &nfds, &closed);
+    if (rc == GM_NOT_READY) return gm__set_error(GM_IO, "%s", gm_last_error());
+    if (rc != GM_OK) return rc;
     if (m->type != GM__BROKER_REPLY)
         return gm__set_error(GM_PARSE, "broker: HELLO answered with type %u", m->type);
     if (m->status != GM_OK)
@@ -280,25 +283,30 @@ static void give_stock_locked(gm__broker_client_t *c, size_t n)
     }
 }
 
-/* One lease of min..count pages into the stock (mu held, connected). */
-static int lease_locked(gm__broker_client_t *c, size_t min, size_t count)
+/* Read a lease's reply and take its pages into the stock (mu held): for the
+ * lease just sent (min..count pages), or for one whose reply was late
+ * (min 0: whatever the broker granted is ours by its books).  A reply that
+ * does not come within the timeout leaves c->owed set and the connection
+ * open: closing it would tell the broker this process is gone, and it
+ * would lease the pages this process maps to someone else. */
+static int lease_reply_locked(gm__broker_client_t *c, size_t min, size_t count, uint64_t t0)
 {
-    uint64_t t0 = gm__now_ns();
-    GM_CHECK(stock_reserve(c, count));
     gm__broker_msg_t m;
-    msg_init(&m, GM__BROKER_LEASE);
-    m.min = min;
-    m.count = count;
-    m.cached = cached_pages(c);
-    int rc = gm__wire_send(c->fd, &m, sizeof m, NULL, 0, 0, "broker");
     int fds[GM__BROKER_IDS];
     size_t nfds = 0;
     bool closed = false;
-    if (rc == GM_OK) rc = msg_recv(c->fd, &m, fds, GM__BROKER_IDS, &nfds, &closed);
+    int rc = msg_recv(c->fd, &m, fds, GM__BROKER_IDS, &nfds, &closed);
+    if (rc == GM_NOT_READY) {
+        c->owed = true;
+        snprintf(c->why, sizeof c->why, "the broker on %s did not answer a lease in %d s; "
+                 "its answer is taken at the next request", c->path, TIMEOUT_S);
+        return gm__set_error(GM_IO, "%s", c->why);
+    }
     if (rc != GM_OK) {
         lost_locked(c, gm_last_error());
         return gm__set_error(GM_IO, "%s", c->why);
     }
+    c->owed = false;
     if (m.type != GM__BROKER_REPLY || (m.status == GM_OK && (m.count < min || m.count > count ||
                                                               nfds != m.count))) {
         for (size_t i = 0; i < nfds; i++) close(fds[i]);
@@ -328,7 +336,7 @@ static int lease_locked(gm__broker_client_t *c, size_t min, size_t count)
     }
     atomic_fetch_add_explicit(&c->leases, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&c->leased_pages, nfds - bad, memory_order_relaxed);
-    atomic_fetch_add_explicit(&c->lease_ns, gm__now_ns() - t0, memory_order_relaxed);
+    if (t0) atomic_fetch_add_explicit(&c->lease_ns, gm__now_ns() - t0, memory_order_relaxed);
     if (bad) {
         char err[200];
         snprintf(err, sizeof err, "%s", gm_last_error());
@@ -341,6 +349,33 @@ static int lease_locked(gm__broker_client_t *c, size_t min, size_t count)
             return gm__set_error(GM_BACKEND, "broker: importing a leased page failed: %s", err);
     }
     return GM_OK;
+}
+
+/* One lease of min..count pages into the stock (mu held, connected). */
+static int lease_locked(gm__broker_client_t *c, size_t min, size_t count)
+{
+    uint64_t t0 = gm__now_ns();
+    GM_CHECK(stock_reserve(c, GM__BROKER_IDS));
+    if (c->owed) {
+        /* The last lease's answer first, if it has come by now. */
+        struct pollfd p = {.fd = c->fd, .events = POLLIN};
+        if (poll(&p, 1, 0) != 1) return gm__set_error(GM_IO, "%s", c->why);
+        int rc = lease_reply_locked(c, 0, GM__BROKER_IDS, 0);
+        if (rc != GM_OK && rc != GM_LIMIT && rc != GM_OUT_OF_MEMORY) return rc;
+        gm__clear_error();
+        if (c->n_stock >= min) return GM_OK;
+        GM_CHECK(stock_reserve(c, GM__BROKER_IDS));
+    }
+    gm__broker_msg_t m;
+    msg_init(&m, GM__BROKER_LEASE);
+    m.min = min;
+    m.count = count;
+    m.cached = cached_pages(c);
+    if (gm__wire_send(c->fd, &m, sizeof m, NULL, 0, 0, "broker") != GM_OK) {
+        lost_locked(c, gm_last_error());
+        return gm__set_error(GM_IO, "%s", c->why);
+    }
+    return lease_reply_locked(c, min, count, t0);
 }
 
 /* ---- provider ops (a heap's lock held) --------------------------------------- */

@@ -182,7 +182,9 @@ static int msg_send(int fd, const gm__share_msg_t *m, const int *fds, size_t nfd
  * GM_OK, GM_IO (closed: *closed set; or an error), GM_PARSE (malformed). */
 static int msg_recv(int fd, gm__share_msg_t *m, int *fds, size_t cap, size_t *nfds, bool *closed)
 {
-    GM_CHECK(gm__wire_recv(fd, m, sizeof *m, fds, cap, nfds, closed, SHARE_TIMEOUT_S, "share"));
+    int rc = gm__wire_recv(fd, m, sizeof *m, fds, cap, nfds, closed, SHARE_TIMEOUT_S, "share");
+    if (rc == GM_NOT_READY) return gm__set_error(GM_IO, "%s", gm_last_error()); /* a timeout */
+    if (rc != GM_OK) return rc;
     if (m->magic != GM__SHARE_MAGIC || m->version != GM__SHARE_VERSION ||
         !terminated(m->name, sizeof m->name) || !terminated(m->token, sizeof m->token) ||
         !terminated(m->text, sizeof m->text)) {

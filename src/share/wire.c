@@ -57,7 +57,7 @@ int gm__wire_recv(int fd, void *msg, size_t len, int *fds, size_t cap, size_t *n
     while (n < 0 && errno == EINTR);
     if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return gm__set_error(GM_IO, "%s: no answer in %d s", who, timeout_s);
+            return gm__set_error(GM_NOT_READY, "%s: no answer in %d s", who, timeout_s);
         if (errno == ECONNRESET) *closed = true;
         return gm__set_error(GM_IO, "%s: receive failed: %s", who, strerror(errno));
     }

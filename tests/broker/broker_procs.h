@@ -220,7 +220,9 @@ static inline int bp_exited_ok(int st) { return st != -1 && WIFEXITED(st) && WEX
 static inline int bp_expect(bp_kid_t *k, uint64_t want)
 {
     uint64_t v = 0;
-    int r = bp_get(k->from, &v, BP_WAIT_MS);
+    int r;
+    /* A failure it reported on the way is counted through the result pipe. */
+    while ((r = bp_get(k->from, &v, BP_WAIT_MS)) == 0 && v == BP_FAIL && want != BP_FAIL) {}
     int ok = r == 0 && v == want;
     if (!ok)
         fprintf(stderr, "expected message %llu from pid %d, got %s %llu\n",
@@ -352,6 +354,40 @@ static inline int bp_tenant(const test_broker_t *b, const char *name, gm_broker_
     }
     free(v.tenants);
     return 1;
+}
+
+/* A view of the broker that two readings in a row agree on (the rows of a
+ * query are read one by one, so only a quiet broker gives a consistent
+ * table): 1, or 0 when it did not settle within ms.  Free v->tenants. */
+static inline int bp_quiet_view(const test_broker_t *b, gm_broker_view_t *v, int ms)
+{
+    gm_broker_view_t a, c;
+    memset(v, 0, sizeof *v);
+    if (gm_broker_query(b->sock, &a) != GM_OK) return 0;
+    double end = now_ms() + ms;
+    for (;;) {
+        sleep_us(2000);
+        if (gm_broker_query(b->sock, &c) != GM_OK) {
+            free(a.tenants);
+            return 0;
+        }
+        int same = a.n == c.n && a.device_used == c.device_used;
+        for (size_t i = 0; same && i < a.n; i++)
+            same = !strcmp(a.tenants[i].name, c.tenants[i].name) &&
+                   a.tenants[i].used == c.tenants[i].used &&
+                   a.tenants[i].clients == c.tenants[i].clients &&
+                   a.tenants[i].cached == c.tenants[i].cached;
+        free(a.tenants);
+        a = c;
+        if (same) {
+            *v = a;
+            return 1;
+        }
+        if (now_ms() > end) {
+            free(a.tenants);
+            return 0;
+        }
+    }
 }
 
 /* ---- data in blocks ------------------------------------------------------------ */

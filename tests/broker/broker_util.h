@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -64,8 +65,13 @@ static inline void tb_config(test_broker_t *b, const char *capacity, const char 
 static inline void tb_start(test_broker_t *b)
 {
     fflush(NULL);
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
+        /* Dies with the test: a test that crashes must not leave a broker
+         * holding ctest's output pipe (ctest would wait for it forever). */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(1);
         FILE *l = freopen(b->log, "a", stderr);
         (void)l;
         setvbuf(stderr, NULL, _IONBF, 0); /* freopen made it buffered: _exit would lose it */

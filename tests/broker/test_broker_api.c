@@ -58,7 +58,8 @@ int main(void)
     CHECK_OK(tb_pool(&b, 16 * MiB, &pool));
     void *p = NULL;
     CHECK_OK(gm_alloc(pool, 4 * MiB, NULL, &p));
-    memset(p, 0x5a, 4 * MiB);
+    CHECK_OK(gm_memset(pool, p, 0x5a, 4 * MiB, NULL)); /* device memory: not host-addressable on cuda */
+    CHECK_OK(gm_stream_synchronize(pool, NULL));
     gm_broker_tenant_t t = tb_tenant(&b, g_tenant);
     CHECK(t.used == 16 * MiB); /* one lease */
     CHECK(t.quota == 256 * MiB);
@@ -85,7 +86,10 @@ int main(void)
     t = tb_tenant(&b, g_tenant);
     CHECK(t.used == 4 * MiB);
     /* The first block still holds its data. */
-    CHECK(((unsigned char *)p)[4 * MiB - 1] == 0x5a);
+    unsigned char last = 0;
+    CHECK_OK(gm_memcpy(pool, &last, (unsigned char *)p + 4 * MiB - 1, 1, NULL));
+    CHECK_OK(gm_stream_synchronize(pool, NULL));
+    CHECK(last == 0x5a);
     CHECK_OK(gm_free(pool, p, NULL));
     CHECK_OK(gm_trim(pool, 0, NULL));
     WAIT_FOR(tb_tenant(&b, g_tenant).used == 0, 2000);

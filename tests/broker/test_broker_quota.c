@@ -3,23 +3,31 @@
  * test_broker_quota.c — a tenant's quota is exact while many client
  * processes race for it.
  *
- *   1  one tenant (this uid, default_quota 192 MiB), 32 processes with small
- *      leases (4-8 MiB; half of them give pages back at every free, the
- *      other half keep them until the broker asks) allocate and free 2-40
- *      MiB blocks for a few seconds.  The broker's books, read every few
- *      milliseconds: used <= quota, peak <= quota.  The kernel's own count:
- *      every ~250 ms all clients are stopped (SIGSTOP, every thread) and the
- *      distinct sim pages (memfd inodes, open or mapped) they hold are
- *      counted: at most the quota, and at most what the broker says the
- *      tenant holds (sim only).  A refusal is GM_LIMIT naming the tenant and
- *      its quota; none is GM_OUT_OF_MEMORY (the device is far from full).
- *      Every block's pattern is checked before it is freed.  At the end the
- *      tenant's used and clients are 0, in the stats file too.
+ *   1  one tenant (this uid, default_quota 192 MiB, reclaim_ms 10), 32
+ *      processes with small leases (4-8 MiB; half of them give pages back at
+ *      every free, the other half keep them until the broker asks) allocate
+ *      and free 2-40 MiB blocks for a few seconds (a refused one frees one of
+ *      its blocks half of the time).  The broker's books, read every
+ *      millisecond or so: used <= quota; at the end peak <= quota.  The
+ *      kernel's own count (sim): every ~250 ms all clients are stopped
+ *      (SIGSTOP, until every thread is) and the distinct sim pages (memfd
+ *      inodes, open or mapped) they hold are counted: at most the quota, and
+ *      at most what the quiet broker then says the tenant holds (a page
+ *      reaches a process only after the broker counted it and leaves it
+ *      before the broker is told); the device's leased total is the sum of
+ *      the tenants' used.  A refusal is GM_LIMIT naming the tenant and its
+ *      quota; none is GM_OUT_OF_MEMORY (the device is far from full).  Every
+ *      block's pattern is checked before it is freed.  At the end the
+ *      tenant's used, cached and clients are 0, in the stats file too, and no
+ *      client was dropped.
  *   2  (root only: children take other uids) three tenants at once: two
  *      configured ones (one with a guaranteed minimum) and a uid tenant of
  *      default_quota, on a device smaller than their quotas together: each
- *      tenant's used <= its quota, the kernel count per tenant too, and
- *      sum(max(used, guaranteed)) <= capacity at every reading.
+ *      tenant's used <= its quota, the kernel count per tenant too, and with
+ *      everyone stopped sum(max(used, guaranteed)) <= capacity.
+ *
+ * (The rows of gm_broker_query are read one by one: only a quiet broker's
+ * table adds up, so sums are checked with everyone stopped.)
  *
  * argv: [seed] [processes] [seconds].  Deterministic given the seed (sizes,
  * orders); the interleaving is the machine's.
@@ -77,6 +85,7 @@ static void quota_kid(bp_link_t *l, void *argp)
     double end = now_ms() + a->ms;
     while (now_ms() < end) {
         uint64_t r = bp_below(&rs, 100);
+        int do_free = n && r >= 55 && r < 97;
         if (n < MAX_LIVE && (r < 55 || n == 0)) {
             size_t size = (2 + bp_below(&rs, 39)) * MiB - bp_below(&rs, 3) * 4096;
             void *p = NULL;
@@ -87,21 +96,28 @@ static void quota_kid(bp_link_t *l, void *argp)
                 KCHECK_RC(bp_fill(pool, p, size, tag[n]), GM_OK);
                 blk[n] = p;
                 sz[n++] = size;
-            } else if (rc == GM_LIMIT) {
+                continue;
+            }
+            if (rc == GM_LIMIT) {
                 limits++;
                 const char *e = gm_last_error();
                 int named = strstr(e, "over its quota") && strstr(e, a->tenant) &&
                             strstr(e, a->quota_text);
                 if (!named) fprintf(stderr, "pid %d: refusal: %s\n", (int)getpid(), e);
                 KCHECK(named);
-                sleep_us(500 + bp_below(&rs, 2000));
             } else if (rc == GM_OUT_OF_MEMORY) {
                 ooms++;
-                sleep_us(500 + bp_below(&rs, 2000));
             } else {
                 KCHECK_RC(rc, GM_OK);
             }
-        } else if (n && r < 97) {
+            /* Refused: make room for the others now and then, else wait. */
+            do_free = n && bp_below(&rs, 2);
+            if (!do_free) {
+                sleep_us(200 + bp_below(&rs, 1000));
+                continue;
+            }
+        }
+        if (do_free) {
             size_t i = bp_below(&rs, n);
             KCHECK(bp_same(pool, blk[i], sz[i], tag[i]));
             KCHECK_RC(gm_free(pool, blk[i], NULL), GM_OK);
@@ -152,7 +168,7 @@ static void run(const char *what, qkid_t *args, const int *ten_of, int nkids, qt
     if (!ready) bp_log_dump(&g_b);
     for (int i = 0; i < nkids; i++) bp_put(k[i].to, BP_GO);
 
-    uint64_t queries = 0, freezes = 0, failed_freezes = 0, sum_over = 0, query_fail = 0;
+    uint64_t queries = 0, freezes = 0, quiet = 0, failed_freezes = 0, sum_over = 0, query_fail = 0;
     double next_freeze = now_ms() + 150;
     int done[MAX_KIDS] = {0}, ndone = 0;
     uint64_t allocs = 0, limits = 0, ooms = 0, frees = 0;
@@ -162,9 +178,8 @@ static void run(const char *what, qkid_t *args, const int *ten_of, int nkids, qt
         gm_broker_view_t v;
         if (gm_broker_query(g_b.sock, &v) == GM_OK) {
             queries++;
-            uint64_t sum = 0;
             for (int t = 0; t < nten; t++) {
-                uint64_t used = 0, g = ten[t].guaranteed;
+                uint64_t used = 0;
                 for (size_t j = 0; j < v.n; j++)
                     if (!strcmp(v.tenants[j].name, ten[t].name)) used = v.tenants[j].used;
                 if (used > ten[t].max_used) ten[t].max_used = used;
@@ -175,9 +190,8 @@ static void run(const char *what, qkid_t *args, const int *ten_of, int nkids, qt
                                 (unsigned long long)ten[t].quota);
                     ten[t].over++;
                 }
-                sum += used > g ? used : g;
             }
-            if (sum > capacity || v.device_used > capacity) sum_over++;
+            if (v.device_used > capacity) sum_over++;
             free(v.tenants);
         } else {
             query_fail++;
@@ -188,8 +202,31 @@ static void run(const char *what, qkid_t *args, const int *ten_of, int nkids, qt
             for (int i = 0; i < nkids; i++) live[i] = done[i] ? 0 : pids[i];
             if (bp_freeze(live, (size_t)nkids)) {
                 freezes++;
+                /* The broker has read what was sent before the stop. */
                 gm_broker_view_t w;
-                int have = gm_broker_query(g_b.sock, &w) == GM_OK;
+                int have = bp_quiet_view(&g_b, &w, 500);
+                if (have) {
+                    quiet++;
+                    uint64_t sum = 0, sum_used = 0;
+                    for (size_t j = 0; j < w.n; j++) {
+                        uint64_t u = w.tenants[j].used, g = w.tenants[j].guaranteed;
+                        sum += u > g ? u : g;
+                        sum_used += u;
+                    }
+                    /* The device's books are the tenants' books; the
+                     * guarantees not yet taken are kept free. */
+                    if (sum_used != w.device_used || sum > capacity) {
+                        fprintf(stderr, "%s: device %llu of %llu bytes used, with the guarantees "
+                                "%llu:", what, (unsigned long long)w.device_used,
+                                (unsigned long long)capacity, (unsigned long long)sum);
+                        for (size_t j = 0; j < w.n; j++)
+                            fprintf(stderr, " %s %llu/%llu", w.tenants[j].name,
+                                    (unsigned long long)w.tenants[j].used,
+                                    (unsigned long long)w.tenants[j].guaranteed);
+                        fprintf(stderr, "\n");
+                        sum_over++;
+                    }
+                }
                 for (int t = 0; t < nten; t++) {
                     bp_inodes_t s = {0};
                     for (int i = 0; i < nkids; i++)
@@ -259,17 +296,22 @@ static void run(const char *what, qkid_t *args, const int *ten_of, int nkids, qt
            (unsigned long long)ooms, (unsigned long long)frees, (unsigned long long)queries,
            (unsigned long long)freezes, (unsigned long long)failed_freezes);
     CHECK(query_fail == 0);
-    CHECK(queries > 100);
-    CHECK(allocs > (uint64_t)nkids);
+    CHECK(queries >= 20); /* (slow builds: fewer) */
+    CHECK(allocs >= (uint64_t)nkids / 2); /* (slow builds, TSan: few, but some) */
     CHECK(limits > 0); /* a quota was reached, so the run tested something */
     if (one_tenant) CHECK(ooms == 0); /* the device is far from full */
     CHECK(sum_over == 0);
-    if (!bp_is_cuda()) CHECK(freezes >= 3 && failed_freezes == 0);
+    if (!bp_is_cuda()) CHECK(freezes >= 3 && failed_freezes == 0 && quiet >= freezes / 2);
     for (int t = 0; t < nten; t++) {
-        printf("  tenant %s: quota %llu MiB, most used %llu MiB (books), %llu MiB (kernel)\n",
-               ten[t].name, (unsigned long long)(ten[t].quota / MiB),
-               (unsigned long long)(ten[t].max_used / MiB),
-               (unsigned long long)(ten[t].max_kernel / MiB));
+        if (bp_is_cuda())
+            printf("  tenant %s: quota %llu MiB, most used %llu MiB\n", ten[t].name,
+                   (unsigned long long)(ten[t].quota / MiB),
+                   (unsigned long long)(ten[t].max_used / MiB));
+        else
+            printf("  tenant %s: quota %llu MiB, most used %llu MiB (books), %llu MiB (kernel)\n",
+                   ten[t].name, (unsigned long long)(ten[t].quota / MiB),
+                   (unsigned long long)(ten[t].max_used / MiB),
+                   (unsigned long long)(ten[t].max_kernel / MiB));
         CHECK(ten[t].over == 0);
         CHECK(ten[t].kernel_over == 0);
         CHECK(ten[t].kernel_above_books == 0);
@@ -330,7 +372,7 @@ int main(int argc, char **argv)
 
     /* 1: one tenant. */
     tb_init(&g_b);
-    tb_config(&g_b, "1GiB", "default_quota = 192MiB\n");
+    tb_config(&g_b, "1GiB", "default_quota = 192MiB\nreclaim_ms = 10\n");
     bp_start(&g_b);
     qten_t ten1[1];
     memset(ten1, 0, sizeof ten1);
@@ -361,7 +403,7 @@ int main(int argc, char **argv)
         tb_init(&g_b);
         CHECK(chmod(g_b.dir, 0755) == 0); /* the other uids reach the socket */
         tb_config(&g_b, "256MiB",
-                  "default_quota = 64MiB\n"
+                  "default_quota = 64MiB\nreclaim_ms = 10\n"
                   "[tenant alpha]\nusers = 61001\nquota = 160MiB\nguaranteed = 96MiB\n"
                   "[tenant beta]\nusers = 61002\nquota = 96MiB\n");
         bp_start(&g_b);

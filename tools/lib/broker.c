@@ -275,7 +275,8 @@ static int cfg_load(const char *path, bcfg_t *c, char *err, size_t cap)
         } else if (!strcmp(k, "keep_free")) {
             if (parse_bytes(v, &c->keep_free)) goto badval;
         } else if (!strcmp(k, "reclaim_ms")) {
-            if (parse_uint(v, 10, 60000, &u)) goto badval;
+            /* Below the 10 s a process waits for an answer. */
+            if (parse_uint(v, 10, 5000, &u)) goto badval;
             c->reclaim_ms = (unsigned)u;
         } else if (!strcmp(k, "max_clients")) {
             if (parse_uint(v, 10, 65536, &u) || u == 0) goto badval;
@@ -488,7 +489,7 @@ static ssize_t tenant_add(broker_t *b, const tenant_cfg_t *cfg, bool configured)
 
 /* The tenant of a process: the first rule that matches, else "uid:N" with
  * default_quota (none with default_quota 0: -2). */
-static ssize_t tenant_of(broker_t *b, pid_t pid, uid_t uid, gid_t gid)
+static ssize_t tenant_of(broker_t *b, const bcfg_t *cfg, pid_t pid, uid_t uid, gid_t gid)
 {
     for (size_t i = 0; i < b->n_tenants; i++)
         if (b->tenants[i].configured && rule_matches(&b->tenants[i].cfg, pid, uid, gid))
@@ -496,12 +497,12 @@ static ssize_t tenant_of(broker_t *b, pid_t pid, uid_t uid, gid_t gid)
     char name[GM__BROKER_NAME_MAX];
     snprintf(name, sizeof name, "uid:%u", (unsigned)uid);
     ssize_t i = tenant_find(b, name);
-    if (b->cfg.default_quota == 0) return -2;
+    if (cfg->default_quota == 0) return -2;
     if (i >= 0) {
-        b->tenants[i].cfg.quota = b->cfg.default_quota;
+        b->tenants[i].cfg.quota = cfg->default_quota;
         return i;
     }
-    tenant_cfg_t c = {.quota = b->cfg.default_quota};
+    tenant_cfg_t c = {.quota = cfg->default_quota};
     snprintf(c.name, sizeof c.name, "%s", name);
     return tenant_add(b, &c, false);
 }
@@ -605,12 +606,14 @@ static void client_drop(broker_t *b, client_t *c, const char *why)
         if (c->pages + c->adopted) t->futile = b->futile = false;
         t->cached -= c->cached < t->cached ? c->cached : t->cached;
         b->leased -= c->pages + c->adopted;
-        if (why)
+        /* A process that gave everything back and left is not news. */
+        if (why && (back || c->adopted || strcmp(why, "disconnected") != 0))
             logf_(b, "pid %d (tenant '%s'): %s; %" PRIu64 " pages back", (int)c->pid,
-                  t->cfg.name, why, back);
+                  t->cfg.name, why, back + c->adopted);
         b->dirty = true;
-    } else if (why && c->state == C_NEW) {
-        logf_(b, "pid %d: %s", (int)c->pid, why);
+    } else if (why && strcmp(why, "disconnected") != 0 &&
+               (c->state == C_NEW || c->state == C_VIEWER)) {
+        logf_(b, "pid %d%s: %s", (int)c->pid, c->state == C_VIEWER ? " (a viewer)" : "", why);
     }
     if (c->fd >= 0) close(c->fd);
     if (c->efd >= 0) close(c->efd);
@@ -820,7 +823,7 @@ static void on_hello(broker_t *b, client_t *c, gm__broker_msg_t *in)
         client_drop(b, c, NULL);
         return;
     }
-    ssize_t t = tenant_of(b, c->pid, c->uid, c->gid);
+    ssize_t t = tenant_of(b, &b->cfg, c->pid, c->uid, c->gid);
     if (t < 0) {
         reply_init(b, &m, NULL, t == -2 ? GM_DENIED : GM_NO_HOST_MEMORY);
         snprintf(m.text, sizeof m.text, t == -2 ? "no tenant of the broker's config matches uid "
@@ -838,8 +841,15 @@ static void on_hello(broker_t *b, client_t *c, gm__broker_msg_t *in)
     c->cookie = r | 1;
     tenant_t *tn = &b->tenants[t];
     tn->clients++;
-    /* Pages it kept across a restart count as they are (never refused). */
-    uint64_t adopt = in->adopt > (uint64_t)1 << 40 ? 0 : in->adopt;
+    /* Pages it kept across a restart count as they are (never refused);
+     * no process holds more than the device. */
+    if (in->adopt > b->info.total_memory / b->page) {
+        c->state = C_NEW;
+        tn->clients--;
+        client_drop(b, c, "dropped: it claims to hold more pages than the device has");
+        return;
+    }
+    uint64_t adopt = in->adopt;
     c->adopted = adopt;
     tn->used += adopt;
     if (tn->used > tn->peak) tn->peak = tn->used;
@@ -884,9 +894,13 @@ static void on_message(broker_t *b, client_t *c)
     size_t nfds;
     bool closed;
     int rc = gm__wire_recv(c->fd, &m, sizeof m, NULL, 0, &nfds, &closed, 0, "broker");
+    if (rc == GM_NOT_READY) { /* woken with nothing to read after all */
+        gm__clear_error();
+        return;
+    }
     if (rc != GM_OK) {
         char why[300];
-        if (closed) snprintf(why, sizeof why, "connection closed");
+        if (closed) snprintf(why, sizeof why, "disconnected");
         else snprintf(why, sizeof why, "dropped: %.280s", gm_last_error());
         gm__clear_error();
         client_drop(b, c, c->state == C_NEW && closed ? NULL : why);
@@ -895,18 +909,22 @@ static void on_message(broker_t *b, client_t *c)
     const char *bad = NULL;
     if (m.magic != GM__BROKER_MAGIC || m.version != GM__BROKER_VERSION)
         bad = "bad magic or version";
+    else if (!memchr(m.tenant, 0, sizeof m.tenant) || !memchr(m.text, 0, sizeof m.text))
+        bad = "unterminated text";
     else if (c->state == C_NEW) {
         if (m.type == GM__BROKER_HELLO) return on_hello(b, c, &m);
         if (m.type == GM__BROKER_STATS) {
             c->state = C_VIEWER;
+            c->first_ns = gm__now_ns();
             return on_stats(b, c, &m);
         }
         bad = "the first message is not HELLO or STATS";
     } else if (c->state == C_VIEWER) {
+        c->first_ns = gm__now_ns(); /* idle since */
         if (m.type == GM__BROKER_STATS) return on_stats(b, c, &m);
         bad = "a viewer sent more than STATS";
-    } else if (c->pending) {
-        bad = "a request while its lease waits";
+    } else if (c->pending && m.type == GM__BROKER_LEASE) {
+        bad = "a lease while its lease waits";
     } else {
         switch (m.type) {
         case GM__BROKER_LEASE:
@@ -1034,16 +1052,24 @@ static void write_stats(broker_t *b)
 
 /* ---- configuration in force --------------------------------------------------- */
 
+/* The tenants' guaranteed memory fits the capacity: GM_OK or
+ * GM_INVALID_ARGUMENT with the figures. */
+static int guarantees_fit(const bcfg_t *cfg, uint64_t capacity)
+{
+    uint64_t guaranteed = 0;
+    for (size_t i = 0; i < cfg->n_tenants; i++) guaranteed += cfg->tenants[i].guaranteed;
+    if (guaranteed <= capacity) return GM_OK;
+    char a[32], c[32];
+    return gm__set_error(GM_INVALID_ARGUMENT, "the tenants' guaranteed memory (%s) exceeds the "
+                         "capacity (%s)", fmt(guaranteed, a), fmt(capacity, c));
+}
+
 /* Apply cfg's tenants (at start and at SIGHUP): books of a tenant kept by
  * name; every client's tenant decided again. */
 static int apply_tenants(broker_t *b, bcfg_t *cfg)
 {
-    uint64_t guaranteed = 0;
-    for (size_t i = 0; i < cfg->n_tenants; i++) guaranteed += cfg->tenants[i].guaranteed;
-    if (guaranteed > b->cap_pages * b->page) {
-        char a[32], c[32];
-        logf_(b, "the tenants' guaranteed memory (%s) exceeds the capacity (%s)",
-              fmt(guaranteed, a), fmt(b->cap_pages * b->page, c));
+    if (guarantees_fit(cfg, b->cap_pages * b->page) != GM_OK) {
+        logf_(b, "%s", gm_last_error());
         return -1;
     }
     for (size_t i = 0; i < b->n_tenants; i++) b->tenants[i].configured = b->tenants[i].futile = false;
@@ -1063,7 +1089,7 @@ static int apply_tenants(broker_t *b, bcfg_t *cfg)
     for (size_t i = 0; i < b->n_clients; i++) {
         client_t *c = &b->clients[i];
         if (c->state != C_CONTROL) continue;
-        ssize_t t = tenant_of(b, c->pid, c->uid, c->gid);
+        ssize_t t = tenant_of(b, cfg, c->pid, c->uid, c->gid);
         if (t < 0 || (size_t)t == c->tenant) continue;
         tenant_t *from = &b->tenants[c->tenant], *to = &b->tenants[t];
         from->used -= c->pages + c->adopted;
@@ -1270,6 +1296,12 @@ int gm_cli_broker(int argc, char **argv)
 
     if (check) {
         char a[32], q[32], k[32];
+        if (b.cfg.capacity && guarantees_fit(&b.cfg, b.cfg.capacity) != GM_OK) {
+            fprintf(stderr, "gpumem broker: %s: %s\n", b.config_path[0] ? b.config_path : "options",
+                    gm_last_error());
+            cfg_free(&b.cfg);
+            return 2;
+        }
         printf("socket %s, backend %s, device %d, capacity %s, default_quota %s, keep_free %s, "
                "reclaim_ms %u, max_clients %u, socket_mode %04o\n", b.cfg.socket,
                gm__backend_kind_name(b.cfg.backend), b.cfg.device,
@@ -1335,7 +1367,7 @@ int gm_cli_broker(int argc, char **argv)
             client_t *c = &b.clients[i];
             if (c->state == C_FREE) continue;
             if (c->pending && c->deadline_ns < next) next = c->deadline_ns;
-            if (c->state == C_NEW && c->first_ns + 10000000000ull < next)
+            if ((c->state == C_NEW || c->state == C_VIEWER) && c->first_ns + 10000000000ull < next)
                 next = c->first_ns + 10000000000ull;
             who[n] = i * 2;
             pfd[n++] = (struct pollfd){.fd = c->fd, .events = POLLIN};
@@ -1365,8 +1397,10 @@ int gm_cli_broker(int argc, char **argv)
                 } else if (pfd[k].fd == c->efd) {
                     /* The events connection only listens: anything or a
                      * close there ends the client. */
-                    client_drop(&b, c, (pfd[k].revents & POLLIN) ? "spoke on its events connection "
-                                                                  "or closed it" : "events connection closed");
+                    char byte;
+                    ssize_t got = recv(c->efd, &byte, 1, MSG_DONTWAIT | MSG_PEEK);
+                    client_drop(&b, c, got > 0 ? "dropped: it spoke on its events connection"
+                                               : "disconnected");
                 }
             }
             if (pfd[1].revents) on_accept(&b);
@@ -1377,6 +1411,8 @@ int gm_cli_broker(int argc, char **argv)
             if (c->state == C_CONTROL && c->pending && c->deadline_ns <= now) lease_try(&b, c, true);
             else if (c->state == C_NEW && c->first_ns + 10000000000ull <= now)
                 client_drop(&b, c, "said nothing for 10 s");
+            else if (c->state == C_VIEWER && c->first_ns + 10000000000ull <= now)
+                client_drop(&b, c, NULL); /* an idle viewer */
         }
         if (b.dirty && now - b.last_stats_ns > 1000000000ull) {
             write_stats(&b);
