@@ -71,6 +71,8 @@ typedef struct tenant_cfg {
     uint64_t quota, guaranteed; /* bytes; quota UINT64_MAX: none */
 } tenant_cfg_t;
 
+enum { SCRUB_TENANT, SCRUB_ALWAYS, SCRUB_NEVER };
+
 typedef struct bcfg {
     char socket[108];
     gm_backend_kind_t backend;
@@ -78,6 +80,7 @@ typedef struct bcfg {
     uint64_t capacity;       /* 0: the device's free memory at start */
     uint64_t default_quota;  /* UINT64_MAX: none (the device) */
     uint64_t keep_free;      /* free pages kept made, bytes */
+    int scrub;               /* SCRUB_*: when a page is zeroed before a lease */
     unsigned reclaim_ms;
     unsigned max_clients;
     unsigned socket_mode;
@@ -274,6 +277,11 @@ static int cfg_load(const char *path, bcfg_t *c, char *err, size_t cap)
             if (parse_bytes(v, &c->default_quota)) goto badval;
         } else if (!strcmp(k, "keep_free")) {
             if (parse_bytes(v, &c->keep_free)) goto badval;
+        } else if (!strcmp(k, "scrub")) {
+            if (!strcmp(v, "tenant")) c->scrub = SCRUB_TENANT;
+            else if (!strcmp(v, "always")) c->scrub = SCRUB_ALWAYS;
+            else if (!strcmp(v, "never")) c->scrub = SCRUB_NEVER;
+            else goto badval;
         } else if (!strcmp(k, "reclaim_ms")) {
             /* Below the 10 s a process waits for an answer. */
             if (parse_uint(v, 10, 5000, &u)) goto badval;
@@ -308,6 +316,7 @@ typedef struct page {
     gm__phys_t h;
     int fd;          /* exported once */
     uint32_t holder; /* client slot + 1; 0: free */
+    uint32_t last;   /* tenant + 1 of its last lease; 0: never leased */
     uint32_t next;   /* free list (index + 1) */
 } page_t;
 
@@ -349,6 +358,8 @@ typedef struct broker {
     gm__backend_info_t info;
     size_t page;
     uint64_t cap_pages;
+    uintptr_t win;     /* address space where pages are mapped to be zeroed */
+    uint64_t scrubbed; /* pages zeroed */
     /* books */
     page_t *pages;
     size_t n_pages, cap_pages_arr;
@@ -662,6 +673,34 @@ static char *fmt(uint64_t bytes, char *buf)
     return (char *)gm__fmt_bytes(bytes, buf, 32);
 }
 
+/* Zero pages ids[0..n) (n <= GM__BROKER_IDS) before they go to another
+ * tenant: mapped side by side in the broker's window, set to zero on the
+ * device, unmapped.  GM_OK or the backend's error (nothing stays mapped). */
+static int scrub(broker_t *b, const uint64_t *ids, size_t n)
+{
+    int rc = GM_OK, r;
+    size_t mapped = 0;
+    for (; mapped < n; mapped++) {
+        GM_BK(rc, b, map, (b->bk, b->win + mapped * b->page, b->page, b->pages[ids[mapped] - 1].h));
+        if (rc != GM_OK) break;
+    }
+    if (rc == GM_OK) GM_BK(rc, b, set_access, (b->bk, b->win, n * b->page, 0));
+    if (rc == GM_OK) GM_BK(rc, b, memset, (b->bk, b->win, 0, n * b->page, NULL));
+    if (rc == GM_OK) GM_BK(rc, b, stream_sync, (b->bk, NULL));
+    char err[256] = "";
+    if (rc != GM_OK) snprintf(err, sizeof err, "%s", gm_last_error());
+    for (size_t i = 0; i < mapped; i++) {
+        GM_BK(r, b, unmap, (b->bk, b->win + i * b->page, b->page));
+        if (r != GM_OK && rc == GM_OK) {
+            rc = r;
+            snprintf(err, sizeof err, "%s", gm_last_error());
+        }
+    }
+    if (rc != GM_OK) return gm__set_error(rc, "%s", err);
+    b->scrubbed += n;
+    return GM_OK;
+}
+
 /* Try to serve c's lease.  1 served or refused (replied), 0 must wait. */
 static int lease_try(broker_t *b, client_t *c, bool final)
 {
@@ -698,6 +737,28 @@ static int lease_try(broker_t *b, client_t *c, bool final)
             send_msg(b, c, c->fd, &m, NULL, 0);
             return 1;
         }
+        /* A page that last held another tenant's data is zeroed first. */
+        uint64_t dirty[GM__BROKER_IDS];
+        size_t nd = 0;
+        for (uint64_t i = 0; i < got; i++) {
+            page_t *p = &b->pages[m.ids[i] - 1];
+            if (b->cfg.scrub == SCRUB_ALWAYS ||
+                (b->cfg.scrub == SCRUB_TENANT && p->last != c->tenant + 1))
+                dirty[nd++] = m.ids[i];
+        }
+        if (nd && scrub(b, dirty, nd) != GM_OK) {
+            char err[200];
+            snprintf(err, sizeof err, "%.190s", gm_last_error());
+            logf_(b, "zeroing pages failed: %s", err);
+            for (uint64_t i = 0; i < got; i++) page_put(b, m.ids[i]);
+            t->refusals++;
+            reply_init(b, &m, c, GM_OUT_OF_MEMORY);
+            snprintf(m.text, sizeof m.text, "the broker could not zero pages: %s", err);
+            c->pending = false;
+            send_msg(b, c, c->fd, &m, NULL, 0);
+            return 1;
+        }
+        for (uint64_t i = 0; i < got; i++) b->pages[m.ids[i] - 1].last = (uint32_t)c->tenant + 1;
         c->pages += got;
         t->used += got;
         if (t->used > t->peak) t->peak = t->used;
@@ -1030,9 +1091,10 @@ static void write_stats(broker_t *b)
     for (size_t i = 0; i < b->n_clients; i++) clients += b->clients[i].state == C_CONTROL;
     fprintf(f, "{\"pid\": %d, \"generation\": \"%016" PRIx64 "\", \"page_size\": %zu, "
             "\"capacity\": %" PRIu64 ", \"leased\": %" PRIu64 ", \"made\": %" PRIu64
-            ", \"free\": %" PRIu64 ", \"clients\": %zu, \"uptime_s\": %.1f, \"tenants\": [",
+            ", \"free\": %" PRIu64 ", \"scrubbed\": %" PRIu64 ", \"clients\": %zu, "
+            "\"uptime_s\": %.1f, \"tenants\": [",
             (int)getpid(), b->generation, b->page, b->cap_pages * b->page, b->leased * b->page,
-            b->n_made * b->page, b->n_free * b->page, clients,
+            b->n_made * b->page, b->n_free * b->page, b->scrubbed * b->page, clients,
             (double)(gm__now_ns() - b->started_ns) / 1e9);
     for (size_t i = 0; i < b->n_tenants; i++) {
         const tenant_t *t = &b->tenants[i];
@@ -1123,6 +1185,7 @@ static void reload(broker_t *b)
     bcfg_t keep = b->cfg;
     keep.default_quota = n.default_quota;
     keep.keep_free = n.keep_free;
+    keep.scrub = n.scrub;
     keep.reclaim_ms = n.reclaim_ms;
     keep.max_clients = n.max_clients;
     memcpy(keep.stats_file, n.stats_file, sizeof keep.stats_file);
@@ -1181,6 +1244,11 @@ static int setup(broker_t *b)
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
+    {
+        int rc;
+        GM_BK(rc, b, va_reserve, (b->bk, (size_t)GM__BROKER_IDS * b->page, b->page, &b->win));
+        if (rc != GM_OK) return rc;
+    }
     GM_CHECK(gm__wire_claim_path("gpumem broker", b->cfg.socket));
     b->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (b->lfd < 0) return gm__set_error(GM_IO, "socket: %s", strerror(errno));
@@ -1210,6 +1278,11 @@ static void teardown(broker_t *b)
     if (b->lfd >= 0) {
         close(b->lfd);
         unlink(b->cfg.socket);
+    }
+    if (b->win) {
+        int rc;
+        GM_BK(rc, b, va_free, (b->bk, b->win, (size_t)GM__BROKER_IDS * b->page));
+        (void)rc;
     }
     if (b->bk) b->ops->close(b->bk);
     free(b->pages);
@@ -1302,12 +1375,13 @@ int gm_cli_broker(int argc, char **argv)
             cfg_free(&b.cfg);
             return 2;
         }
+        static const char *const scrubs[] = {"tenant", "always", "never"};
         printf("socket %s, backend %s, device %d, capacity %s, default_quota %s, keep_free %s, "
-               "reclaim_ms %u, max_clients %u, socket_mode %04o\n", b.cfg.socket,
+               "scrub %s, reclaim_ms %u, max_clients %u, socket_mode %04o\n", b.cfg.socket,
                gm__backend_kind_name(b.cfg.backend), b.cfg.device,
                b.cfg.capacity ? fmt(b.cfg.capacity, a) : "the device's free memory",
-               fmt(b.cfg.default_quota, q), fmt(b.cfg.keep_free, k), b.cfg.reclaim_ms,
-               b.cfg.max_clients, b.cfg.socket_mode);
+               fmt(b.cfg.default_quota, q), fmt(b.cfg.keep_free, k), scrubs[b.cfg.scrub],
+               b.cfg.reclaim_ms, b.cfg.max_clients, b.cfg.socket_mode);
         for (size_t i = 0; i < b.cfg.n_tenants; i++) {
             const tenant_cfg_t *t = &b.cfg.tenants[i];
             printf("tenant %s: %zu users, %zu groups, cgroup %s, quota %s, guaranteed %s\n",
