@@ -61,8 +61,9 @@ static inline void tb_config(test_broker_t *b, const char *capacity, const char 
     fclose(f);
 }
 
-/* Start the broker on the config; wait until it answers. */
-static inline void tb_start(test_broker_t *b)
+/* Start the broker on the config (its child first runs prep, when not
+ * NULL); wait until it answers. */
+static inline void tb_start_with(test_broker_t *b, void (*prep)(void))
 {
     fflush(NULL);
     pid_t parent = getpid();
@@ -72,6 +73,7 @@ static inline void tb_start(test_broker_t *b)
          * holding ctest's output pipe (ctest would wait for it forever). */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent) _exit(1);
+        if (prep) prep();
         FILE *l = freopen(b->log, "a", stderr);
         (void)l;
         setvbuf(stderr, NULL, _IONBF, 0); /* freopen made it buffered: _exit would lose it */
@@ -99,6 +101,8 @@ static inline void tb_start(test_broker_t *b)
         exit(1);
     }
 }
+
+static inline void tb_start(test_broker_t *b) { tb_start_with(b, NULL); }
 
 /* Stop it: sig (SIGTERM or SIGKILL); returns its exit status or 128+sig. */
 static inline int tb_stop(test_broker_t *b, int sig)

@@ -108,42 +108,6 @@ static long clients_now(uint64_t *used)
     return (long)t.clients;
 }
 
-/* With every worker stopped and the broker quiet: does the tenant's used
- * equal what the kernel sees the workers hold?  A worker stopped while its
- * lease reply is on the way holds less than the broker counts, so it tries
- * again a few times, letting them run a moment in between. */
-#define SLACK(n) ((uint64_t)(n + 1) * PAGE)
-static int books_match_kernel(const pid_t *pids, size_t n, uint64_t *books, uint64_t *kernel)
-{
-    for (int attempt = 0; attempt < 10; attempt++) {
-        if (attempt) {
-            bp_thaw(pids, n);
-            sleep_us(3000 + 2000 * attempt);
-        }
-        if (!bp_freeze(pids, n)) continue;
-        gm_broker_view_t v;
-        if (!bp_quiet_view(&g_b, &v, 1000)) continue;
-        *books = 0;
-        for (size_t j = 0; j < v.n; j++)
-            if (!strcmp(v.tenants[j].name, g_tenant)) *books = v.tenants[j].used;
-        free(v.tenants);
-        bp_inodes_t s = {0};
-        for (size_t i = 0; i < n; i++)
-            if (pids[i] > 0) bp_inodes_of(pids[i], &s);
-        *kernel = (uint64_t)s.n * PAGE;
-        free(s.v);
-        if (*books == *kernel) {
-            bp_thaw(pids, n);
-            return 1;
-        }
-    }
-    /* Still apart: the kernel never sees more than the books, and the books
-     * never more than the lease replies that can be on their way (one per
-     * process, of at most its lease) -- a lost page would add up round
-     * after round, and the final used == 0 check sees it. */
-    bp_thaw(pids, n);
-    return *kernel <= *books && *books - *kernel <= SLACK(n);
-}
 
 int main(int argc, char **argv)
 {
@@ -246,7 +210,7 @@ int main(int argc, char **argv)
         CHECK(clients_now(NULL) == WORKERS);
         if (!bp_is_cuda()) {
             uint64_t books = 0, kernel = 0;
-            if (!books_match_kernel(pids, WORKERS, &books, &kernel)) {
+            if (!bp_books_match_kernel(&g_b, g_tenant, pids, WORKERS, (uint64_t)(WORKERS + 1) * PAGE, &books, &kernel)) {
                 fprintf(stderr, "round %d: the broker counts %llu bytes for the tenant, the "
                         "kernel %llu\n", r, (unsigned long long)books,
                         (unsigned long long)kernel);

@@ -317,40 +317,6 @@ static void chaos_client(bp_link_t *l, void *argp)
     bp_put(l->out, BP_DONE);
 }
 
-/* With every client stopped and the broker quiet, is the tenant's used what
- * the kernel sees them hold?  (A client stopped while a lease reply is on
- * its way holds less than the broker counts: a few attempts.) */
-#define SLACK(n) ((uint64_t)n * 4 * PAGE)
-static int books_match_kernel(const pid_t *pids, size_t n, uint64_t *books, uint64_t *kernel)
-{
-    for (int attempt = 0; attempt < 10; attempt++) {
-        if (attempt) {
-            bp_thaw(pids, n);
-            sleep_us(3000 + 2000 * attempt);
-        }
-        if (!bp_freeze(pids, n)) continue;
-        gm_broker_view_t v;
-        if (!bp_quiet_view(&g_b, &v, 1000)) continue;
-        *books = 0;
-        for (size_t j = 0; j < v.n; j++)
-            if (!strcmp(v.tenants[j].name, g_tenant)) *books = v.tenants[j].used;
-        free(v.tenants);
-        bp_inodes_t s = {0};
-        for (size_t i = 0; i < n; i++) bp_inodes_of(pids[i], &s);
-        *kernel = (uint64_t)s.n * PAGE;
-        free(s.v);
-        if (*books == *kernel) {
-            bp_thaw(pids, n);
-            return 1;
-        }
-    }
-    /* Still apart: the kernel never sees more than the books, and the books
-     * never more than the lease replies that can be on their way (one per
-     * process, of at most its lease) -- a lost page would add up round
-     * after round, and the final used == 0 check sees it. */
-    bp_thaw(pids, n);
-    return *kernel <= *books && *books - *kernel <= SLACK(n);
-}
 
 static void role_chaos(int restarts, uint64_t *rs)
 {
@@ -383,7 +349,7 @@ static void role_chaos(int restarts, uint64_t *rs)
     kept_lines = bp_log_count(&g_b, "from an earlier broker run");
     if (!bp_is_cuda()) {
         uint64_t books = 0, kernel = 0;
-        if (!books_match_kernel(pids, CHAOS, &books, &kernel)) {
+        if (!bp_books_match_kernel(&g_b, g_tenant, pids, CHAOS, (uint64_t)CHAOS * 4 * PAGE, &books, &kernel)) {
             fprintf(stderr, "c: after the last restart the broker counts %llu bytes for the "
                     "tenant, the kernel sees its processes hold %llu\n",
                     (unsigned long long)books, (unsigned long long)kernel);
