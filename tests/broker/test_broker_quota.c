@@ -297,7 +297,7 @@ static void run(const char *what, qkid_t *args, const int *ten_of, int nkids, qt
            (unsigned long long)freezes, (unsigned long long)failed_freezes);
     CHECK(query_fail == 0);
     CHECK(queries >= 20); /* (slow builds: fewer) */
-    CHECK(allocs >= (uint64_t)nkids / 2); /* (slow builds, TSan: few, but some) */
+    CHECK(allocs >= 4); /* (slow builds, TSan: few, but some) */
     CHECK(limits > 0); /* a quota was reached, so the run tested something */
     if (one_tenant) CHECK(ooms == 0); /* the device is far from full */
     CHECK(sum_over == 0);
