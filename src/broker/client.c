@@ -207,17 +207,23 @@ static void release_local(gm__broker_client_t *c, const gm__phys_t *h, size_t n)
     }
 }
 
+/* The reason given while the broker is away (what went wrong: err). */
+static void say_gone(gm__broker_client_t *c, const char *err)
+{
+    char e[200];
+    snprintf(e, sizeof e, "%s", err); /* err may be c->why or the thread's last error */
+    snprintf(c->why, sizeof c->why, "the broker on %s is gone (%s); pages already held stay "
+             "usable, new ones come when it is back", c->path, e);
+}
+
 /* The broker is gone: the stock goes (its pages were leased on the dead
  * connection), held pages become adopted at the next connection. */
 static void lost_locked(gm__broker_client_t *c, const char *what)
 {
-    char err[160];
-    snprintf(err, sizeof err, "%s", what);
+    say_gone(c, what);
     close_conn(c);
     release_local(c, c->stock_h, c->n_stock);
     c->n_stock = 0;
-    snprintf(c->why, sizeof c->why, "the broker on %s is gone (%.200s); pages already held stay "
-             "usable, new ones come when it is back", c->path, err);
 }
 
 /* A usable control connection (mu held): reconnect when it is gone. */
@@ -230,8 +236,7 @@ static int ensure_locked(gm__broker_client_t *c)
     c->last_try_ns = now;
     int rc = connect_locked(c, c->n_held);
     if (rc != GM_OK) {
-        snprintf(c->why, sizeof c->why, "the broker on %s is gone (%.200s); pages already held stay "
-                 "usable, new ones come when it is back", c->path, gm_last_error());
+        say_gone(c, gm_last_error());
         return gm__set_error(GM_IO, "%s", c->why);
     }
     c->why[0] = '\0';
@@ -476,6 +481,7 @@ static void destroy(void *ctx);
 
 static const gm__page_provider_ops_t broker_ops = {
     .name = "broker",
+    .flags = GM__PROVIDER_SHARED | GM__PROVIDER_LEASED | GM__PROVIDER_QUOTA,
     .obtain = obtain,
     .give_back = give_back,
     .describe = describe,

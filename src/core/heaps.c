@@ -33,7 +33,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "broker/broker.h"
 #include "core/pool.h"
 #include "observe/observe.h"
 
@@ -59,7 +58,7 @@ static gm_pool_t *heap_make(gm_pool_t *root)
     h->slack_eff = h->cfg.reserve_slack;
     gm__provider_local_init(&h->provider, h);
     /* One broker connection for the whole pool (its provider is thread-safe). */
-    if (gm__broker_provider_is(&root->provider)) h->provider = root->provider;
+    if (root->provider.ops->flags & GM__PROVIDER_SHARED) h->provider = root->provider;
     /* Less address space than the root's: a heap serves one thread's share. */
     size_t total = GM_ALIGN_UP(h->info.total_memory, h->page);
     if (gm__pool_core_init(h, total, total * 2) != GM_OK) {

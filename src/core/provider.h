@@ -49,8 +49,17 @@
 
 #include "backend/backend.h"
 
+/* What a provider's pages are (gm__page_provider_ops_t.flags). */
+#define GM__PROVIDER_SHARED 0x1u   /* one ctx serves every heap of a pool (thread-safe);
+                                      else each heap gets its own */
+#define GM__PROVIDER_LEASED 0x2u   /* pages go to others after this process: never
+                                      published by sharing */
+#define GM__PROVIDER_QUOTA 0x4u    /* a GM_LIMIT refusal is a limit someone set (a
+                                      tenant's quota), reported as GM_LIMIT */
+
 typedef struct gm__page_provider_ops {
     const char *name; /* "local"; for messages */
+    unsigned flags;   /* GM__PROVIDER_* */
 
     /* Obtain n pages of page_size bytes each (page_size: the pool's
      * granularity): handles[0..n).  GM_OK with *got == n; on failure a status

@@ -82,9 +82,10 @@ int gm__oom_report_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, int 
                           const char *reason)
 {
     /* GM_LIMIT only for a limit the user set; the device's size is OOM. */
-    /* A broker's tenant quota is a limit set too (by the machine's admin). */
+    /* A provider's quota (a broker tenant's) is a limit set too. */
     bool broker = gm__broker_provider_is(&pool->provider);
-    int status = rc == GM_LIMIT && (pool->cfg.limit || broker) ? GM_LIMIT : GM_OUT_OF_MEMORY;
+    bool quota = pool->provider.ops->flags & GM__PROVIDER_QUOTA;
+    int status = rc == GM_LIMIT && (pool->cfg.limit || quota) ? GM_LIMIT : GM_OUT_OF_MEMORY;
     if (reason && !strncmp(reason, "gm_alloc: ", 10)) reason += 10;
     pool->st.oom_count++;
     gm__trace_record_locked(pool, GM__TRACE_ALLOC_FAIL, 0, size, stream);

@@ -44,7 +44,6 @@
 
 #include "core/pool.h"
 #include "observe/observe.h"
-#include "broker/broker.h"
 #include "share/share.h"
 #include "share/wire.h"
 
@@ -815,7 +814,7 @@ int gm_share_publish_ranges(gm_share_server_t *srv, const char *name,
     if (!known) return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: not an open server");
     /* A broker hands this process's pages to another tenant once it lets
      * them go or dies; a peer's mapping of them would outlive that. */
-    if (gm__broker_provider_is(&root->provider))
+    if (root->provider.ops->flags & GM__PROVIDER_LEASED)
         return gm__set_error(GM_NOT_SUPPORTED, "gm_share_publish: the pool leases its pages from "
                              "a broker, which gives them to other tenants after this process; "
                              "publish from a pool without a broker");

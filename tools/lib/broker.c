@@ -420,12 +420,6 @@ static uint64_t bytes_to_pages(const broker_t *b, uint64_t bytes)
     return bytes == UINT64_MAX ? UINT64_MAX : bytes / b->page;
 }
 
-static uint64_t quota_pages(const broker_t *b, const tenant_t *t)
-{
-    uint64_t q = bytes_to_pages(b, t->cfg.quota);
-    return q;
-}
-
 /* ---- tenants -------------------------------------------------------------------- */
 
 /* Does the process's cgroup (v2 path, or any v1 hierarchy's) lie under prefix? */
@@ -701,11 +695,27 @@ static int scrub(broker_t *b, const uint64_t *ids, size_t n)
     return GM_OK;
 }
 
+/* Refuse c's lease with status and the reason (counted for its tenant). */
+static void refuse(broker_t *b, client_t *c, int status, const char *fmt_, ...)
+    __attribute__((format(printf, 4, 5)));
+static void refuse(broker_t *b, client_t *c, int status, const char *fmt_, ...)
+{
+    gm__broker_msg_t m;
+    reply_init(b, &m, c, status);
+    va_list ap;
+    va_start(ap, fmt_);
+    vsnprintf(m.text, sizeof m.text, fmt_, ap);
+    va_end(ap);
+    b->tenants[c->tenant].refusals++;
+    c->pending = false;
+    send_msg(b, c, c->fd, &m, NULL, 0);
+}
+
 /* Try to serve c's lease.  1 served or refused (replied), 0 must wait. */
 static int lease_try(broker_t *b, client_t *c, bool final)
 {
     tenant_t *t = &b->tenants[c->tenant];
-    uint64_t q = quota_pages(b, t);
+    uint64_t q = bytes_to_pages(b, t->cfg.quota);
     uint64_t room_q = q == UINT64_MAX ? UINT64_MAX : q > t->used ? q - t->used : 0;
     uint64_t promised = promised_to_others(b, c->tenant);
     uint64_t taken = b->leased + promised;
@@ -730,11 +740,7 @@ static int lease_try(broker_t *b, client_t *c, bool final)
             snprintf(err, sizeof err, "%.190s", gm_last_error());
             for (uint64_t i = 0; i < got; i++) page_put(b, m.ids[i]);
             if (!final) return 0;
-            t->refusals++;
-            reply_init(b, &m, c, GM_OUT_OF_MEMORY);
-            snprintf(m.text, sizeof m.text, "the broker could not make pages: %s", err);
-            c->pending = false;
-            send_msg(b, c, c->fd, &m, NULL, 0);
+            refuse(b, c, GM_OUT_OF_MEMORY, "the broker could not make pages: %s", err);
             return 1;
         }
         /* A page that last held another tenant's data is zeroed first. */
@@ -751,11 +757,7 @@ static int lease_try(broker_t *b, client_t *c, bool final)
             snprintf(err, sizeof err, "%.190s", gm_last_error());
             logf_(b, "zeroing pages failed: %s", err);
             for (uint64_t i = 0; i < got; i++) page_put(b, m.ids[i]);
-            t->refusals++;
-            reply_init(b, &m, c, GM_OUT_OF_MEMORY);
-            snprintf(m.text, sizeof m.text, "the broker could not zero pages: %s", err);
-            c->pending = false;
-            send_msg(b, c, c->fd, &m, NULL, 0);
+            refuse(b, c, GM_OUT_OF_MEMORY, "the broker could not zero pages: %s", err);
             return 1;
         }
         for (uint64_t i = 0; i < got; i++) b->pages[m.ids[i] - 1].last = (uint32_t)c->tenant + 1;
@@ -772,27 +774,22 @@ static int lease_try(broker_t *b, client_t *c, bool final)
         return 1;
     }
     if (!final) return 0;
-    t->refusals++;
-    c->pending = false;
-    if (room_q < c->want_min) t->futile = true;
-    else b->futile = true;
-    char a[32], bq[32], cc[32], d[32], e[32], f[32];
+    char a[32], bq[32], cc[32], d[32];
     if (room_q < c->want_min) {
-        reply_init(b, &m, c, GM_LIMIT);
-        snprintf(m.text, sizeof m.text,
-                 "tenant '%s' is over its quota: it holds %s of %s (this process %s) and asked "
-                 "for %s more", t->cfg.name, fmt(t->used * b->page, a), fmt(t->cfg.quota, bq),
-                 fmt((c->pages + c->adopted) * b->page, cc), fmt(c->want_min * b->page, d));
+        t->futile = true;
+        refuse(b, c, GM_LIMIT,
+               "tenant '%s' is over its quota: it holds %s of %s (this process %s) and asked "
+               "for %s more", t->cfg.name, fmt(t->used * b->page, a), fmt(t->cfg.quota, bq),
+               fmt((c->pages + c->adopted) * b->page, cc), fmt(c->want_min * b->page, d));
     } else {
-        reply_init(b, &m, c, GM_OUT_OF_MEMORY);
-        snprintf(m.text, sizeof m.text,
-                 "the broker's device is full: %s of %s leased, %s promised to other tenants; "
-                 "tenant '%s' holds %s and asked for %s more", fmt(b->leased * b->page, a),
-                 fmt(b->cap_pages * b->page, bq), fmt(promised * b->page, cc), t->cfg.name,
-                 fmt(t->used * b->page, e), fmt(c->want_min * b->page, f));
-        (void)d;
+        b->futile = true;
+        char e[32], f[32];
+        refuse(b, c, GM_OUT_OF_MEMORY,
+               "the broker's device is full: %s of %s leased, %s promised to other tenants; "
+               "tenant '%s' holds %s and asked for %s more", fmt(b->leased * b->page, a),
+               fmt(b->cap_pages * b->page, bq), fmt(promised * b->page, cc), t->cfg.name,
+               fmt(t->used * b->page, e), fmt(c->want_min * b->page, f));
     }
-    send_msg(b, c, c->fd, &m, NULL, 0);
     return 1;
 }
 
@@ -801,7 +798,7 @@ static int lease_try(broker_t *b, client_t *c, bool final)
 static size_t reclaim_ask(broker_t *b, client_t *c)
 {
     tenant_t *t = &b->tenants[c->tenant];
-    uint64_t q = quota_pages(b, t);
+    uint64_t q = bytes_to_pages(b, t->cfg.quota);
     bool quota_bound = q != UINT64_MAX && t->used + c->want_min > q;
     /* The last wait got nothing and nothing came back since: do not wait. */
     if (quota_bound ? t->futile : b->futile) return 0;
