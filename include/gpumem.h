@@ -354,7 +354,13 @@ GM_API int gm_pool_device_info(gm_pool_t *pool, gm_device_info_t *info);
     X(sysmem_allocated_peak, "peak of sysmem_allocated")                       \
     X(sysmem_count,       "device allocations ever served from host memory")   \
     X(copy_staged_bytes,  "bytes moved by staged gm_memcpy_h2d/d2h copies")    \
-    X(copy_direct_bytes,  "bytes moved by small gm_memcpy_h2d/d2h copies (one backend copy)")
+    X(copy_direct_bytes,  "bytes moved by small gm_memcpy_h2d/d2h copies (one backend copy)") \
+    X(offloaded,          "bytes requested by live blocks now offloaded to host memory (in allocated too)") \
+    X(offload_count,      "blocks copied (or discarded) to host memory by gm_offload or eviction") \
+    X(restore_count,      "blocks brought back by gm_restore") \
+    X(offload_bytes_total, "bytes moved to host memory by offloads so far") \
+    X(restore_bytes_total, "bytes moved back to the device by restores so far") \
+    X(evictions,          "tags offloaded by the pool itself to serve an allocation (GM_POOL_EVICT)")
 
 #define GM_STATS_VERSION 1
 
@@ -474,6 +480,10 @@ GM_API int gm_leak_report(gm_pool_t *pool, char *buf, size_t cap, size_t *len);
  * gm_free, gm_block_size and gm_record_stream take them like any block.
  * Environment: GPUMEM_SYSMEM_FALLBACK=1. */
 #define GM_POOL_SYSMEM_FALLBACK 0x1u
+/* Pool flag: before an allocation fails for lack of device memory, offload
+ * the least recently released GM_TAG_EVICTABLE tag that no gm_tag_acquire
+ * holds, and retry (docs/offload.md).  Environment: GPUMEM_EVICT=1. */
+#define GM_POOL_EVICT 0x2u
 
 /* Pinned (page-locked, device-mapped) host memory from the pool's host pool:
  * large chunks registered once with the driver, carved per request, reused
@@ -621,6 +631,109 @@ typedef struct gm_share_stats {
 #define GM_SHARE_STATS_INIT { .size = sizeof(gm_share_stats_t), .version = GM_SHARE_STATS_VERSION }
 #endif
 GM_API int gm_share_stats(gm_pool_t *pool, gm_share_stats_t *stats);
+
+/* ------------------------------------------------------------------------ */
+/* Tags, offload and restore (docs/offload.md)                               */
+/* ------------------------------------------------------------------------ */
+
+/* A tag names a set of allocations that are put to sleep and woken
+ * together: a model's weights, a KV cache.  gm_offload copies every live
+ * block of a tag to pinned host memory and gives its device pages back (to
+ * the driver, or to the broker); gm_restore takes pages again, maps them at
+ * the *same* addresses and copies the data back, so every pointer the
+ * program holds stays valid.  Between the two the blocks stay allocated
+ * (gm_free works on them and frees the host copy) but their memory must not
+ * be touched on the device: GPUs raise no page fault for this memory, an
+ * access is an illegal-address error.
+ *
+ * Tags are process-wide numbers made from names; 0 (GM_TAG_NONE) is "no
+ * tag".  An allocation gets the tag given to gm_alloc_tagged, else its
+ * thread's current tag (gm_tag_scope), so PyTorch, CuPy and programs under
+ * the preload library tag memory without changing each call. */
+typedef uint32_t gm_tag_t;
+#define GM_TAG_NONE 0u
+#define GM_TAGS_MAX 1024u        /* tags a process may make */
+#define GM_TAG_NAME_MAX 63u      /* bytes of a tag's name */
+/* Tag flags (fixed when the tag is made):
+ *   GM_TAG_DISCARD: the contents need not survive: gm_offload releases the
+ *     pages without copying and gm_restore maps fresh pages (their contents
+ *     are undefined), e.g. a KV cache that is rebuilt anyway;
+ *   GM_TAG_EVICTABLE: a pool made with GM_POOL_EVICT may offload this tag by
+ *     itself when an allocation would otherwise fail, but only while no
+ *     gm_tag_acquire holds it (see there). */
+#define GM_TAG_DISCARD 0x1u
+#define GM_TAG_EVICTABLE 0x2u
+/* The tag called `name` (1 to GM_TAG_NAME_MAX bytes), made on first use
+ * with `flags`.  A later call with the same name returns the same tag; with
+ * other flags it fails with GM_INVALID_ARGUMENT. GM_LIMIT past GM_TAGS_MAX. */
+GM_API int gm_tag_get(const char *name, unsigned flags, gm_tag_t *tag);
+/* Set this thread's current tag (GM_TAG_NONE: none) and return the previous
+ * one, for scopes: `gm_tag_t old = gm_tag_scope(t); ...; gm_tag_scope(old);`.
+ * An unknown tag is ignored (the current one stays and is returned). */
+GM_API gm_tag_t gm_tag_scope(gm_tag_t tag);
+/* gm_alloc with an explicit tag (GM_TAG_NONE: untagged, whatever the
+ * thread's scope).  An allocation into a tag that is offloaded now is
+ * resident as usual: gm_restore leaves it alone, gm_offload takes it. */
+GM_API int gm_alloc_tagged(gm_pool_t *pool, size_t size, gm_stream_t stream, gm_tag_t tag,
+                           void **ptr);
+/* Offload flag: release without copying, as if the tag had GM_TAG_DISCARD. */
+#define GM_OFFLOAD_DISCARD 0x1u
+/* Put the tag's resident blocks of this pool to sleep.  First waits for
+ * `stream` and for every stream the blocks were allocated or recorded on
+ * (their queued work may still use them), then copies the blocks to pinned
+ * host memory (the pool's host pool: pieces in flight on several streams)
+ * and releases each device page once nothing resident lies in it (a page
+ * shared with a block of another tag stays).  Returns when done.
+ * Fails, with what was done in the message, and nothing lost:
+ *   GM_NO_HOST_MEMORY  pinned host memory ran out: the blocks copied so far
+ *                      are offloaded, the others still resident;
+ *   GM_NOT_SUPPORTED   a block of the tag is shared with another process
+ *                      (gm_share_publish / import): nothing moved;
+ *   GM_BACKEND etc.    a copy or a stream failed: the blocks not yet
+ *                      copied stay resident; a page that could not be
+ *                      released stays cached (gm_trim releases it).
+ * Calling it again finishes the work.  Holds the pool's lock while it runs
+ * (other threads' allocations wait).  A held tag (gm_tag_acquire) is
+ * offloaded all the same: holding only stops eviction. */
+GM_API int gm_offload(gm_pool_t *pool, gm_tag_t tag, unsigned flags, gm_stream_t stream);
+/* Wake the tag's offloaded blocks of this pool: pages are obtained and
+ * mapped at the blocks' own addresses, the data is copied back, the host
+ * copies are freed (their pinned memory stays in the host pool for the
+ * next offload; gm_host_trim gives it back).  Work queued on `stream` after
+ * the call sees the data (the call returns once it is in place).
+ * All or nothing: when the pages cannot all be had (GM_OUT_OF_MEMORY,
+ * GM_LIMIT, with the usual message), or a copy fails, the tag stays
+ * offloaded with its data safe in host memory, and a later call may try
+ * again.  Nothing offloaded: GM_OK at once. */
+GM_API int gm_restore(gm_pool_t *pool, gm_tag_t tag, gm_stream_t stream);
+/* Eviction's protocol for GM_TAG_EVICTABLE tags: acquire restores the tag
+ * if it was offloaded and holds it (a count): the pool never evicts a held
+ * tag.  Release drops one hold; the tag's work queued on `stream` before
+ * the release is waited for before any eviction.  Use such a tag's memory
+ * only between the two.  Release without a hold: GM_INVALID_STATE. */
+GM_API int gm_tag_acquire(gm_pool_t *pool, gm_tag_t tag, gm_stream_t stream);
+GM_API int gm_tag_release(gm_pool_t *pool, gm_tag_t tag, gm_stream_t stream);
+
+#define GM_TAG_INFO_VERSION 1
+typedef struct gm_tag_info {
+    size_t size;                 /* sizeof(gm_tag_info_t) */
+    unsigned version;            /* GM_TAG_INFO_VERSION */
+    char name[GM_TAG_NAME_MAX + 1];
+    unsigned flags;              /* GM_TAG_* */
+    uint64_t resident_blocks;    /* live blocks of the tag on the device */
+    uint64_t resident_bytes;     /* their sizes (requested) */
+    uint64_t offloaded_blocks;   /* live blocks of the tag in host memory */
+    uint64_t offloaded_bytes;
+    uint64_t holds;              /* gm_tag_acquire minus gm_tag_release */
+    uint64_t offloads, restores, evictions; /* calls that moved something */
+} gm_tag_info_t;
+#ifdef __cplusplus
+#define GM_TAG_INFO_INIT { sizeof(gm_tag_info_t), GM_TAG_INFO_VERSION }
+#else
+#define GM_TAG_INFO_INIT { .size = sizeof(gm_tag_info_t), .version = GM_TAG_INFO_VERSION }
+#endif
+/* The tag's figures in this pool (all heaps). */
+GM_API int gm_tag_info(gm_pool_t *pool, gm_tag_t tag, gm_tag_info_t *info);
 
 /* ------------------------------------------------------------------------ */
 /* PyTorch pluggable allocator (torch.cuda.memory.CUDAPluggableAllocator)    */

@@ -216,6 +216,11 @@ static void destroy_recorded(gm_pool_t *pool, gm__block_t *b)
     b->recorded = NULL;
 }
 
+void gm__block_drop_recorded_locked(gm_pool_t *pool, gm__block_t *b)
+{
+    if (b->recorded) destroy_recorded(pool, b);
+}
+
 /* Order the reuse of a freed block after the work r->stream has queued so
  * far: an event recorded there, else a wait for the whole stream.  When both
  * fail (a backend failure), r stays unordered and its block stays pending,
@@ -460,7 +465,8 @@ static gm__block_t *align_free_block(gm_pool_t *pool, gm__block_t *b, size_t ali
     return split_at(pool, b, cut);
 }
 
-int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s, void **ptr)
+int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s, gm_tag_t tag,
+                     void **ptr)
 {
     if (GM_UNLIKELY(++pool->ctl_allocs >= CTL_WINDOW)) controller_step(pool);
     gm_assert_internal(size > 0 && size <= GM_MAX_REQUEST && s != NULL && !s->is_global);
@@ -515,7 +521,11 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s
          * (gm__pages_refuse_locked); a backend failure: its message stands */
         return rc;
     }
-    if (size <= GM_TC_MAX) gm__tcache_note_alloc_locked(pool, b); /* its free may be fast */
+    b->tag = (uint16_t)tag;
+    b->offloaded = 0;
+    b->host_copy = NULL;
+    if (GM_UNLIKELY(tag != GM_TAG_NONE)) gm__offload_note_alloc_locked(pool, b);
+    else if (size <= GM_TC_MAX) gm__tcache_note_alloc_locked(pool, b); /* its free may be fast */
     s->users++;
     pool->st.allocated += size;
     pool->st.active += asize;
@@ -582,6 +592,7 @@ int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed)
         return GM__SHARE_HELD;
     }
     *freed = b->requested;
+    if (GM_UNLIKELY(b->tag != GM_TAG_NONE)) gm__offload_note_free_locked(pool, b);
     atomic_store_explicit(&b->tc_gen, ++pool->tc_next, memory_order_release);
     b->owner->users--; /* the stream it was allocated on */
     pool->st.allocated -= b->requested;

@@ -84,6 +84,9 @@ typedef struct gm__block {
     _Atomic uint32_t tc_cached;  /* device: freed into a thread cache (tcache.h) */
     uint8_t shared;              /* device live: held by sharing (src/share/): a
                                     gm_free is the share layer's to carry out */
+    uint8_t offloaded;           /* device live: GM__OFFLOADED_* (core/offload.c) */
+    uint16_t tag;                /* device live: its gm_tag_t (0: none) */
+    void *host_copy;             /* device live, offloaded: its data in pinned host memory */
 } gm__block_t;
 
 /* A two-level segregated-fit index of free blocks.

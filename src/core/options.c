@@ -27,7 +27,7 @@
 #include "core/options.h"
 
 typedef enum {
-    T_BACKEND, T_INT, T_SIZE, T_SIZE_OR_MAX, T_SYSMEM_FLAG,
+    T_BACKEND, T_INT, T_SIZE, T_SIZE_OR_MAX, T_SYSMEM_FLAG, T_EVICT_FLAG,
     T_FRACTION,        /* a number from 0 to 1 (a double, its bits in the uint64_t) */
     T_RATE,            /* a number from 0 to 1e6 (the same) */
     T_MALLOC_FAIL_NTH, /* not a config field: arms gm__malloc_fail_nth once */
@@ -79,6 +79,9 @@ static const gm__option_t table[GM_OPT_COUNT] = {
     [GM_OPT_SYSMEM_FALLBACK] = {"GPUMEM_SYSMEM_FALLBACK", T_SYSMEM_FLAG, "0",
                                 "1: serve allocations from mapped pinned host memory when device "
                                 "memory runs out", CFG(flags)},
+    [GM_OPT_EVICT] = {"GPUMEM_EVICT", T_EVICT_FLAG, "0",
+                      "1: before an allocation fails, offload evictable tags nobody holds "
+                      "(GM_POOL_EVICT)", CFG(flags)},
     [GM_OPT_COPY_THREADS] = {"GPUMEM_COPY_THREADS", T_INT, "0",
                              "worker threads of staged host copies (0: min(12, 3*cores/4))",
                              CFG(copy_threads)},
@@ -177,6 +180,7 @@ static int parse(const gm__option_t *o, const char *v, uint64_t *out)
         return GM_OK;
     }
     case T_SYSMEM_FLAG:
+    case T_EVICT_FLAG:
         if (!strcmp(v, "1")) *out = 1;
         else if (!strcmp(v, "0")) *out = 0;
         else return GM_INVALID_ARGUMENT;
@@ -224,6 +228,10 @@ static void apply(const gm__option_t *o, uint64_t x, gm_pool_config_t *d)
     case T_SYSMEM_FLAG:
         if (x) *(unsigned *)(void *)base |= GM_POOL_SYSMEM_FALLBACK;
         else *(unsigned *)(void *)base &= ~GM_POOL_SYSMEM_FALLBACK;
+        break;
+    case T_EVICT_FLAG:
+        if (x) *(unsigned *)(void *)base |= GM_POOL_EVICT;
+        else *(unsigned *)(void *)base &= ~GM_POOL_EVICT;
         break;
     case T_CFG_PATH: {
         const char *v = getenv(o->name);

@@ -808,6 +808,68 @@ int gm__pages_trim_locked(gm_pool_t *pool, size_t keep, size_t *released)
     return rc;
 }
 
+/* ---- offload (core/offload.c) ---------------------------------------------- */
+
+/* May a block overlapping a page being evicted lie there?  Free and past
+ * every fence (the global index, or its stream known to have passed its
+ * free), or live and offloaded: nothing resident, no queued work on it. */
+static bool evict_ok(const gm__block_t *x)
+{
+    if (x->free) return x->owner->is_global || x->owner->done_seq >= x->free_seq;
+    return !x->pending && x->offloaded && !atomic_load_explicit(&x->tc_cached, memory_order_relaxed);
+}
+
+/* Every block overlapping VA page p of a (b is one of them) allows evicting it. */
+static bool page_evictable(gm_pool_t *pool, const gm__arena_t *a, size_t p, const gm__block_t *b)
+{
+    uintptr_t lo = a->base + (p << pool->page_shift), hi = lo + pool->page;
+    for (const gm__block_t *x = b; x && x->addr + x->size > lo; x = x->prev)
+        if (!evict_ok(x)) return false;
+    for (const gm__block_t *x = b->next; x && x->addr < hi; x = x->next)
+        if (!evict_ok(x)) return false;
+    return true;
+}
+
+int gm__pages_evict_locked(gm_pool_t *pool, gm__block_t *b, size_t *released)
+{
+    gm__arena_t *a = b->arena;
+    size_t shift = pool->page_shift;
+    size_t p0 = (b->addr - a->base) >> shift;
+    size_t p1 = ((b->addr + b->size - 1 - a->base) >> shift) + 1;
+    int first = GM_OK;
+    for (size_t p = p0; p < p1; p++) {
+        if (!bit_get(a->mapped, p) || !page_evictable(pool, a, p, b)) continue;
+        uint32_t id = a->pid[p];
+        gm__ppage_t *pp = &pool->phys[id];
+        if (bit_get(a->owned, p)) {
+            /* Its data is in host memory now: the page is free, with no
+             * fence (the offload waited for the blocks' streams). */
+            bit_clear(a->owned, p);
+            pp->owner = GM_NONE;
+            pp->last_va = GM_NONE;
+            a->fence_s[p] = NULL;
+            lru_push(pool, id);
+        } else if (pp->owner != GM_NONE) {
+            continue; /* another range's page mapped here too: it stays there */
+        }
+        /* Released everywhere it is mapped, once the work of the streams
+         * that freed those other places has passed. */
+        bool fenced = false;
+        for (uint32_t g = pp->first_va; g != GM_NONE && !fenced;) {
+            size_t q;
+            gm__arena_t *o = arena_of(pool, g, &q);
+            if (!fence_wait(pool, o, q)) fenced = true;
+            g = o->alias_next[q];
+        }
+        int rc = fenced ? gm__set_error(GM_NOT_READY, "gm_offload: a page stays cached: work "
+                                        "still queued on another stream may use it")
+                        : phys_release(pool, id);
+        if (rc == GM_OK && released) *released += pool->page;
+        if (rc != GM_OK && first == GM_OK) first = rc;
+    }
+    return first;
+}
+
 void gm__pages_budget(const gm_pool_t *pool, uint64_t live, uint64_t *allow, uint64_t *cap)
 {
     uint64_t extra = (uint64_t)((double)live * pool->slack_eff);
@@ -867,7 +929,8 @@ int gm__pages_check_locked(gm_pool_t *pool)
                 if (!bit_get(a->used, p))
                     return gm__set_error(GM_INTERNAL, "arena %d: page %zu under a live block is "
                                          "not marked used", c, p);
-                if (!bit_get(a->owned, p))
+                /* An offloaded block's pages may be given back. */
+                if (!bit_get(a->owned, p) && !b->offloaded)
                     return gm__set_error(GM_INTERNAL, "arena %d: page %zu under a live block at "
                                          "%#lx is not owned", c, p, (unsigned long)b->addr);
             }

@@ -66,7 +66,7 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
                              (int)d.backend);
     if (d.device < 0)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: device %d", d.device);
-    if (d.flags & ~GM_POOL_SYSMEM_FALLBACK)
+    if (d.flags & ~(GM_POOL_SYSMEM_FALLBACK | GM_POOL_EVICT))
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: unknown flags %#x", d.flags);
     if (d.sim_capacity == 0) d.sim_capacity = gm__option_sim_capacity();
     if (!(d.reserve_slack >= 0 && d.reserve_slack <= 1 && d.reserve_slack_max >= 0 &&
@@ -173,6 +173,7 @@ static void pool_teardown(gm_pool_t *pool, uint64_t *blocks, uint64_t *bytes)
     gm__process_pool_destroying(pool);
     gm__broker_provider_stop(&pool->provider); /* its thread walks the heaps */
     gm__heaps_destroy(pool, blocks, bytes); /* unregistered: no walk reaches them */
+    gm__offload_fini(pool);
     gm__copy_fini(pool);
     gm__sysmem_fini(pool);
     gm__host_fini(pool);
@@ -251,6 +252,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
 
     GM_CHECK_GOTO(gm__host_init(pool), rc, fail);
     GM_CHECK_GOTO(gm__copy_init(pool), rc, fail);
+    GM_CHECK_GOTO(gm__offload_init(pool), rc, fail);
     /* Address space is cheap: room for the whole device several times over,
      * so holes never force a failure while physical pages are free. */
     size_t total = GM_ALIGN_UP(pool->info.total_memory, pool->page);
@@ -316,14 +318,14 @@ static bool oom_handlers_running(const gm_pool_t *pool)
  * over: *rc GM_OK (served), or a failure that is not a lack of memory;
  * otherwise *rc is the refusal and reason holds its message. */
 static bool retry_locked(gm_pool_t *pool, size_t size, size_t align, gm_stream_t stream,
-                         void **ptr, int *rc, char *reason, size_t cap)
+                         gm_tag_t tag, void **ptr, int *rc, char *reason, size_t cap)
 {
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
     if (!s) {
         *rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
         return true;
     }
-    *rc = gm__alloc_locked(pool, size, align, s, ptr);
+    *rc = gm__alloc_locked(pool, size, align, s, tag, ptr);
     if (*rc != GM_OUT_OF_MEMORY && *rc != GM_LIMIT) return true;
     snprintf(reason, cap, "%s", gm_last_error());
     return false;
@@ -340,7 +342,7 @@ static bool retry_locked(gm_pool_t *pool, size_t size, size_t align, gm_stream_t
  * then the report.  `retries` counts allocations served by a retry,
  * `alloc_failures` the entries here, `oom_count` (in oom.c) the failures. */
 static int alloc_slow_locked(gm_pool_t *pool, size_t size, size_t align, gm_stream_t stream,
-                             void **ptr, int rc)
+                             gm_tag_t tag, void **ptr, int rc)
 {
     gm__observe_alloc_retry_locked(pool);
     char reason[256];
@@ -349,13 +351,26 @@ static int alloc_slow_locked(gm_pool_t *pool, size_t size, size_t align, gm_stre
     gm__tcache_flush_self_locked(pool);
     gm__drain_streams_locked(pool);
     if (gm__pages_trim_locked(pool, 0, NULL) != GM_OK) gm__clear_error();
-    if (retry_locked(pool, size, align, stream, ptr, &rc, reason, sizeof reason)) goto over;
-    if (gm__heaps_reclaim_others(pool) && retry_locked(pool, size, align, stream, ptr, &rc, reason, sizeof reason))
+    if (retry_locked(pool, size, align, stream, tag, ptr, &rc, reason, sizeof reason)) goto over;
+    if (gm__heaps_reclaim_others(pool) && retry_locked(pool, size, align, stream, tag, ptr, &rc, reason, sizeof reason))
         goto over;
+
+    /* GM_POOL_EVICT: offload evictable tags nobody holds, least recently
+     * released first, until the request fits (offload.c; the lock is
+     * dropped meanwhile, as for the handlers). */
+    gm_pool_t *root = pool->root;
+    if (root->cfg.flags & GM_POOL_EVICT) {
+        for (;;) {
+            gm__unlock(&pool->lock);
+            bool evicted = gm__offload_evict_one(root, tag);
+            gm__lock(&pool->lock);
+            if (!evicted) break;
+            if (retry_locked(pool, size, align, stream, tag, ptr, &rc, reason, sizeof reason)) goto over;
+        }
+    }
 
     /* The handlers are the root's, called with the root: the user's handle
      * (a heap reads them under the root's lock, its own dropped). */
-    gm_pool_t *root = pool->root;
     bool nested = oom_handlers_running(root);
     for (int round = 0; round < GM_OOM_MAX_ROUNDS && !nested; round++) {
         struct gm__oom_handler h[GM_OOM_MAX_HANDLERS];
@@ -373,7 +388,7 @@ static int alloc_slow_locked(gm_pool_t *pool, size_t size, size_t align, gm_stre
         gm__lock(&pool->lock);
         pool->st.oom_handler_calls += calls;
         if (!again) break;
-        if (retry_locked(pool, size, align, stream, ptr, &rc, reason, sizeof reason)) goto over;
+        if (retry_locked(pool, size, align, stream, tag, ptr, &rc, reason, sizeof reason)) goto over;
     }
 
     /* The last resort: pinned host memory the device can address (opt-in,
@@ -396,10 +411,10 @@ over:
  * may serve it) or the page size (a block of whole pages). */
 static inline __attribute__((always_inline)) int alloc_impl(gm_pool_t *pool, size_t size,
                                                             size_t align, gm_stream_t stream,
-                                                            void **ptr)
+                                                            gm_tag_t tag, void **ptr)
 {
     pool = gm__heap_self(pool);
-    if (align == GM_ALIGNMENT && size <= GM_TC_MAX) {
+    if (align == GM_ALIGNMENT && size <= GM_TC_MAX && tag == GM_TAG_NONE) {
         if (gm__tcache_alloc(pool, size, stream, ptr) == GM_OK) return GM_OK;
         gm__tcache_prepare(pool);
     }
@@ -421,10 +436,10 @@ static inline __attribute__((always_inline)) int alloc_impl(gm_pool_t *pool, siz
         return rc;
     }
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
-    rc = s ? gm__alloc_locked(pool, size, align, s, ptr)
+    rc = s ? gm__alloc_locked(pool, size, align, s, tag, ptr)
            : gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a stream");
     if (GM_UNLIKELY(rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT))
-        rc = alloc_slow_locked(pool, size, align, stream, ptr, rc);
+        rc = alloc_slow_locked(pool, size, align, stream, tag, ptr, rc);
     gm__observe_alloc_locked(pool, rc, *ptr, size, stream, frames, n_frames);
     VALIDATE_LOCKED(pool);
     gm__unlock(&pool->lock);
@@ -437,7 +452,19 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
     *ptr = NULL;
     GM_CHECK(resolve(&pool));
     if (GM_UNLIKELY(size == 0)) return GM_OK;
-    return alloc_impl(pool, size, GM_ALIGNMENT, stream, ptr);
+    return alloc_impl(pool, size, GM_ALIGNMENT, stream, gm__tag_now, ptr);
+}
+
+int gm_alloc_tagged(gm_pool_t *pool, size_t size, gm_stream_t stream, gm_tag_t tag, void **ptr)
+{
+    if (!ptr) return gm__set_error(GM_INVALID_ARGUMENT, "gm_alloc_tagged: ptr is NULL");
+    *ptr = NULL;
+    GM_CHECK(resolve(&pool));
+    if (!gm__tag_valid(tag))
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_alloc_tagged: tag %u was not made by "
+                             "gm_tag_get", (unsigned)tag);
+    if (size == 0) return GM_OK;
+    return alloc_impl(pool, size, GM_ALIGNMENT, stream, tag, ptr);
 }
 
 int gm_alloc_shareable(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
@@ -449,7 +476,7 @@ int gm_alloc_shareable(gm_pool_t *pool, size_t size, gm_stream_t stream, void **
     if (size > GM_MAX_REQUEST - pool->page)
         return gm__set_error(GM_OUT_OF_MEMORY, "gm_alloc_shareable: %zu bytes is more than the "
                              "device's memory", size);
-    return alloc_impl(pool, size, pool->page, stream, ptr);
+    return alloc_impl(pool, size, pool->page, stream, GM_TAG_NONE, ptr); /* never tagged: never moved */
 }
 
 /* ---- who owns a pointer ----------------------------------------------------- */
@@ -469,6 +496,7 @@ gm__owner_t gm__owner_locked(gm_pool_t *pool, const void *ptr, size_t *size)
     switch (gm__host_kind(pool, ptr)) {
     case GM__HOST_USER: return GM__OWNER_HOST;
     case GM__HOST_SYSMEM: /* the host side of a sysmem block, not what gm_alloc gave */
+    case GM__HOST_OFFLOAD: /* the host copy of an offloaded block */
     case GM__HOST_STAGING: return GM__OWNER_INTERNAL;
     default: return GM__OWNER_UNKNOWN;
     }

@@ -208,6 +208,7 @@ struct gm_pool {
     struct gm__host *host;       /* pinned host pool (host.c), own lock */
     struct gm__copy *copy;       /* staged copy engine (copy.c), made at pool creation */
     struct gm__sysmem *sysmem;   /* device blocks served from host memory (sysmem.c) */
+    struct gm__offload *offl;    /* root: tags, offload and restore (offload.c) */
 
     /* Observability (src/observe/observe.h): out-of-memory handlers, in the order
      * added; the leak tracker's stacks; the current trace buffer; this
@@ -412,6 +413,15 @@ int gm__pages_prefault_locked(gm_pool_t *pool, size_t bytes);
 int gm__pages_handles_locked(gm_pool_t *pool, uintptr_t addr, size_t n, gm__phys_t *out);
 int gm__pages_check_locked(gm_pool_t *pool);
 void gm__pages_fini(gm_pool_t *pool);
+/* Offload: release the pages of block b (live, offloaded, or free) in which
+ * nothing resident lies: every block overlapping the page is offloaded, or
+ * free with its fence passed.  Such a page loses its owner and its physical
+ * page goes back to the provider (unmapped everywhere first).  A page that
+ * cannot be released stays cached (free) and the first error returns;
+ * *released (optional) grows by the bytes given back.  The pages stay
+ * marked used (the block is live): gm__pages_ensure_mapped_locked maps
+ * them again.  Lock held. */
+int gm__pages_evict_locked(gm_pool_t *pool, gm__block_t *b, size_t *released);
 
 /* ---- defined in src/core/alloc.c -------------------------------------------- */
 
@@ -419,7 +429,13 @@ void gm__pages_fini(gm_pool_t *pool);
  * stream state s; an OOM status with a message when nothing fits. */
 /* align: GM_ALIGNMENT, or the page size for a block that owns whole pages
  * (gm_alloc_shareable: its size is then rounded up to whole pages). */
-int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s, void **ptr);
+/* tag: the block's gm_tag_t (GM_TAG_NONE: none; a tagged block never goes
+ * through the thread cache). */
+int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s, gm_tag_t tag,
+                     void **ptr);
+/* The streams recorded on live block b are known to have passed (the
+ * offload waited for them): forget them. */
+void gm__block_drop_recorded_locked(gm_pool_t *pool, gm__block_t *b);
 /* The block (live or free) whose range holds address p, NULL when p lies in
  * no arena of pool: a walk of the arena's blocks (error paths and sharing,
  * never per operation). */
@@ -452,5 +468,28 @@ int gm__alloc_check_locked(gm_pool_t *pool);
 /* Largest mapped free run and total free mapped bytes, for stats. */
 void gm__alloc_free_summary_locked(gm_pool_t *pool, uint64_t *largest, uint64_t *free_blocks);
 void gm__alloc_fini(gm_pool_t *pool);
+
+/* ---- defined in src/core/offload.c ------------------------------------------- */
+
+/* GM__OFFLOADED_*: a live block's data is on the device (NONE), in its
+ * host copy (COPIED), or was discarded (DISCARDED). */
+enum { GM__OFFLOADED_NONE = 0, GM__OFFLOADED_COPIED = 1, GM__OFFLOADED_DISCARDED = 2 };
+/* This thread's current tag (gm_tag_scope). */
+extern _Thread_local gm_tag_t gm__tag_now;
+/* Root only: the offload state (copy streams, tag figures); made at pool
+ * creation, freed at teardown (before the host pool: it frees nothing
+ * there, host copies go with the host pool). */
+int gm__offload_init(gm_pool_t *root);
+void gm__offload_fini(gm_pool_t *root);
+/* A tagged block was made / is being freed (heap lock held): the tag's
+ * figures; an offloaded block's host copy is freed. */
+void gm__offload_note_alloc_locked(gm_pool_t *heap, gm__block_t *b);
+void gm__offload_note_free_locked(gm_pool_t *heap, gm__block_t *b);
+/* GM_POOL_EVICT: offload the least recently released evictable tag that
+ * is not held and has resident blocks (never `except`).  No lock held.
+ * True when a tag was offloaded (something may have been freed). */
+bool gm__offload_evict_one(gm_pool_t *root, gm_tag_t except);
+/* tag was made by gm_tag_get (GM_TAG_NONE counts as valid). */
+bool gm__tag_valid(gm_tag_t tag);
 
 #endif /* GM_POOL_H */

@@ -397,7 +397,8 @@ int gm__host_alloc_kind(gm_pool_t *pool, int kind, size_t size, gm_stream_t stre
                         uintptr_t *dptr)
 {
     struct gm__host *h = pool->host;
-    gm_assert_internal(kind == GM__HOST_USER || kind == GM__HOST_STAGING || kind == GM__HOST_SYSMEM);
+    gm_assert_internal(kind == GM__HOST_USER || kind == GM__HOST_STAGING || kind == GM__HOST_SYSMEM ||
+                       kind == GM__HOST_OFFLOAD);
     if (GM_UNLIKELY(size > GM_MAX_REQUEST))
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: %zu bytes is more than any host has",
                              size);

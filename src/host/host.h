@@ -22,7 +22,8 @@ void gm__host_fini(gm_pool_t *pool);
  * a free names the owner it expects: a block of another owner is left alone
  * (GM_INVALID_ARGUMENT), so gm_host_free cannot release a sysmem block nor a
  * staging buffer. */
-enum { GM__HOST_NONE = -1, GM__HOST_USER = 0, GM__HOST_STAGING = 1, GM__HOST_SYSMEM = 2 };
+enum { GM__HOST_NONE = -1, GM__HOST_USER = 0, GM__HOST_STAGING = 1, GM__HOST_SYSMEM = 2,
+       GM__HOST_OFFLOAD = 3 /* host copies of offloaded blocks (core/offload.c) */ };
 /* Allocate pinned, device-mapped host memory for `kind`; *dptr (optional)
  * receives the device address of the block.  Takes the host lock. */
 int gm__host_alloc_kind(gm_pool_t *pool, int kind, size_t size, gm_stream_t stream, void **ptr,

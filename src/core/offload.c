@@ -1,0 +1,757 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * offload.c — tags, offload and restore: gm_tag_get, gm_tag_scope,
+ * gm_offload, gm_restore, gm_tag_acquire / gm_tag_release, gm_tag_info, and
+ * eviction under pressure (GM_POOL_EVICT).
+ *
+ * The one idea: an offloaded block stays a live block — same address, same
+ * record in the live table, same stream — whose data sits in a host copy
+ * and whose pages have been given back.  Its pages stay marked used, so no
+ * other allocation is ever placed in its range; the page layer releases a
+ * page only when nothing resident lies in it (gm__pages_evict_locked), and
+ * a restore is the allocator's own "make this range mapped and owned"
+ * (gm__pages_ensure_mapped_locked) followed by the copy back.  Pointers
+ * therefore stay valid, and a page shared with a block of another tag is
+ * simply not given back.
+ *
+ * Copies: pieces of OFFL_PIECE bytes on OFFL_STREAMS streams of the pool's
+ * own, between the device and pinned blocks of the host pool (kind
+ * GM__HOST_OFFLOAD), in windows of OFFL_WINDOW bytes: while window w is in
+ * flight, window w-1 is waited for and its pages released, so device
+ * memory comes back while the copy goes on, and the host pool grows
+ * (registration, the cold cost) while the DMA engine works.  A restore
+ * frees the host copies into the host pool, which keeps the registered
+ * memory for the next offload (warm) until gm_host_trim.
+ *
+ * Order: an offload first waits for the given stream and for every stream
+ * its blocks were allocated or recorded on, and drains the streams holding
+ * freed blocks (a page shared with a free neighbour is released only once
+ * that neighbour's stream has passed its free).  A restore's copies wait
+ * for the given stream (pages it may still use are handed to it by the page
+ * layer's fences) and the call returns once they are done.
+ *
+ * Locking: one offload, restore or eviction at a time per pool (offl->mu),
+ * taken before a heap's lock; each heap is worked on under its own lock,
+ * then the host lock inside host.c.  Tag figures are atomics of the root's
+ * (changed under whichever heap lock holds the block).
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/pool.h"
+#include "host/host.h"
+
+#define OFFL_STREAMS 4
+#define OFFL_PIECE ((size_t)64 << 20)
+#define OFFL_WINDOW ((size_t)512 << 20)
+
+/* ---- the process's tags ------------------------------------------------------ */
+
+static pthread_mutex_t tags_mu = PTHREAD_MUTEX_INITIALIZER;
+static char tag_names[GM_TAGS_MAX + 1][GM_TAG_NAME_MAX + 1];
+static unsigned tag_flags[GM_TAGS_MAX + 1];
+static _Atomic unsigned n_tags; /* tags 1..n_tags exist */
+
+_Thread_local gm_tag_t gm__tag_now;
+
+bool gm__tag_valid(gm_tag_t tag)
+{
+    return tag <= atomic_load_explicit(&n_tags, memory_order_acquire);
+}
+
+static unsigned tag_flags_of(gm_tag_t tag)
+{
+    return tag_flags[tag]; /* written before n_tags grew past it */
+}
+
+int gm_tag_get(const char *name, unsigned flags, gm_tag_t *tag)
+{
+    if (!tag) return gm__set_error(GM_INVALID_ARGUMENT, "gm_tag_get: tag is NULL");
+    *tag = GM_TAG_NONE;
+    if (!name || !name[0])
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_tag_get: a tag needs a name");
+    size_t len = strnlen(name, GM_TAG_NAME_MAX + 1);
+    if (len > GM_TAG_NAME_MAX)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_tag_get: a tag's name is at most %u bytes",
+                             GM_TAG_NAME_MAX);
+    if (flags & ~(GM_TAG_DISCARD | GM_TAG_EVICTABLE))
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_tag_get: unknown flags %#x",
+                             flags & ~(GM_TAG_DISCARD | GM_TAG_EVICTABLE));
+    int rc = GM_OK;
+    pthread_mutex_lock(&tags_mu);
+    unsigned n = atomic_load_explicit(&n_tags, memory_order_relaxed);
+    for (unsigned t = 1; t <= n; t++) {
+        if (strcmp(tag_names[t], name) != 0) continue;
+        if (tag_flags[t] != flags)
+            rc = gm__set_error(GM_INVALID_ARGUMENT, "gm_tag_get: tag '%s' exists with flags %#x, "
+                               "not %#x", name, tag_flags[t], flags);
+        else
+            *tag = t;
+        goto out;
+    }
+    if (n >= GM_TAGS_MAX) {
+        rc = gm__set_error(GM_LIMIT, "gm_tag_get: %u tags made already (GM_TAGS_MAX)", n);
+        goto out;
+    }
+    memcpy(tag_names[n + 1], name, len + 1);
+    tag_flags[n + 1] = flags;
+    atomic_store_explicit(&n_tags, n + 1, memory_order_release);
+    *tag = n + 1;
+out:
+    pthread_mutex_unlock(&tags_mu);
+    return rc;
+}
+
+gm_tag_t gm_tag_scope(gm_tag_t tag)
+{
+    gm_tag_t old = gm__tag_now;
+    if (gm__tag_valid(tag)) gm__tag_now = tag;
+    return old;
+}
+
+/* ---- a pool's offload state ----------------------------------------------------- */
+
+typedef struct tagstate {
+    _Atomic uint64_t resident, resident_n;   /* requested bytes, blocks: every heap */
+    _Atomic uint64_t offloaded, offloaded_n;
+    uint64_t holds;                          /* offl->mu */
+    uint64_t last_use;                       /* offl->tick at its last release/acquire */
+    gm_stream_t release_stream;              /* its last release's stream */
+    bool has_release_stream;
+    uint64_t offloads, restores, evictions;  /* offl->mu */
+} tagstate_t;
+
+struct gm__offload {
+    pthread_mutex_t mu;
+    gm_stream_t stream[OFFL_STREAMS];
+    unsigned n_streams;
+    gm__event_t ev[2][OFFL_STREAMS];         /* windows in flight */
+    bool have_ev;
+    uint64_t tick;
+    tagstate_t tag[GM_TAGS_MAX + 1];
+};
+
+int gm__offload_init(gm_pool_t *root)
+{
+    struct gm__offload *o = gm__calloc(1, sizeof *o);
+    if (!o) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
+    pthread_mutex_init(&o->mu, NULL);
+    root->offl = o;
+    return GM_OK;
+}
+
+void gm__offload_fini(gm_pool_t *root)
+{
+    struct gm__offload *o = root->offl;
+    if (!o) return;
+    int rc;
+    for (unsigned i = 0; i < o->n_streams; i++) GM_BK(rc, root, stream_destroy, (root->bk, o->stream[i]));
+    if (o->have_ev)
+        for (int w = 0; w < 2; w++)
+            for (unsigned i = 0; i < OFFL_STREAMS; i++)
+                if (o->ev[w][i]) GM_BK(rc, root, event_destroy, (root->bk, o->ev[w][i]));
+    (void)rc;
+    pthread_mutex_destroy(&o->mu);
+    gm__free(o);
+    root->offl = NULL;
+}
+
+/* The copy streams and their events, made on first use (offl->mu held). */
+static int streams_ready(gm_pool_t *root, struct gm__offload *o)
+{
+    int rc;
+    while (o->n_streams < OFFL_STREAMS) {
+        GM_BK(rc, root, stream_create, (root->bk, &o->stream[o->n_streams]));
+        if (rc != GM_OK) return rc;
+        o->n_streams++;
+    }
+    if (!o->have_ev) {
+        for (int w = 0; w < 2; w++)
+            for (unsigned i = 0; i < OFFL_STREAMS; i++)
+                if (!o->ev[w][i]) {
+                    GM_BK(rc, root, event_create, (root->bk, &o->ev[w][i]));
+                    if (rc != GM_OK) return rc;
+                }
+        o->have_ev = true;
+    }
+    return GM_OK;
+}
+
+void gm__offload_note_alloc_locked(gm_pool_t *heap, gm__block_t *b)
+{
+    tagstate_t *t = &heap->root->offl->tag[b->tag];
+    atomic_fetch_add_explicit(&t->resident, b->requested, memory_order_relaxed);
+    atomic_fetch_add_explicit(&t->resident_n, 1, memory_order_relaxed);
+}
+
+/* b stops being offloaded (restored, or freed): its host copy goes back. */
+static void forget_copy_locked(gm_pool_t *heap, gm__block_t *b)
+{
+    tagstate_t *t = &heap->root->offl->tag[b->tag];
+    if (b->host_copy) {
+        if (gm__host_free_kind(heap->root, GM__HOST_OFFLOAD, b->host_copy, NULL) != GM_OK)
+            gm__clear_error(); /* it was ours: the host pool keeps it until destroy */
+        b->host_copy = NULL;
+    }
+    heap->st.offloaded -= b->requested;
+    atomic_fetch_sub_explicit(&t->offloaded, b->requested, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&t->offloaded_n, 1, memory_order_relaxed);
+    b->offloaded = GM__OFFLOADED_NONE;
+}
+
+void gm__offload_note_free_locked(gm_pool_t *heap, gm__block_t *b)
+{
+    tagstate_t *t = &heap->root->offl->tag[b->tag];
+    if (b->offloaded) {
+        forget_copy_locked(heap, b);
+        return;
+    }
+    atomic_fetch_sub_explicit(&t->resident, b->requested, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&t->resident_n, 1, memory_order_relaxed);
+}
+
+/* ---- the blocks of a tag in one heap --------------------------------------------- */
+
+typedef struct blist {
+    gm__block_t **b;
+    size_t n, cap;
+} blist_t;
+
+static int by_addr(const void *x, const void *y)
+{
+    uintptr_t a = (*(gm__block_t *const *)x)->addr, b = (*(gm__block_t *const *)y)->addr;
+    return a < b ? -1 : a > b;
+}
+
+/* The live blocks of `tag` in heap h (lock held) whose offloaded state is
+ * `offloaded` (true: COPIED or DISCARDED), in address order. */
+static int collect_locked(gm_pool_t *h, gm_tag_t tag, bool offloaded, blist_t *out)
+{
+    out->n = 0;
+    for (size_t i = 0; i < h->live.cap; i++) {
+        if (!h->live.keys[i]) continue;
+        gm__block_t *b = h->live.vals[i];
+        if (b->tag != tag || atomic_load_explicit(&b->tc_cached, memory_order_relaxed)) continue;
+        if ((b->offloaded != GM__OFFLOADED_NONE) != offloaded) continue;
+        if (out->n == out->cap) {
+            size_t cap = out->cap ? out->cap * 2 : 64;
+            gm__block_t **nb = realloc(out->b, cap * sizeof *nb);
+            if (!nb) return gm__set_error(GM_NO_HOST_MEMORY, "gm_offload: out of host memory");
+            out->b = nb;
+            out->cap = cap;
+        }
+        out->b[out->n++] = b;
+    }
+    if (out->n > 1) qsort(out->b, out->n, sizeof out->b[0], by_addr);
+    return GM_OK;
+}
+
+/* Wait for stream handle (each one once per call: seen[] holds them). */
+static int sync_once(gm_pool_t *h, gm_stream_t handle, gm_stream_t *seen, size_t *n_seen, size_t cap)
+{
+    for (size_t i = 0; i < *n_seen; i++)
+        if (seen[i] == handle) return GM_OK;
+    int rc;
+    GM_BK(rc, h, stream_sync, (h->bk, handle));
+    if (rc != GM_OK) return rc;
+    if (*n_seen < cap) seen[(*n_seen)++] = handle;
+    return GM_OK;
+}
+
+/* Queue the copy of n bytes in pieces over the copy streams (*next: the
+ * stream the next piece goes to). */
+static int copy_pieces(gm_pool_t *root, struct gm__offload *o, uintptr_t dst, uintptr_t src,
+                       size_t n, unsigned *next)
+{
+    for (size_t off = 0; off < n;) {
+        size_t len = n - off < OFFL_PIECE ? n - off : OFFL_PIECE;
+        int rc;
+        gm_stream_t st = o->stream[*next % o->n_streams];
+        GM_BK(rc, root, memcpy, (root->bk, dst + off, src + off, len, st));
+        if (rc != GM_OK) return rc;
+        *next += 1;
+        off += len;
+    }
+    return GM_OK;
+}
+
+/* Record window w's events on the copy streams / wait for them. */
+static int window_mark(gm_pool_t *root, struct gm__offload *o, int w)
+{
+    int rc;
+    for (unsigned i = 0; i < o->n_streams; i++) {
+        GM_BK(rc, root, event_record, (root->bk, o->ev[w][i], o->stream[i]));
+        if (rc != GM_OK) return rc;
+    }
+    return GM_OK;
+}
+
+static int window_wait(gm_pool_t *root, struct gm__offload *o, int w)
+{
+    int rc;
+    for (unsigned i = 0; i < o->n_streams; i++) {
+        GM_BK(rc, root, event_sync, (root->bk, o->ev[w][i]));
+        if (rc != GM_OK) return rc;
+    }
+    return GM_OK;
+}
+
+/* Every copy stream idle (after a failure: nothing of ours in flight).
+ * Best effort: the first error is returned, each stream is tried. */
+static int streams_idle(gm_pool_t *root, struct gm__offload *o)
+{
+    int first = GM_OK, rc;
+    for (unsigned i = 0; i < o->n_streams; i++) {
+        GM_BK(rc, root, stream_sync, (root->bk, o->stream[i]));
+        if (rc != GM_OK && first == GM_OK) first = rc;
+    }
+    return first;
+}
+
+/* ---- offload ------------------------------------------------------------------------ */
+
+typedef struct result {
+    uint64_t blocks, bytes, released; /* moved by this call */
+} result_t;
+
+/* b's copy is complete (or discarded): it is offloaded. */
+static void offloaded_locked(gm_pool_t *h, gm__block_t *b, void *copy, result_t *res)
+{
+    tagstate_t *t = &h->root->offl->tag[b->tag];
+    b->offloaded = copy ? GM__OFFLOADED_COPIED : GM__OFFLOADED_DISCARDED;
+    b->host_copy = copy;
+    h->st.offloaded += b->requested;
+    h->st.offload_count++;
+    if (copy) h->st.offload_bytes_total += b->requested;
+    atomic_fetch_sub_explicit(&t->resident, b->requested, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&t->resident_n, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&t->offloaded, b->requested, memory_order_relaxed);
+    atomic_fetch_add_explicit(&t->offloaded_n, 1, memory_order_relaxed);
+    res->blocks++;
+    res->bytes += b->requested;
+}
+
+/* Release what can be released of blocks[lo, hi); the first error. */
+static int evict_range_locked(gm_pool_t *h, gm__block_t **blocks, size_t lo, size_t hi,
+                              result_t *res)
+{
+    int first = GM_OK;
+    for (size_t i = lo; i < hi; i++) {
+        size_t rel = 0;
+        int rc = gm__pages_evict_locked(h, blocks[i], &rel);
+        res->released += rel;
+        if (rc != GM_OK && first == GM_OK) first = rc;
+    }
+    return first;
+}
+
+/* Does heap h hold a block of tag that sharing holds (lock taken here)? */
+static bool tag_shared(gm_pool_t *h, gm_tag_t tag, void **which)
+{
+    bool found = false;
+    gm__lock(&h->lock);
+    for (size_t i = 0; i < h->live.cap && !found; i++) {
+        if (!h->live.keys[i]) continue;
+        gm__block_t *b = h->live.vals[i];
+        if (b->tag == tag && b->shared) {
+            found = true;
+            *which = (void *)b->addr;
+        }
+    }
+    gm__unlock(&h->lock);
+    return found;
+}
+
+/* Offload the resident blocks of tag in heap h (offl->mu held, h's lock
+ * taken here). */
+static int offload_heap(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, bool discard,
+                        gm_stream_t stream, result_t *res)
+{
+    struct gm__offload *o = root->offl;
+    blist_t bl = {0}, old = {0};
+    int rc = GM_OK;
+    gm__lock(&h->lock);
+    GM_CHECK_GOTO(collect_locked(h, tag, false, &bl), rc, out);
+    GM_CHECK_GOTO(collect_locked(h, tag, true, &old), rc, out);
+    if (bl.n == 0 && old.n == 0) goto out;
+
+    /* The stream rule: the blocks' work first. */
+    gm_stream_t seen[64];
+    size_t n_seen = 0;
+    GM_CHECK_GOTO(sync_once(h, stream, seen, &n_seen, 64), rc, out);
+    for (size_t i = 0; i < bl.n; i++) {
+        gm__block_t *b = bl.b[i];
+        GM_CHECK_GOTO(sync_once(h, b->owner->handle, seen, &n_seen, 64), rc, out);
+        for (gm__recorded_t *r = b->recorded; r; r = r->next)
+            GM_CHECK_GOTO(sync_once(h, r->stream->handle, seen, &n_seen, 64), rc, out);
+    }
+    gm__drain_streams_locked(h); /* free neighbours: past their frees */
+    for (size_t i = 0; i < bl.n; i++) gm__block_drop_recorded_locked(h, bl.b[i]);
+
+    /* Windows of copies: queue window w, then finish window w-1. */
+    size_t done = 0;      /* blocks offloaded */
+    size_t queued = 0;    /* blocks whose copies are all queued */
+    size_t win_start[2] = {0, 0}, win_end[2] = {0, 0};
+    void **copies = NULL;
+    int w = 0;
+    bool pending_win = false; /* window 1-w is in flight */
+    unsigned next = 0;
+    if (discard) {
+        for (size_t i = 0; i < bl.n; i++) offloaded_locked(h, bl.b[i], NULL, res);
+        done = queued = bl.n;
+    } else if (bl.n) {
+        copies = calloc(bl.n, sizeof *copies);
+        if (!copies) {
+            rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_offload: out of host memory");
+            goto out;
+        }
+        rc = streams_ready(root, o);
+    }
+    while (rc == GM_OK && (queued < bl.n || pending_win)) {
+        size_t bytes = 0, start = queued;
+        while (queued < bl.n && bytes < OFFL_WINDOW) {
+            gm__block_t *b = bl.b[queued];
+            rc = gm__host_alloc_kind(root, GM__HOST_OFFLOAD, b->requested, NULL, &copies[queued], NULL);
+            if (rc != GM_OK) break;
+            rc = copy_pieces(root, o, (uintptr_t)copies[queued], b->addr, b->requested, &next);
+            if (rc != GM_OK) break;
+            bytes += b->requested;
+            queued++;
+        }
+        bool queued_any = queued > start;
+        if (rc == GM_OK && queued_any) rc = window_mark(root, o, w);
+        if (rc != GM_OK) break;
+        win_start[w] = start;
+        win_end[w] = queued;
+        if (pending_win) {
+            /* The window before is copied: offloaded, its pages released. */
+            int pw = 1 - w;
+            rc = window_wait(root, o, pw);
+            if (rc != GM_OK) break;
+            for (size_t i = win_start[pw]; i < win_end[pw]; i++) {
+                offloaded_locked(h, bl.b[i], copies[i], res);
+                copies[i] = NULL;
+            }
+            done = win_end[pw];
+            if (evict_range_locked(h, bl.b, win_start[pw], win_end[pw], res) != GM_OK)
+                gm__clear_error(); /* tried again below */
+        }
+        pending_win = queued_any;
+        w = 1 - w;
+    }
+    if (rc != GM_OK) {
+        /* Once no copy of ours runs, the blocks whose copies were all
+         * queued are offloaded; the others stay resident and their host
+         * blocks go back. */
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", gm_last_error());
+        if (copies && streams_idle(root, o) == GM_OK) {
+            for (size_t i = done; i < queued; i++) {
+                offloaded_locked(h, bl.b[i], copies[i], res);
+                copies[i] = NULL;
+            }
+            done = queued;
+        }
+        for (size_t i = done; copies && i < bl.n; i++)
+            if (copies[i]) (void)gm__host_free_kind(root, GM__HOST_OFFLOAD, copies[i], NULL);
+        gm__clear_error();
+        gm__set_error(rc, "gm_offload: %s; %zu of %zu blocks of tag '%s' offloaded, the others "
+                      "still on the device, nothing lost", msg, done, bl.n, tag_names[tag]);
+    }
+    free(copies);
+    /* Pages shared by neighbouring blocks of the tag, and those left by an
+     * earlier call. */
+    {
+        int erc = evict_range_locked(h, bl.b, 0, done, res);
+        int erc2 = evict_range_locked(h, old.b, 0, old.n, res);
+        if (rc == GM_OK) rc = erc != GM_OK ? erc : erc2;
+    }
+out:
+    gm__unlock(&h->lock);
+    free(bl.b);
+    free(old.b);
+    return rc;
+}
+
+static int offload_all(gm_pool_t *root, gm_tag_t tag, unsigned flags, gm_stream_t stream,
+                       result_t *res)
+{
+    bool discard = (flags & GM_OFFLOAD_DISCARD) || (tag_flags_of(tag) & GM_TAG_DISCARD);
+    gm_pool_t *h;
+    void *which = NULL;
+    for (unsigned i = 0; (h = gm__heap_next(root, &i));)
+        if (tag_shared(h, tag, &which))
+            return gm__set_error(GM_NOT_SUPPORTED, "gm_offload: tag '%s' holds %p, which is shared "
+                                 "with another process: shared memory is never moved; nothing was "
+                                 "offloaded", tag_names[tag], which);
+    int rc = GM_OK;
+    for (unsigned i = 0; rc == GM_OK && (h = gm__heap_next(root, &i));)
+        rc = offload_heap(root, h, tag, discard, stream, res);
+    return rc;
+}
+
+static int check_tag(gm_tag_t tag, const char *fn)
+{
+    if (tag == GM_TAG_NONE || !gm__tag_valid(tag))
+        return gm__set_error(GM_INVALID_ARGUMENT, "%s: %s", fn,
+                             tag == GM_TAG_NONE ? "GM_TAG_NONE names no memory"
+                                                : "the tag was not made by gm_tag_get");
+    return GM_OK;
+}
+
+int gm_offload(gm_pool_t *pool, gm_tag_t tag, unsigned flags, gm_stream_t stream)
+{
+    GM_CHECK(gm__pool_resolve(&pool, "gm_offload"));
+    GM_CHECK(check_tag(tag, "gm_offload"));
+    if (flags & ~GM_OFFLOAD_DISCARD)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_offload: unknown flags %#x", flags);
+    gm_pool_t *root = pool->root;
+    struct gm__offload *o = root->offl;
+    result_t res = {0};
+    pthread_mutex_lock(&o->mu);
+    int rc = offload_all(root, tag, flags, stream, &res);
+    if (res.blocks) o->tag[tag].offloads++;
+    pthread_mutex_unlock(&o->mu);
+    return rc;
+}
+
+/* ---- restore ------------------------------------------------------------------------- */
+
+static int restore_heap(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, gm_stream_t stream,
+                        result_t *res)
+{
+    struct gm__offload *o = root->offl;
+    blist_t bl = {0};
+    int rc = GM_OK;
+    gm__lock(&h->lock);
+    GM_CHECK_GOTO(collect_locked(h, tag, true, &bl), rc, out);
+    if (bl.n == 0) goto out;
+    gm__stream_t *s = gm__stream_get_locked(h, stream);
+    if (!s) {
+        rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_restore: out of host memory for a stream");
+        goto out;
+    }
+    /* All the pages first: a restore that cannot have them all changes
+     * nothing. */
+    size_t mapped = 0;
+    for (; mapped < bl.n; mapped++) {
+        gm__block_t *b = bl.b[mapped];
+        rc = gm__pages_ensure_mapped_locked(h, b->arena, b->addr, b->size, b->requested, s);
+        if (rc != GM_OK) {
+            mapped++; /* may hold some pages */
+            break;
+        }
+    }
+    bool copied = false;
+    if (rc == GM_OK) {
+        bool any_copy = false;
+        for (size_t i = 0; i < bl.n; i++) any_copy |= bl.b[i]->host_copy != NULL;
+        if (any_copy) {
+            /* The copies run after the work queued on `stream` (pages the page
+             * layer handed over may still be in its use). */
+            rc = streams_ready(root, o);
+            if (rc == GM_OK) GM_BK(rc, root, event_record, (root->bk, o->ev[1][0], stream));
+            for (unsigned i = 0; rc == GM_OK && i < o->n_streams; i++)
+                GM_BK(rc, root, stream_wait_event, (root->bk, o->stream[i], o->ev[1][0]));
+            unsigned next = 0;
+            for (size_t i = 0; rc == GM_OK && i < bl.n; i++) {
+                gm__block_t *b = bl.b[i];
+                if (b->host_copy)
+                    rc = copy_pieces(root, o, b->addr, (uintptr_t)b->host_copy, b->requested, &next);
+            }
+            int r3 = streams_idle(root, o);
+            if (rc == GM_OK) rc = r3;
+        }
+        copied = rc == GM_OK;
+    }
+    if (!copied) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", gm_last_error());
+        /* Give back what was mapped: the tag stays offloaded. */
+        (void)evict_range_locked(h, bl.b, 0, mapped, &(result_t){0});
+        gm__clear_error();
+        rc = gm__set_error(rc, "gm_restore: tag '%s' stays offloaded (%zu blocks, data safe in host "
+                           "memory): %s", tag_names[tag], bl.n, msg);
+        goto out;
+    }
+    tagstate_t *t = &o->tag[tag];
+    for (size_t i = 0; i < bl.n; i++) {
+        gm__block_t *b = bl.b[i];
+        if (b->host_copy) h->st.restore_bytes_total += b->requested;
+        h->st.restore_count++;
+        res->blocks++;
+        res->bytes += b->requested;
+        forget_copy_locked(h, b);
+        atomic_fetch_add_explicit(&t->resident, b->requested, memory_order_relaxed);
+        atomic_fetch_add_explicit(&t->resident_n, 1, memory_order_relaxed);
+    }
+out:
+    gm__unlock(&h->lock);
+    free(bl.b);
+    return rc;
+}
+
+static int restore_all(gm_pool_t *root, gm_tag_t tag, gm_stream_t stream, result_t *res)
+{
+    int rc = GM_OK;
+    gm_pool_t *h;
+    for (unsigned i = 0; rc == GM_OK && (h = gm__heap_next(root, &i));)
+        rc = restore_heap(root, h, tag, stream, res);
+    return rc;
+}
+
+/* Restore, making room by eviction when the pool may (offl->mu held). */
+static int restore_evicting(gm_pool_t *root, gm_tag_t tag, gm_stream_t stream, result_t *res);
+
+int gm_restore(gm_pool_t *pool, gm_tag_t tag, gm_stream_t stream)
+{
+    GM_CHECK(gm__pool_resolve(&pool, "gm_restore"));
+    GM_CHECK(check_tag(tag, "gm_restore"));
+    gm_pool_t *root = pool->root;
+    struct gm__offload *o = root->offl;
+    result_t res = {0};
+    pthread_mutex_lock(&o->mu);
+    int rc = restore_evicting(root, tag, stream, &res);
+    if (res.blocks) o->tag[tag].restores++;
+    pthread_mutex_unlock(&o->mu);
+    return rc;
+}
+
+/* ---- eviction ---------------------------------------------------------------------------- */
+
+/* The victim: evictable, not held, resident blocks, least recently used. */
+static gm_tag_t pick_victim(struct gm__offload *o, gm_tag_t except)
+{
+    unsigned n = atomic_load_explicit(&n_tags, memory_order_acquire);
+    gm_tag_t best = GM_TAG_NONE;
+    for (gm_tag_t t = 1; t <= n; t++) {
+        tagstate_t *ts = &o->tag[t];
+        if (t == except || !(tag_flags_of(t) & GM_TAG_EVICTABLE) || ts->holds) continue;
+        if (!atomic_load_explicit(&ts->resident_n, memory_order_relaxed)) continue;
+        if (best == GM_TAG_NONE || ts->last_use < o->tag[best].last_use) best = t;
+    }
+    return best;
+}
+
+/* offl->mu held.  A victim that cannot be moved (shared, a failure) goes
+ * to the back of the line and the next one is tried. */
+static bool evict_one_locked(gm_pool_t *root, gm_tag_t except)
+{
+    struct gm__offload *o = root->offl;
+    char keep[256];
+    snprintf(keep, sizeof keep, "%s", gm_last_error());
+    bool moved = false;
+    unsigned tries = atomic_load_explicit(&n_tags, memory_order_acquire);
+    for (unsigned k = 0; k < tries && !moved; k++) {
+        gm_tag_t t = pick_victim(o, except);
+        if (t == GM_TAG_NONE) break;
+        tagstate_t *ts = &o->tag[t];
+        result_t res = {0};
+        (void)offload_all(root, t, 0, ts->has_release_stream ? ts->release_stream : NULL, &res);
+        ts->last_use = ++o->tick;
+        if (res.blocks) {
+            moved = true;
+            ts->evictions++;
+            ts->offloads++;
+            gm__lock(&root->lock);
+            root->st.evictions++;
+            gm__unlock(&root->lock);
+        }
+    }
+    gm__clear_error();
+    gm__set_error(GM_OK, "%s", keep); /* the allocation's message, not the eviction's */
+    return moved;
+}
+
+bool gm__offload_evict_one(gm_pool_t *root, gm_tag_t except)
+{
+    struct gm__offload *o = root->offl;
+    pthread_mutex_lock(&o->mu);
+    bool done = evict_one_locked(root, except);
+    pthread_mutex_unlock(&o->mu);
+    return done;
+}
+
+static int restore_evicting(gm_pool_t *root, gm_tag_t tag, gm_stream_t stream, result_t *res)
+{
+    for (;;) {
+        int rc = restore_all(root, tag, stream, res);
+        if ((rc != GM_OUT_OF_MEMORY && rc != GM_LIMIT) || !(root->cfg.flags & GM_POOL_EVICT))
+            return rc;
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", gm_last_error());
+        if (!evict_one_locked(root, tag)) return gm__set_error(rc, "%s", msg);
+    }
+}
+
+int gm_tag_acquire(gm_pool_t *pool, gm_tag_t tag, gm_stream_t stream)
+{
+    GM_CHECK(gm__pool_resolve(&pool, "gm_tag_acquire"));
+    GM_CHECK(check_tag(tag, "gm_tag_acquire"));
+    gm_pool_t *root = pool->root;
+    struct gm__offload *o = root->offl;
+    result_t res = {0};
+    pthread_mutex_lock(&o->mu);
+    int rc = restore_evicting(root, tag, stream, &res);
+    if (res.blocks) o->tag[tag].restores++;
+    if (rc == GM_OK) {
+        o->tag[tag].holds++;
+        o->tag[tag].last_use = ++o->tick;
+    }
+    pthread_mutex_unlock(&o->mu);
+    return rc;
+}
+
+int gm_tag_release(gm_pool_t *pool, gm_tag_t tag, gm_stream_t stream)
+{
+    GM_CHECK(gm__pool_resolve(&pool, "gm_tag_release"));
+    GM_CHECK(check_tag(tag, "gm_tag_release"));
+    struct gm__offload *o = pool->root->offl;
+    int rc = GM_OK;
+    pthread_mutex_lock(&o->mu);
+    tagstate_t *ts = &o->tag[tag];
+    if (ts->holds == 0) {
+        rc = gm__set_error(GM_INVALID_STATE, "gm_tag_release: tag '%s' is not held (no "
+                           "gm_tag_acquire to match)", tag_names[tag]);
+    } else {
+        ts->holds--;
+        ts->last_use = ++o->tick;
+        ts->release_stream = stream;
+        ts->has_release_stream = true;
+    }
+    pthread_mutex_unlock(&o->mu);
+    return rc;
+}
+
+int gm_tag_info(gm_pool_t *pool, gm_tag_t tag, gm_tag_info_t *info)
+{
+    if (!info || info->size < offsetof(gm_tag_info_t, flags))
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_tag_info: initialise info with GM_TAG_INFO_INIT");
+    GM_CHECK(gm__pool_resolve(&pool, "gm_tag_info"));
+    GM_CHECK(check_tag(tag, "gm_tag_info"));
+    struct gm__offload *o = pool->root->offl;
+    gm_tag_info_t v;
+    memset(&v, 0, sizeof v);
+    v.size = sizeof v;
+    v.version = GM_TAG_INFO_VERSION;
+    snprintf(v.name, sizeof v.name, "%s", tag_names[tag]);
+    v.flags = tag_flags_of(tag);
+    pthread_mutex_lock(&o->mu);
+    tagstate_t *ts = &o->tag[tag];
+    v.resident_blocks = atomic_load_explicit(&ts->resident_n, memory_order_relaxed);
+    v.resident_bytes = atomic_load_explicit(&ts->resident, memory_order_relaxed);
+    v.offloaded_blocks = atomic_load_explicit(&ts->offloaded_n, memory_order_relaxed);
+    v.offloaded_bytes = atomic_load_explicit(&ts->offloaded, memory_order_relaxed);
+    v.holds = ts->holds;
+    v.offloads = ts->offloads;
+    v.restores = ts->restores;
+    v.evictions = ts->evictions;
+    pthread_mutex_unlock(&o->mu);
+    size_t n = info->size < sizeof v ? info->size : sizeof v;
+    memcpy(info, &v, n);
+    info->size = n;
+    return GM_OK;
+}
