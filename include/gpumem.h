@@ -106,7 +106,7 @@ typedef enum gm_backend_kind {
     X(event_sync) X(stream_sync) X(memcpy) X(memset) X(stream_create)          \
     X(stream_destroy)                                                          \
     X(host_register) X(host_unregister) X(host_device_pointer)                 \
-    X(stream_wait_event)
+    X(stream_wait_event) X(prefetch) X(advise)
 
 typedef enum gm_call {
 #define GM__CALL_ENUM(name) GM_CALL_##name,
@@ -360,7 +360,10 @@ GM_API int gm_pool_device_info(gm_pool_t *pool, gm_device_info_t *info);
     X(restore_count,      "blocks brought back by gm_restore") \
     X(offload_bytes_total, "bytes moved to host memory by offloads so far") \
     X(restore_bytes_total, "bytes moved back to the device by restores so far") \
-    X(evictions,          "tags offloaded by the pool itself to serve an allocation (GM_POOL_EVICT)")
+    X(evictions,          "tags offloaded by the pool itself to serve an allocation (GM_POOL_EVICT)") \
+    X(managed_allocated,  "bytes of live managed allocations (gm_alloc_managed; not in allocated)") \
+    X(managed_allocated_peak, "peak of managed_allocated")                     \
+    X(managed_count,      "successful gm_alloc_managed calls")
 
 #define GM_STATS_VERSION 1
 
@@ -516,6 +519,30 @@ GM_API int gm_host_trim(gm_pool_t *pool, size_t keep, size_t *released);
  * successive copies on one stream are ordered by the stream. */
 GM_API int gm_memcpy_h2d(gm_pool_t *pool, void *dst, const void *src, size_t n, gm_stream_t stream);
 GM_API int gm_memcpy_d2h(gm_pool_t *pool, void *dst, const void *src, size_t n, gm_stream_t stream);
+
+/* Managed (unified) memory: the driver's own oversubscription
+ * (cuMemAllocManaged), for programs that would rather run slower than stop
+ * when the device is full.  Its pages migrate between host and device on
+ * demand, on the driver's terms, so it is not part of the pool's pages:
+ * neither the pool limit nor `allocated` counts it; stats count it apart
+ * (managed_allocated, managed_allocated_peak, managed_count) and leak
+ * reports list it.  flags:
+ *   GM_MANAGED_PREFER_DEVICE  advise the driver to keep its pages on the
+ *                             pool's device, and map them for the device
+ *                             wherever they are;
+ *   GM_MANAGED_PREFETCH       migrate the pages to the device, queued on
+ *                             `stream` (its work after the call finds them
+ *                             there).
+ * Free it with gm_free (which waits for the device to finish with it, as
+ * cuMemFree does); gm_block_size gives its size.  size 0: NULL and GM_OK. */
+#define GM_MANAGED_PREFER_DEVICE 0x1u
+#define GM_MANAGED_PREFETCH 0x2u
+GM_API int gm_alloc_managed(gm_pool_t *pool, size_t size, unsigned flags, gm_stream_t stream,
+                            void **ptr);
+/* Migrate [ptr, ptr+size) of a managed allocation to the device (to_host 0)
+ * or to host memory, queued on `stream`. */
+GM_API int gm_managed_prefetch(gm_pool_t *pool, void *ptr, size_t size, int to_host,
+                               gm_stream_t stream);
 
 /* ------------------------------------------------------------------------ */
 /* Sharing memory between processes (docs/sharing.md)                        */

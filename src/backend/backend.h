@@ -135,6 +135,17 @@ typedef struct gm__backend_ops {
      * (ev recorded already; on any stream of the device). */
     int (*stream_wait_event)(void *ctx, gm_stream_t stream, gm__event_t ev);
 
+    /* Managed (unified) memory the driver migrates on demand: made and freed
+     * (call kinds mem_alloc, mem_free); its pages moved to the device
+     * (to_host 0) or to the host, queued on `stream` (prefetch); advice 1:
+     * prefer the device as the pages' home, 2: the device accesses them
+     * (mapped for it wherever they are) (advise).  Preconditions: [ptr,
+     * ptr+size) inside one managed allocation. */
+    int (*mem_alloc)(void *ctx, size_t size, uintptr_t *ptr);
+    int (*mem_free)(void *ctx, uintptr_t ptr);
+    int (*prefetch)(void *ctx, uintptr_t ptr, size_t size, int to_host, gm_stream_t stream);
+    int (*advise)(void *ctx, uintptr_t ptr, size_t size, int advice);
+
     /* Optional (NULL when absent). */
     /* Sim: modeled device time of all calls so far, in ns. */
     uint64_t (*modeled_ns)(void *ctx);

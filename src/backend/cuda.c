@@ -874,6 +874,52 @@ static int cuda_stream_wait_event(void *ctx, gm_stream_t stream, gm__event_t ev)
     return GM_OK;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Managed memory                                                           */
+/* ------------------------------------------------------------------------ */
+
+static int cuda_managed_alloc(void *ctx, size_t size, uintptr_t *ptr)
+{
+    cuda_ctx_t *c = ctx;
+    if (!drv.cuMemAllocManaged || !drv.cuMemFree)
+        return gm__set_error(GM_NOT_SUPPORTED, "cuda: the driver lacks cuMemAllocManaged");
+    CUdeviceptr d = 0;
+    CU_CALL(c, mem_alloc, drv.cuMemAllocManaged(&d, size, CU_MEM_ATTACH_GLOBAL),
+            "cuMemAllocManaged(%zu bytes)", size);
+    *ptr = (uintptr_t)d;
+    return GM_OK;
+}
+
+static int cuda_managed_free(void *ctx, uintptr_t ptr)
+{
+    cuda_ctx_t *c = ctx;
+    if (!drv.cuMemFree) return gm__set_error(GM_NOT_SUPPORTED, "cuda: the driver lacks cuMemFree");
+    CU_CALL(c, mem_free, drv.cuMemFree((CUdeviceptr)ptr), "cuMemFree(%#lx)", (unsigned long)ptr);
+    return GM_OK;
+}
+
+static int cuda_prefetch(void *ctx, uintptr_t ptr, size_t size, int to_host, gm_stream_t stream)
+{
+    cuda_ctx_t *c = ctx;
+    if (!drv.cuMemPrefetchAsync)
+        return gm__set_error(GM_NOT_SUPPORTED, "cuda: the driver lacks cuMemPrefetchAsync");
+    CUdevice dst = to_host ? CU_DEVICE_CPU : c->device;
+    CU_CALL(c, prefetch, drv.cuMemPrefetchAsync((CUdeviceptr)ptr, size, dst, (CUstream)stream),
+            "cuMemPrefetchAsync(%#lx, %zu bytes, to %s, stream %p)", (unsigned long)ptr, size,
+            to_host ? "host" : "device", stream);
+    return GM_OK;
+}
+
+static int cuda_advise(void *ctx, uintptr_t ptr, size_t size, int advice)
+{
+    cuda_ctx_t *c = ctx;
+    if (!drv.cuMemAdvise) return gm__set_error(GM_NOT_SUPPORTED, "cuda: the driver lacks cuMemAdvise");
+    int a = advice == 1 ? CU_MEM_ADVISE_SET_PREFERRED_LOCATION : CU_MEM_ADVISE_SET_ACCESSED_BY;
+    CU_CALL(c, advise, drv.cuMemAdvise((CUdeviceptr)ptr, size, a, c->device),
+            "cuMemAdvise(%#lx, %zu bytes, advice %d)", (unsigned long)ptr, size, a);
+    return GM_OK;
+}
+
 const gm__backend_ops_t gm__backend_cuda = {
     .name = "cuda",
     .probe = cuda_probe,
@@ -904,6 +950,10 @@ const gm__backend_ops_t gm__backend_cuda = {
     .host_unregister = cuda_host_unregister,
     .host_device_pointer = cuda_host_device_pointer,
     .stream_wait_event = cuda_stream_wait_event,
+    .mem_alloc = cuda_managed_alloc,
+    .mem_free = cuda_managed_free,
+    .prefetch = cuda_prefetch,
+    .advise = cuda_advise,
     .modeled_ns = NULL, /* sim only */
     .fail_nth = cuda_fail_nth,
     .hold_stream = NULL, /* sim only */

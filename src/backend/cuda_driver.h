@@ -59,6 +59,13 @@ typedef enum CUresult_enum {
 
 /* ---- enums ------------------------------------------------------------- */
 
+/* Managed memory (CUDA 12.0 ABI of cuMemPrefetchAsync / cuMemAdvise):
+ * cuMemAllocManaged's flag, the CPU as a "device", the advice we give. */
+#define CU_MEM_ATTACH_GLOBAL 0x1
+#define CU_DEVICE_CPU (-1)
+#define CU_MEM_ADVISE_SET_PREFERRED_LOCATION 3
+#define CU_MEM_ADVISE_SET_ACCESSED_BY 5
+
 /* cuMemHostRegister flags */
 #define CU_MEMHOSTREGISTER_PORTABLE 0x01
 #define CU_MEMHOSTREGISTER_DEVICEMAP 0x02
@@ -210,7 +217,11 @@ typedef CUresult (*gm__pfn_cuGetProcAddress)(const char *symbol, void **pfn, int
     X(cuMemHostUnregister, 0, (void *p))                                                           \
     X(cuMemHostGetDevicePointer, 0, (CUdeviceptr *dptr, void *p, unsigned int flags))              \
     X(cuStreamWaitEvent, 0, (CUstream stream, CUevent event, unsigned int flags))                  \
-    X(cuDeviceGetPCIBusId, 0, (char *bus_id, int len, CUdevice device))
+    X(cuDeviceGetPCIBusId, 0, (char *bus_id, int len, CUdevice device))                          \
+    X(cuMemAllocManaged, 0, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags))             \
+    X(cuMemFree, 0, (CUdeviceptr dptr))                                                            \
+    X(cuMemPrefetchAsync, 0, (CUdeviceptr dptr, size_t count, CUdevice dst, CUstream stream))     \
+    X(cuMemAdvise, 0, (CUdeviceptr dptr, size_t count, int advice, CUdevice device))
 
 #define GM__CUDA_PFN_TYPEDEF(name, required, params) typedef CUresult(*gm__pfn_##name) params;
 GM__CUDA_DRIVER_FUNCS(GM__CUDA_PFN_TYPEDEF)

@@ -94,6 +94,10 @@ static const uint64_t call_cost_ns[GM_CALL_COUNT] = {
     [GM_CALL_host_unregister] = 5000, /* assumed fixed part; + HOST_UNREGISTER_PER_MIB_NS */
     [GM_CALL_host_device_pointer] = 500, /* assumed */
     [GM_CALL_stream_wait_event] = 1000,  /* assumed */
+    [GM_CALL_mem_alloc] = 50000,    /* assumed (cuMemAllocManaged) */
+    [GM_CALL_mem_free] = 50000,     /* assumed (cuMemFree) */
+    [GM_CALL_prefetch] = 2000,      /* assumed launch cost; + bytes at the pageable H2D rate */
+    [GM_CALL_advise] = 2000,        /* assumed */
 };
 /* cudaHostRegister of touched memory: 46.7 ms per GiB = 45.6 us per MiB.
  * Unregistering is assumed to cost a tenth of that. */
@@ -259,6 +263,9 @@ typedef struct sim {
 
     hostreg_t *hostregs;   /* registered host ranges, sorted, non-overlapping */
     size_t nhostregs, hostregs_cap;
+
+    hostreg_t *managed;    /* managed allocations (host memory here), in no order */
+    size_t nmanaged, managed_cap;
 
     flight_t flights[SIM_FLIGHTS]; /* ring; stale entries are skipped */
     unsigned nflights;             /* entries written so far */
@@ -674,6 +681,9 @@ static void sim_close(void *ctx)
 #else
     (void)live_handles, (void)live_mappings, (void)nres;
 #endif
+    for (size_t i = 0; i < sim->nmanaged; i++)
+        munmap((void *)sim->managed[i].start, sim->managed[i].size);
+    gm__free(sim->managed);
     slots_fini(&sim->handles);
     slots_fini(&sim->mappings);
     slots_fini(&sim->events);
@@ -1455,6 +1465,89 @@ static int sim_host_device_pointer(void *ctx, void *p, uintptr_t *dptr)
     return leave(sim, rc);
 }
 
+/* ---- managed memory: host memory the sim's "device" reaches directly ---- */
+
+/* The managed allocation holding [ptr, ptr+size), or -1. */
+static long managed_find(const sim_t *sim, uintptr_t ptr, size_t size)
+{
+    for (size_t i = 0; i < sim->nmanaged; i++) {
+        const hostreg_t *m = &sim->managed[i];
+        if (ptr >= m->start && ptr - m->start < m->size && size <= m->size - (ptr - m->start))
+            return (long)i;
+    }
+    return -1;
+}
+
+static int sim_managed_alloc(void *ctx, size_t size, uintptr_t *ptr)
+{
+    sim_t *sim;
+    GM_CHECK(enter(ctx, GM_CALL_mem_alloc, &sim));
+    int rc = GM_OK;
+    size_t len = (size + sim->host_page - 1) / sim->host_page * sim->host_page;
+    void *p = size ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                   : MAP_FAILED;
+    if (p == MAP_FAILED) {
+        rc = gm__set_error(GM_OUT_OF_MEMORY, "sim: mem_alloc(%zu bytes): no host memory", size);
+        goto out;
+    }
+    rc = grow_array((void **)&sim->managed, &sim->managed_cap, sizeof(hostreg_t), sim->nmanaged + 1);
+    if (rc != GM_OK) {
+        munmap(p, len);
+        goto out;
+    }
+    sim->managed[sim->nmanaged++] = (hostreg_t){.start = (uintptr_t)p, .size = len};
+    *ptr = (uintptr_t)p;
+    charge_locked(sim, call_cost_ns[GM_CALL_mem_alloc]);
+out:
+    return leave(sim, rc);
+}
+
+static int sim_managed_free(void *ctx, uintptr_t ptr)
+{
+    sim_t *sim;
+    GM_CHECK(enter(ctx, GM_CALL_mem_free, &sim));
+    int rc = GM_OK;
+    long i = managed_find(sim, ptr, 1);
+    if (i < 0 || sim->managed[i].start != ptr) {
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "sim: mem_free(%#lx): not a managed allocation",
+                           (unsigned long)ptr);
+    } else {
+        munmap((void *)ptr, sim->managed[i].size);
+        sim->managed[i] = sim->managed[--sim->nmanaged];
+        charge_locked(sim, call_cost_ns[GM_CALL_mem_free]);
+    }
+    return leave(sim, rc);
+}
+
+static int sim_prefetch(void *ctx, uintptr_t ptr, size_t size, int to_host, gm_stream_t stream)
+{
+    sim_t *sim;
+    GM_CHECK(enter(ctx, GM_CALL_prefetch, &sim));
+    int rc = GM_OK;
+    (void)to_host;
+    GM_CHECK_GOTO(check_stream_locked(sim, "prefetch", stream), rc, out);
+    if (managed_find(sim, ptr, size) < 0)
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "sim: prefetch(%#lx, %zu): not inside a managed "
+                           "allocation", (unsigned long)ptr, size);
+    else
+        charge_locked(sim, call_cost_ns[GM_CALL_prefetch] + (uint64_t)size * 10 / PAGEABLE_H2D_BYTES_PER_10NS);
+out:
+    return leave(sim, rc);
+}
+
+static int sim_advise(void *ctx, uintptr_t ptr, size_t size, int advice)
+{
+    sim_t *sim;
+    GM_CHECK(enter(ctx, GM_CALL_advise, &sim));
+    int rc = GM_OK;
+    if (managed_find(sim, ptr, size) < 0 || (advice != 1 && advice != 2))
+        rc = gm__set_error(GM_INVALID_ARGUMENT, "sim: advise(%#lx, %zu, %d): not inside a managed "
+                           "allocation, or unknown advice", (unsigned long)ptr, size, advice);
+    else
+        charge_locked(sim, call_cost_ns[GM_CALL_advise]);
+    return leave(sim, rc);
+}
+
 /* Precondition: ev live and recorded.  The sim runs work at once, so there
  * is nothing to order: it checks, charges, and returns. */
 static int sim_stream_wait_event(void *ctx, gm_stream_t stream, gm__event_t ev)
@@ -1686,6 +1779,10 @@ const gm__backend_ops_t gm__backend_sim = {
     .host_unregister = sim_host_unregister,
     .host_device_pointer = sim_host_device_pointer,
     .stream_wait_event = sim_stream_wait_event,
+    .mem_alloc = sim_managed_alloc,
+    .mem_free = sim_managed_free,
+    .prefetch = sim_prefetch,
+    .advise = sim_advise,
     .modeled_ns = sim_modeled_ns,
     .fail_nth = sim_fail_nth,
     .hold_stream = sim_hold_stream,

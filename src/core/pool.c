@@ -178,6 +178,7 @@ static void pool_teardown(gm_pool_t *pool, uint64_t *blocks, uint64_t *bytes)
     gm__sysmem_fini(pool);
     gm__host_fini(pool);
     gm__lock(&pool->lock);
+    gm__managed_fini(pool);
     gm__pool_core_fini_locked(pool, blocks, bytes);
     if (pool->provider.ops && pool->provider.ops->destroy) {
         gm__unlock(&pool->lock);
@@ -479,6 +480,33 @@ int gm_alloc_shareable(gm_pool_t *pool, size_t size, gm_stream_t stream, void **
     return alloc_impl(pool, size, pool->page, stream, GM_TAG_NONE, ptr); /* never tagged: never moved */
 }
 
+int gm_alloc_managed(gm_pool_t *pool, size_t size, unsigned flags, gm_stream_t stream, void **ptr)
+{
+    if (!ptr) return gm__set_error(GM_INVALID_ARGUMENT, "gm_alloc_managed: ptr is NULL");
+    *ptr = NULL;
+    GM_CHECK(resolve(&pool));
+    if (flags & ~(GM_MANAGED_PREFER_DEVICE | GM_MANAGED_PREFETCH))
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_alloc_managed: unknown flags %#x", flags);
+    if (size == 0) return GM_OK;
+    if (size > GM_MAX_REQUEST)
+        return gm__set_error(GM_OUT_OF_MEMORY, "gm_alloc_managed: %zu bytes is more than any "
+                             "machine has", size);
+    gm__lock(&pool->lock);
+    int rc = gm__managed_alloc_locked(pool, size, flags, stream, ptr);
+    gm__unlock(&pool->lock);
+    return rc;
+}
+
+int gm_managed_prefetch(gm_pool_t *pool, void *ptr, size_t size, int to_host, gm_stream_t stream)
+{
+    if (!ptr) return gm__set_error(GM_INVALID_ARGUMENT, "gm_managed_prefetch: ptr is NULL");
+    GM_CHECK(resolve(&pool));
+    gm__lock(&pool->lock);
+    int rc = gm__managed_prefetch_locked(pool, ptr, size, to_host, stream);
+    gm__unlock(&pool->lock);
+    return rc;
+}
+
 /* ---- who owns a pointer ----------------------------------------------------- */
 
 gm__owner_t gm__owner_locked(gm_pool_t *pool, const void *ptr, size_t *size)
@@ -493,6 +521,8 @@ gm__owner_t gm__owner_locked(gm_pool_t *pool, const void *ptr, size_t *size)
     size_t sz;
     if (pool->sysmem && gm__sysmem_size_locked(pool, ptr, size ? size : &sz) == GM_OK)
         return GM__OWNER_SYSMEM;
+    if (pool->managed && gm__managed_size_locked(pool, ptr, size ? size : &sz) == GM_OK)
+        return GM__OWNER_MANAGED;
     switch (gm__host_kind(pool, ptr)) {
     case GM__HOST_USER: return GM__OWNER_HOST;
     case GM__HOST_SYSMEM: /* the host side of a sysmem block, not what gm_alloc gave */
@@ -507,6 +537,7 @@ const char *gm__owner_name(gm__owner_t o)
     switch (o) {
     case GM__OWNER_DEVICE: return "a device block of gm_alloc";
     case GM__OWNER_SYSMEM: return "a gm_alloc block served by the sysmem fallback";
+    case GM__OWNER_MANAGED: return "managed memory of gm_alloc_managed";
     case GM__OWNER_HOST: return "pinned host memory of gm_host_alloc";
     case GM__OWNER_INTERNAL: return "pinned memory the library uses itself";
     default: return "not a live block of this pool";
@@ -539,6 +570,7 @@ static int free_entry_locked(gm_pool_t *pool, void *ptr, gm_stream_t stream)
         gm__owner_t owner;
         rc = wrong_entry_locked(pool, ptr, "gm_free", rc, &owner, &size);
         if (owner == GM__OWNER_SYSMEM) rc = gm__sysmem_free_locked(pool, ptr, s, rc);
+        if (owner == GM__OWNER_MANAGED) rc = gm__managed_free_locked(pool, ptr, rc);
     }
     if (rc == GM_OK && pool->cfg.release_threshold != SIZE_MAX &&
         pool->st.reserved - pool->st.active > pool->cfg.release_threshold) {
@@ -603,7 +635,7 @@ int gm_block_size(gm_pool_t *pool, const void *ptr, size_t *size)
     } else {
         gm__owner_t owner;
         rc = wrong_entry_locked(pool, ptr, "gm_block_size", GM_INVALID_POINTER, &owner, size);
-        if (owner == GM__OWNER_SYSMEM) rc = GM_OK;
+        if (owner == GM__OWNER_SYSMEM || owner == GM__OWNER_MANAGED) rc = GM_OK;
         else if (rc == GM_INVALID_POINTER)
             gm__set_error(rc, "gm_block_size: %p is not a live block of this pool", ptr);
     }

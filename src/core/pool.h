@@ -209,6 +209,7 @@ struct gm_pool {
     struct gm__copy *copy;       /* staged copy engine (copy.c), made at pool creation */
     struct gm__sysmem *sysmem;   /* device blocks served from host memory (sysmem.c) */
     struct gm__offload *offl;    /* root: tags, offload and restore (offload.c) */
+    struct gm__managed *managed; /* root: managed allocations (managed.c), or NULL */
 
     /* Observability (src/observe/observe.h): out-of-memory handlers, in the order
      * added; the leak tracker's stacks; the current trace buffer; this
@@ -268,7 +269,8 @@ typedef enum gm__owner {
     GM__OWNER_DEVICE,            /* a live device block (gm_alloc) */
     GM__OWNER_SYSMEM,            /* a gm_alloc block served by the sysmem fallback */
     GM__OWNER_HOST,              /* a pinned host block (gm_host_alloc) */
-    GM__OWNER_INTERNAL           /* pinned memory the library uses itself (staging) */
+    GM__OWNER_INTERNAL,          /* pinned memory the library uses itself (staging) */
+    GM__OWNER_MANAGED            /* managed memory (gm_alloc_managed) */
 } gm__owner_t;
 /* Pool lock held; takes the host lock inside.  size (may be NULL): the
  * caller's size of a device or sysmem block. */

@@ -74,4 +74,19 @@ void gm__sysmem_foreach_locked(gm_pool_t *pool, void (*fn)(uintptr_t dptr, size_
                                void *arg);
 void gm__sysmem_fini(gm_pool_t *pool);
 
+/* ---- defined in src/host/managed.c -------------------------------------------- */
+
+/* Root's lock held for all of these. */
+int gm__managed_alloc_locked(gm_pool_t *pool, size_t size, unsigned flags, gm_stream_t stream,
+                             void **ptr);
+/* rc_in (message untouched) when ptr is no managed allocation; else the
+ * result of freeing it (message cleared on success). */
+int gm__managed_free_locked(gm_pool_t *pool, void *ptr, int rc_in);
+int gm__managed_size_locked(gm_pool_t *pool, const void *ptr, size_t *size);
+int gm__managed_prefetch_locked(gm_pool_t *pool, void *ptr, size_t size, int to_host,
+                                gm_stream_t stream);
+void gm__managed_foreach_locked(gm_pool_t *pool, void (*fn)(uintptr_t ptr, size_t size, void *arg),
+                                void *arg);
+void gm__managed_fini(gm_pool_t *pool);
+
 #endif /* GM_HOST_H */

@@ -296,6 +296,7 @@ static void report_pool_locked(gm_pool_t *pool, out_t *o, uint64_t *bytes, uint6
         report_block_locked(b->addr, b->requested, &a);
     }
     gm__sysmem_foreach_locked(pool, report_block_locked, &a);
+    gm__managed_foreach_locked(pool, report_block_locked, &a);
 }
 
 typedef struct all_arg {
@@ -340,7 +341,7 @@ void gm__leak_report_stderr(gm_pool_t *pool, uint64_t *bytes, uint64_t *count)
     gm__lock(&pool->lock);
     size_t sn = 0, sbytes = 0;
     gm__sysmem_count_locked(pool, &sn, &sbytes);
-    bool any = pool->live.count > 0 || sn > 0;
+    bool any = pool->live.count > 0 || sn > 0 || pool->st.managed_allocated > 0;
     if (any) report_pool_locked(pool, &o, bytes, count);
     gm__unlock(&pool->lock);
     if (!any) return;

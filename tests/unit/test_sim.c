@@ -410,9 +410,6 @@ static void test_fail_nth(void)
     CHECK_RC(B->fail_nth(ctx, GM_CALL_COUNT, 1), GM_INVALID_ARGUMENT);
 
     for (int kind = 0; kind < GM_CALL_COUNT; kind++) {
-        /* Kinds the contract has no member for (the public enum keeps them,
-         * so its values and the stats' names stay stable). */
-        if (kind == GM_CALL_mem_alloc || kind == GM_CALL_mem_free) continue;
         /* Set up what the call needs, outside of the armed kind. */
         CHECK_OK(B->va_reserve(ctx, 8 * MiB, 0, &va));
         CHECK_OK(B->phys_create(ctx, GRAN, &h));
@@ -427,6 +424,9 @@ static void test_fail_nth(void)
         if (kind == GM_CALL_host_unregister || kind == GM_CALL_host_device_pointer)
             CHECK_OK(B->host_register(ctx, hreg, 2 * hpg, GM__HOST_DEVICEMAP));
         if (kind == GM_CALL_stream_wait_event) CHECK_OK(B->event_record(ctx, ev, NULL));
+        uintptr_t mg = 0, out_mg = 0; /* managed memory */
+        if (kind == GM_CALL_mem_free || kind == GM_CALL_prefetch || kind == GM_CALL_advise)
+            CHECK_OK(B->mem_alloc(ctx, MiB, &mg));
         gm_stream_t made = NULL, out_s = NULL;
         if (kind == GM_CALL_stream_destroy) CHECK_OK(B->stream_create(ctx, &made));
         size_t free_before = free_bytes(ctx);
@@ -460,6 +460,10 @@ static void test_fail_nth(void)
      : kind == GM_CALL_host_unregister ? B->host_unregister(ctx, hreg)                  \
      : kind == GM_CALL_host_device_pointer ? B->host_device_pointer(ctx, (char *)hreg + 8, &hdev) \
      : kind == GM_CALL_stream_wait_event ? B->stream_wait_event(ctx, (gm_stream_t)1, ev) \
+     : kind == GM_CALL_mem_alloc    ? B->mem_alloc(ctx, MiB, &out_mg)                   \
+     : kind == GM_CALL_mem_free     ? B->mem_free(ctx, mg)                              \
+     : kind == GM_CALL_prefetch     ? B->prefetch(ctx, mg + 4096, 4096, 0, NULL)        \
+     : kind == GM_CALL_advise       ? B->advise(ctx, mg, 4096, 1)                       \
                                     : -1)
 
         /* Arm the 2nd call: the 1st works... except for calls that can be
@@ -467,7 +471,7 @@ static void test_fail_nth(void)
         int once = kind == GM_CALL_va_free || kind == GM_CALL_phys_release ||
                    kind == GM_CALL_map || kind == GM_CALL_unmap ||
                    kind == GM_CALL_event_destroy || kind == GM_CALL_stream_destroy ||
-                   kind == GM_CALL_host_unregister;
+                   kind == GM_CALL_host_unregister || kind == GM_CALL_mem_free;
         if (!once) {
             CHECK_OK(B->fail_nth(ctx, kind, 2));
             int rc = CALL_ONCE();
@@ -481,6 +485,7 @@ static void test_fail_nth(void)
             if (kind == GM_CALL_event_create) CHECK_OK(B->event_destroy(ctx, out_ev));
             if (kind == GM_CALL_stream_create) CHECK_OK(B->stream_destroy(ctx, out_s));
             if (kind == GM_CALL_host_register) CHECK_OK(B->host_unregister(ctx, hreg));
+            if (kind == GM_CALL_mem_alloc) CHECK_OK(B->mem_free(ctx, out_mg));
             free_before = free_bytes(ctx);
             t_before = B->modeled_ns(ctx);
         } else {
@@ -514,6 +519,8 @@ static void test_fail_nth(void)
         if (kind == GM_CALL_host_register || kind == GM_CALL_host_device_pointer)
             CHECK_OK(B->host_unregister(ctx, hreg));
         if (kind == GM_CALL_host_device_pointer) CHECK(hdev == (uintptr_t)hreg + 8);
+        if (kind == GM_CALL_mem_alloc) CHECK_OK(B->mem_free(ctx, out_mg));
+        if (kind == GM_CALL_prefetch || kind == GM_CALL_advise) CHECK_OK(B->mem_free(ctx, mg));
         if (kind == GM_CALL_set_access || kind == GM_CALL_memcpy || kind == GM_CALL_memset)
             CHECK_OK(B->unmap(ctx, va, GRAN));
         if (kind != GM_CALL_event_destroy) CHECK_OK(B->event_destroy(ctx, ev));
