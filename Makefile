@@ -180,6 +180,7 @@ for phase in "$@"; do
     for f in tests/attack/*.c; do [[ -e $f ]] && stress+=("attack_$(basename "$f" .c)"); done
     for f in tests/share/*.c; do [[ -e $f ]] && stress+=("share_$(basename "$f" .c)"); done
     for f in tests/broker/*.c; do [[ -e $f ]] && stress+=("broker_$(basename "$f" .c)"); done
+    for f in tests/offload/*.c; do [[ -e $f ]] && stress+=("offload_$(basename "$f" .c)"); done
     if [[ ${#stress[@]} -eq 0 ]]; then say "tsan: skipped (no tests/stress/*.c yet)"; continue; fi
     if build_phase tsan "$B-tsan" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS=-O1 -DGM_DEBUG_LEVEL=1 \
         -DGM_SANITIZE=thread -DGM_VALGRIND=OFF -DGM_FUZZ=OFF -- "${stress[@]}"; then

@@ -323,7 +323,7 @@ GM_API int gm_pool_device_info(gm_pool_t *pool, gm_device_info_t *info);
 #define GM_STAT_FIELDS(X)                                                      \
     X(allocated,          "bytes requested by live allocations")               \
     X(allocated_peak,     "peak of allocated")                                 \
-    X(active,             "bytes in live blocks (aligned sizes)")              \
+    X(active,             "bytes in live blocks on the device (aligned sizes; offloaded ones are not)") \
     X(active_peak,        "peak of active")                                    \
     X(reserved,           "physical bytes held from the device")               \
     X(reserved_peak,      "peak of reserved")                                  \
@@ -676,7 +676,10 @@ GM_API int gm_share_stats(gm_pool_t *pool, gm_share_stats_t *stats);
  * Tags are process-wide numbers made from names; 0 (GM_TAG_NONE) is "no
  * tag".  An allocation gets the tag given to gm_alloc_tagged, else its
  * thread's current tag (gm_tag_scope), so PyTorch, CuPy and programs under
- * the preload library tag memory without changing each call. */
+ * the preload library tag memory without changing each call.  Never
+ * tagged, so never moved: gm_alloc_shareable blocks (another process may
+ * map their pages), imported memory, managed memory, sysmem-fallback
+ * blocks. */
 typedef uint32_t gm_tag_t;
 #define GM_TAG_NONE 0u
 #define GM_TAGS_MAX 1024u        /* tags a process may make */

@@ -609,6 +609,11 @@ int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed)
         pool->pending = b;
         return GM_OK;
     }
+    /* A page this block shared with an offloaded neighbour holds nothing
+     * resident once the free has passed: the next trim looks (offload.c). */
+    if (GM_UNLIKELY(pool->st.offloaded) && ((b->prev && b->prev->offloaded && !b->prev->free) ||
+                                            (b->next && b->next->offloaded && !b->next->free)))
+        pool->offl_dirty = true;
     release_block(pool, b, s);
     return GM_OK;
 }
@@ -693,7 +698,7 @@ int gm__alloc_check_locked(gm_pool_t *pool)
                                          (unsigned long)prev->addr, (unsigned long)b->addr);
             } else if (!b->pending) {
                 live++;
-                active += b->size;
+                if (!b->offloaded) active += b->size; /* active: on the device */
                 allocated += b->requested;
                 if (gm__hash_get(&pool->live, b->addr) != b)
                     return gm__set_error(GM_INTERNAL, "live block %#lx missing from the table",

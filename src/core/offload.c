@@ -197,6 +197,7 @@ static void forget_copy_locked(gm_pool_t *heap, gm__block_t *b)
         b->host_copy = NULL;
     }
     heap->st.offloaded -= b->requested;
+    heap->st.active += b->size; /* on the device again (a free takes it off next) */
     atomic_fetch_sub_explicit(&t->offloaded, b->requested, memory_order_relaxed);
     atomic_fetch_sub_explicit(&t->offloaded_n, 1, memory_order_relaxed);
     b->offloaded = GM__OFFLOADED_NONE;
@@ -324,6 +325,7 @@ static void offloaded_locked(gm_pool_t *h, gm__block_t *b, void *copy, result_t 
     b->offloaded = copy ? GM__OFFLOADED_COPIED : GM__OFFLOADED_DISCARDED;
     b->host_copy = copy;
     h->st.offloaded += b->requested;
+    h->st.active -= b->size; /* active counts what is on the device */
     h->st.offload_count++;
     if (copy) h->st.offload_bytes_total += b->requested;
     atomic_fetch_sub_explicit(&t->resident, b->requested, memory_order_relaxed);
@@ -334,18 +336,40 @@ static void offloaded_locked(gm_pool_t *h, gm__block_t *b, void *copy, result_t 
     res->bytes += b->requested;
 }
 
-/* Release what can be released of blocks[lo, hi); the first error. */
+/* Release what can be released of blocks[lo, hi); the first error.  A
+ * page kept (a resident neighbour, a fence) is looked at again by a later
+ * trim once a neighbour's free may have changed that. */
 static int evict_range_locked(gm_pool_t *h, gm__block_t **blocks, size_t lo, size_t hi,
                               result_t *res)
 {
     int first = GM_OK;
+    size_t kept = 0;
     for (size_t i = lo; i < hi; i++) {
         size_t rel = 0;
-        int rc = gm__pages_evict_locked(h, blocks[i], &rel);
+        int rc = gm__pages_evict_locked(h, blocks[i], &rel, &kept);
         res->released += rel;
         if (rc != GM_OK && first == GM_OK) first = rc;
     }
+    if (kept || first != GM_OK) h->offl_dirty = true;
     return first;
+}
+
+void gm__offload_trim_locked(gm_pool_t *h)
+{
+    h->offl_dirty = false;
+    size_t kept = 0;
+    int first = GM_OK;
+    for (size_t i = 0; i < h->live.cap; i++) {
+        if (!h->live.keys[i]) continue;
+        gm__block_t *b = h->live.vals[i];
+        if (!b->offloaded) continue;
+        int rc = gm__pages_evict_locked(h, b, NULL, &kept);
+        if (rc != GM_OK && first == GM_OK) first = rc;
+    }
+    if (first != GM_OK) {
+        h->offl_dirty = true;
+        gm__clear_error(); /* a trim gives back what it can */
+    }
 }
 
 /* Does heap h hold a block of tag that sharing holds (lock taken here)? */
@@ -476,6 +500,30 @@ out:
     return rc;
 }
 
+/* The stream rule before anything moves, in every heap: `stream` and the
+ * streams the tag's resident blocks were allocated or recorded on. */
+static int sync_streams(gm_pool_t *h, gm_tag_t tag, gm_stream_t stream)
+{
+    blist_t bl = {0};
+    gm_stream_t seen[64];
+    size_t n_seen = 0;
+    int rc = GM_OK;
+    gm__lock(&h->lock);
+    GM_CHECK_GOTO(collect_locked(h, tag, false, &bl), rc, out);
+    if (bl.n == 0) goto out;
+    GM_CHECK_GOTO(sync_once(h, stream, seen, &n_seen, 64), rc, out);
+    for (size_t i = 0; i < bl.n; i++) {
+        gm__block_t *b = bl.b[i];
+        GM_CHECK_GOTO(sync_once(h, b->owner->handle, seen, &n_seen, 64), rc, out);
+        for (gm__recorded_t *r = b->recorded; r; r = r->next)
+            GM_CHECK_GOTO(sync_once(h, r->stream->handle, seen, &n_seen, 64), rc, out);
+    }
+out:
+    gm__unlock(&h->lock);
+    free(bl.b);
+    return rc;
+}
+
 static int offload_all(gm_pool_t *root, gm_tag_t tag, unsigned flags, gm_stream_t stream,
                        result_t *res)
 {
@@ -488,6 +536,15 @@ static int offload_all(gm_pool_t *root, gm_tag_t tag, unsigned flags, gm_stream_
                                  "with another process: shared memory is never moved; nothing was "
                                  "offloaded", tag_names[tag], which);
     int rc = GM_OK;
+    if (atomic_load_explicit(&root->n_heaps, memory_order_acquire) > 1) {
+        for (unsigned i = 0; rc == GM_OK && (h = gm__heap_next(root, &i));)
+            rc = sync_streams(h, tag, stream);
+        if (rc != GM_OK) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "%s", gm_last_error());
+            return gm__set_error(rc, "gm_offload: %s; nothing was offloaded", msg);
+        }
+    }
     for (unsigned i = 0; rc == GM_OK && (h = gm__heap_next(root, &i));)
         rc = offload_heap(root, h, tag, discard, stream, res);
     return rc;
@@ -520,8 +577,10 @@ int gm_offload(gm_pool_t *pool, gm_tag_t tag, unsigned flags, gm_stream_t stream
 
 /* ---- restore ------------------------------------------------------------------------- */
 
-static int restore_heap(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, gm_stream_t stream,
-                        result_t *res)
+/* Phase one of a restore in heap h: pages mapped and data copied back; the
+ * blocks stay marked offloaded with their host copies (restore_finish or
+ * restore_undo next).  On failure h is as it was. */
+static int restore_map(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, gm_stream_t stream)
 {
     struct gm__offload *o = root->offl;
     blist_t bl = {0};
@@ -534,39 +593,34 @@ static int restore_heap(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, gm_stream_t
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_restore: out of host memory for a stream");
         goto out;
     }
-    /* All the pages first: a restore that cannot have them all changes
-     * nothing. */
+    /* Pages block by block, each block's copy queued once its pages are
+     * mapped (the DMA runs while the next block is mapped).  A restore that
+     * cannot have them all changes nothing: its pages are given back and
+     * the host copies are still whole.  The copies run after the work
+     * queued on `stream` (pages the page layer hands over may still be in
+     * its use). */
+    bool any_copy = false;
+    for (size_t i = 0; i < bl.n; i++) any_copy |= bl.b[i]->host_copy != NULL;
+    if (any_copy) {
+        rc = streams_ready(root, o);
+        if (rc == GM_OK) GM_BK(rc, root, event_record, (root->bk, o->ev[1][0], stream));
+        for (unsigned i = 0; rc == GM_OK && i < o->n_streams; i++)
+            GM_BK(rc, root, stream_wait_event, (root->bk, o->stream[i], o->ev[1][0]));
+        if (rc != GM_OK) goto out;
+    }
     size_t mapped = 0;
-    for (; mapped < bl.n; mapped++) {
+    unsigned next = 0;
+    for (; rc == GM_OK && mapped < bl.n; mapped++) {
         gm__block_t *b = bl.b[mapped];
         rc = gm__pages_ensure_mapped_locked(h, b->arena, b->addr, b->size, b->requested, s);
-        if (rc != GM_OK) {
-            mapped++; /* may hold some pages */
-            break;
-        }
+        if (rc == GM_OK && b->host_copy)
+            rc = copy_pieces(root, o, b->addr, (uintptr_t)b->host_copy, b->requested, &next);
     }
-    bool copied = false;
-    if (rc == GM_OK) {
-        bool any_copy = false;
-        for (size_t i = 0; i < bl.n; i++) any_copy |= bl.b[i]->host_copy != NULL;
-        if (any_copy) {
-            /* The copies run after the work queued on `stream` (pages the page
-             * layer handed over may still be in its use). */
-            rc = streams_ready(root, o);
-            if (rc == GM_OK) GM_BK(rc, root, event_record, (root->bk, o->ev[1][0], stream));
-            for (unsigned i = 0; rc == GM_OK && i < o->n_streams; i++)
-                GM_BK(rc, root, stream_wait_event, (root->bk, o->stream[i], o->ev[1][0]));
-            unsigned next = 0;
-            for (size_t i = 0; rc == GM_OK && i < bl.n; i++) {
-                gm__block_t *b = bl.b[i];
-                if (b->host_copy)
-                    rc = copy_pieces(root, o, b->addr, (uintptr_t)b->host_copy, b->requested, &next);
-            }
-            int r3 = streams_idle(root, o);
-            if (rc == GM_OK) rc = r3;
-        }
-        copied = rc == GM_OK;
+    if (any_copy) {
+        int r3 = streams_idle(root, o);
+        if (rc == GM_OK) rc = r3;
     }
+    bool copied = rc == GM_OK;
     if (!copied) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s", gm_last_error());
@@ -575,9 +629,23 @@ static int restore_heap(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, gm_stream_t
         gm__clear_error();
         rc = gm__set_error(rc, "gm_restore: tag '%s' stays offloaded (%zu blocks, data safe in host "
                            "memory): %s", tag_names[tag], bl.n, msg);
-        goto out;
     }
-    tagstate_t *t = &o->tag[tag];
+out:
+    gm__unlock(&h->lock);
+    free(bl.b);
+    return rc;
+}
+
+/* After restore_map in every heap: the blocks are resident, host copies
+ * freed.  (offl->mu has been held throughout: the offloaded blocks of the
+ * tag are those restore_map mapped, less any freed meanwhile.) */
+static int restore_finish(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, result_t *res)
+{
+    blist_t bl = {0};
+    int rc = GM_OK;
+    gm__lock(&h->lock);
+    GM_CHECK_GOTO(collect_locked(h, tag, true, &bl), rc, out);
+    tagstate_t *t = &root->offl->tag[tag];
     for (size_t i = 0; i < bl.n; i++) {
         gm__block_t *b = bl.b[i];
         if (b->host_copy) h->st.restore_bytes_total += b->requested;
@@ -594,12 +662,46 @@ out:
     return rc;
 }
 
+/* A later heap failed: the pages restore_map mapped in h go back. */
+static void restore_undo(gm_pool_t *h, gm_tag_t tag)
+{
+    blist_t bl = {0};
+    gm__lock(&h->lock);
+    if (collect_locked(h, tag, true, &bl) == GM_OK)
+        (void)evict_range_locked(h, bl.b, 0, bl.n, &(result_t){0});
+    gm__unlock(&h->lock);
+    free(bl.b);
+}
+
+/* All or nothing over the heaps: every heap's pages and copies first, then
+ * the blocks become resident.  A heap short of pages first asks the other
+ * heaps to give back their cached ones. */
 static int restore_all(gm_pool_t *root, gm_tag_t tag, gm_stream_t stream, result_t *res)
 {
+    gm_pool_t *heaps[GM_HEAPS_MAX], *h;
+    unsigned n = 0;
+    for (unsigned i = 0; n < GM_HEAPS_MAX && (h = gm__heap_next(root, &i));) heaps[n++] = h;
     int rc = GM_OK;
-    gm_pool_t *h;
-    for (unsigned i = 0; rc == GM_OK && (h = gm__heap_next(root, &i));)
-        rc = restore_heap(root, h, tag, stream, res);
+    unsigned k;
+    for (k = 0; k < n && rc == GM_OK; k++) {
+        rc = restore_map(root, heaps[k], tag, stream);
+        if ((rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT) && n > 1) {
+            for (unsigned j = 0; j < n; j++) {
+                if (j == k) continue;
+                gm__lock(&heaps[j]->lock);
+                if (gm__pages_trim_locked(heaps[j], 0, NULL) != GM_OK) gm__clear_error();
+                gm__unlock(&heaps[j]->lock);
+            }
+            rc = restore_map(root, heaps[k], tag, stream);
+        }
+    }
+    if (rc != GM_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", gm_last_error());
+        for (unsigned j = 0; j + 1 < k; j++) restore_undo(heaps[j], tag); /* heaps[k-1] failed */
+        return gm__set_error(rc, "%s", msg);
+    }
+    for (unsigned j = 0; j < n && rc == GM_OK; j++) rc = restore_finish(root, heaps[j], tag, res);
     return rc;
 }
 

@@ -794,6 +794,7 @@ int gm__pages_trim_locked(gm_pool_t *pool, size_t keep, size_t *released)
     size_t before = pool->st.reserved;
     int rc = GM_OK;
     gm__drain_streams_locked(pool);
+    if (GM_UNLIKELY(pool->offl_dirty)) gm__offload_trim_locked(pool);
     /* Oldest first; a page some held stream may still touch stays. */
     uint32_t id = pool->lru_head;
     while (id != GM_NONE && pool->st.reserved - pool->st.active > keep) {
@@ -830,7 +831,7 @@ static bool page_evictable(gm_pool_t *pool, const gm__arena_t *a, size_t p, cons
     return true;
 }
 
-int gm__pages_evict_locked(gm_pool_t *pool, gm__block_t *b, size_t *released)
+int gm__pages_evict_locked(gm_pool_t *pool, gm__block_t *b, size_t *released, size_t *kept)
 {
     gm__arena_t *a = b->arena;
     size_t shift = pool->page_shift;
@@ -838,7 +839,11 @@ int gm__pages_evict_locked(gm_pool_t *pool, gm__block_t *b, size_t *released)
     size_t p1 = ((b->addr + b->size - 1 - a->base) >> shift) + 1;
     int first = GM_OK;
     for (size_t p = p0; p < p1; p++) {
-        if (!bit_get(a->mapped, p) || !page_evictable(pool, a, p, b)) continue;
+        if (!bit_get(a->mapped, p)) continue;
+        if (!page_evictable(pool, a, p, b)) {
+            if (kept && bit_get(a->owned, p)) (*kept)++;
+            continue;
+        }
         uint32_t id = a->pid[p];
         gm__ppage_t *pp = &pool->phys[id];
         if (bit_get(a->owned, p)) {

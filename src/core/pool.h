@@ -154,6 +154,8 @@ struct gm_pool {
     uint64_t tc_next;            /* the next block generation (tcache.h) */
     double slack_eff;            /* reserve slack in force (gm__pages_budget),
                                     between cfg.reserve_slack and its max */
+    bool offl_dirty;             /* offloaded blocks may have pages to give back
+                                    (gm__offload_trim_locked) */
     uint32_t ctl_allocs;         /* allocations in the controller's window */
     uint32_t ctl_quiet;          /* windows in a row without a remapping call */
     uint64_t ctl_calls;          /* remapping calls at the window's start */
@@ -420,10 +422,12 @@ void gm__pages_fini(gm_pool_t *pool);
  * free with its fence passed.  Such a page loses its owner and its physical
  * page goes back to the provider (unmapped everywhere first).  A page that
  * cannot be released stays cached (free) and the first error returns;
- * *released (optional) grows by the bytes given back.  The pages stay
+ * *released (optional) grows by the bytes given back, *kept (optional) by
+ * the pages of b still mapped and owned (a resident block or a fence keeps
+ * them).  The pages stay
  * marked used (the block is live): gm__pages_ensure_mapped_locked maps
  * them again.  Lock held. */
-int gm__pages_evict_locked(gm_pool_t *pool, gm__block_t *b, size_t *released);
+int gm__pages_evict_locked(gm_pool_t *pool, gm__block_t *b, size_t *released, size_t *kept);
 
 /* ---- defined in src/core/alloc.c -------------------------------------------- */
 
@@ -491,6 +495,11 @@ void gm__offload_note_free_locked(gm_pool_t *heap, gm__block_t *b);
  * is not held and has resident blocks (never `except`).  No lock held.
  * True when a tag was offloaded (something may have been freed). */
 bool gm__offload_evict_one(gm_pool_t *root, gm_tag_t except);
+/* After the streams were drained (gm__pages_trim_locked): give back the
+ * pages of offloaded blocks that nothing resident holds any more (a
+ * neighbour freed since the offload), when pool->offl_dirty says some may
+ * be.  Lock held. */
+void gm__offload_trim_locked(gm_pool_t *heap);
 /* tag was made by gm_tag_get (GM_TAG_NONE counts as valid). */
 bool gm__tag_valid(gm_tag_t tag);
 

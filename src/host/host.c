@@ -388,9 +388,15 @@ static gm__block_t *carve_locked(struct gm__host *h, gm__block_t *b, size_t u, s
  * spent on smaller requests and stay releasable). */
 static gm__block_t *find_locked(gm__stream_t *s, int cls, size_t u)
 {
-    gm__block_t *b = gm__fm_find_good(&s->idx[cls], u * HOST_UNIT, HOST.sl_bits);
-    if (b && cls == GM_CLASS_LARGE && b->size / HOST_UNIT > u + u / HOST_LARGE_FIT) return NULL;
-    return b;
+    /* A large chunk serves requests within 1/32 of its size: the tightest
+     * one is looked for (a good fit would skip a chunk of exactly this size
+     * sitting in the bucket below, and an offload that repeats would then
+     * register new memory each time). */
+    if (cls == GM_CLASS_LARGE) {
+        gm__block_t *b = gm__fm_find_best(&s->idx[cls], u * HOST_UNIT, HOST.sl_bits);
+        return b && b->size / HOST_UNIT <= u + u / HOST_LARGE_FIT ? b : NULL;
+    }
+    return gm__fm_find_good(&s->idx[cls], u * HOST_UNIT, HOST.sl_bits);
 }
 
 int gm__host_alloc_kind(gm_pool_t *pool, int kind, size_t size, gm_stream_t stream, void **ptr,

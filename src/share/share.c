@@ -778,6 +778,9 @@ static int publishable_locked(gm_pool_t *heap, uintptr_t p, size_t n, gm__block_
     if (b->free || b->pending || atomic_load(&b->tc_cached))
         return gm__set_error(GM_INVALID_POINTER, "gm_share_publish: %p lies in free memory",
                              (void *)p);
+    if (b->offloaded)
+        return gm__set_error(GM_INVALID_STATE, "gm_share_publish: %p is offloaded (gm_offload): "
+                             "restore its tag first", (void *)p);
     if (n > b->addr + b->requested - p)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: [%p, +%zu) goes past the "
                              "end of its block (%p, %zu bytes)", (void *)p, n, (void *)b->addr,
