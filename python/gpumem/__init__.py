@@ -15,6 +15,13 @@ Where the library is looked for, in order (the first that loads wins):
   4. the dynamic loader's search path (ctypes.util.find_library("gpumem"),
      LD_LIBRARY_PATH, ldconfig).
 
+Tags, offload and restore (docs/offload.md): `with gpumem.tag("weights"):`
+tags what the thread allocates inside (PyTorch tensors included, under
+gpumem.torch); gpumem.offload("weights") copies the tag's blocks to pinned
+host memory and gives their device pages back; gpumem.restore("weights")
+maps pages at the same addresses and copies the data back, so every pointer
+and tensor stays valid.  tag_info, acquire and release complete the set.
+
 __version__ is GM_VERSION_STRING of include/gpumem.h: recorded in
 _version.py when the wheel is built, read from the header when this package
 runs from a checkout.  version() is the loaded library's gm_version().
@@ -45,7 +52,8 @@ import warnings
 __all__ = [
     "__version__", "GpumemError", "OutOfMemoryError", "InvalidArgumentError", "library_path", "version", "stats", "trim",
     "set_limit", "leak_report", "alloc", "Allocation", "max_batch_size", "is_out_of_memory",
-    "forget_stream",
+    "forget_stream", "Tag", "tag", "offload", "restore", "tag_info", "acquire", "release",
+    "TAG_DISCARD", "TAG_EVICTABLE",
 ]
 
 # Status codes of include/gpumem.h (GM_ERRNO_MAP); names come from the library.
@@ -53,6 +61,12 @@ GM_OK = 0
 GM_INVALID_ARGUMENT = 1
 GM_OUT_OF_MEMORY = 2
 GM_LIMIT = 3
+
+# Tag flags (GM_TAG_*) and gm_offload's flag (GM_OFFLOAD_DISCARD).
+TAG_DISCARD = 0x1
+TAG_EVICTABLE = 0x2
+_OFFLOAD_DISCARD = 0x1
+_TAG_NAME_MAX = 63
 
 
 class GpumemError(RuntimeError):
@@ -197,6 +211,23 @@ def _declare(lib):
     if hasattr(lib, "gm_leak_report"):
         lib.gm_leak_report.restype = c_int
         lib.gm_leak_report.argtypes = [c_void_p, c_char_p, c_size_t, P(c_size_t)]
+    # Tags, offload and restore: optional, so that an older library still
+    # loads (the functions that need them say what is missing).
+    c_uint, c_tag = ctypes.c_uint, ctypes.c_uint32
+    optional = {
+        "gm_tag_get": (c_int, [c_char_p, c_uint, P(c_tag)]),
+        "gm_tag_scope": (c_tag, [c_tag]),
+        "gm_offload": (c_int, [c_void_p, c_tag, c_uint, c_void_p]),
+        "gm_restore": (c_int, [c_void_p, c_tag, c_void_p]),
+        "gm_tag_acquire": (c_int, [c_void_p, c_tag, c_void_p]),
+        "gm_tag_release": (c_int, [c_void_p, c_tag, c_void_p]),
+        "gm_tag_info": (c_int, [c_void_p, c_tag, c_void_p]),
+    }
+    for name, (res, args) in optional.items():
+        if hasattr(lib, name):
+            fn = getattr(lib, name)
+            fn.restype = res
+            fn.argtypes = args
 
 
 def _library():
@@ -369,6 +400,270 @@ def leak_report(device=None):
             _check(rc, "gm_leak_report")
         cap = need.value + 4096
     raise GpumemError("gm_leak_report: the report kept growing (%d bytes)" % need.value)
+
+
+# ---- tags, offload and restore --------------------------------------------------
+
+
+class _TagInfo(ctypes.Structure):
+    """gm_tag_info_t (GM_TAG_INFO_VERSION 1)."""
+    _fields_ = [
+        ("size", ctypes.c_size_t), ("version", ctypes.c_uint),
+        ("name", ctypes.c_char * (_TAG_NAME_MAX + 1)), ("flags", ctypes.c_uint),
+        ("resident_blocks", ctypes.c_uint64), ("resident_bytes", ctypes.c_uint64),
+        ("offloaded_blocks", ctypes.c_uint64), ("offloaded_bytes", ctypes.c_uint64),
+        ("holds", ctypes.c_uint64), ("offloads", ctypes.c_uint64), ("restores", ctypes.c_uint64),
+        ("evictions", ctypes.c_uint64),
+    ]
+
+
+_TAG_INFO_VERSION = 1
+_tags = {}                     # name -> Tag made or found by this process
+_tags_lock = threading.Lock()
+_scope = threading.local()     # .stack: the tags a `with` replaced, per thread
+
+
+def _tag_lib(what):
+    """The library, which must have the tag functions."""
+    lib = _library()[0]
+    if not hasattr(lib, "gm_offload"):
+        raise GpumemError("%s: %s has no tags, offload or restore (built before they existed)"
+                          % (what, library_path()))
+    return lib
+
+
+class Tag:
+    """A tag: a process-wide name for a set of allocations that are offloaded
+    and restored together (gm_tag_get).  .id (the library's number), .name,
+    .flags (TAG_DISCARD, TAG_EVICTABLE).  Made by gpumem.tag(); as a context
+    manager it is the thread's current tag (gm_tag_scope) inside the block,
+    and the tag that was current before comes back on exit."""
+
+    __slots__ = ("_id", "_name", "_flags")
+
+    def __init__(self, tag_id, name, flags):
+        self._id, self._name, self._flags = tag_id, name, flags
+
+    id = property(lambda self: self._id, doc="the library's tag number (gm_tag_t)")
+    name = property(lambda self: self._name, doc="the tag's name")
+    flags = property(lambda self: self._flags, doc="TAG_DISCARD | TAG_EVICTABLE")
+    discard = property(lambda self: bool(self._flags & TAG_DISCARD))
+    evictable = property(lambda self: bool(self._flags & TAG_EVICTABLE))
+
+    def __enter__(self):
+        lib = _tag_lib("gpumem.tag")
+        stack = getattr(_scope, "stack", None)
+        if stack is None:
+            stack = _scope.stack = []
+        stack.append(lib.gm_tag_scope(self._id))
+        return self
+
+    def __exit__(self, *exc):
+        stack = getattr(_scope, "stack", None)
+        if stack:  # `with` exits in the reverse order of entries, per thread
+            _library()[0].gm_tag_scope(stack.pop())
+
+    def __eq__(self, other):
+        return isinstance(other, Tag) and other._id == self._id
+
+    def __hash__(self):
+        return hash(("gpumem.Tag", self._id))
+
+    def __repr__(self):
+        words = [w for w, bit in (("discard", TAG_DISCARD), ("evictable", TAG_EVICTABLE))
+                 if self._flags & bit]
+        return "gpumem.Tag(%r, id=%d%s)" % (self._name, self._id,
+                                            ", " + "|".join(words) if words else "")
+
+    def offload(self, discard=False, device=None, stream=None):
+        """gpumem.offload(self, ...)."""
+        offload(self, discard=discard, device=device, stream=stream)
+
+    def restore(self, device=None, stream=None):
+        """gpumem.restore(self, ...)."""
+        restore(self, device=device, stream=stream)
+
+    def info(self, device=None):
+        """gpumem.tag_info(self, ...)."""
+        return tag_info(self, device=device)
+
+
+def _tag_name(name):
+    """A tag name as bytes: a str (or bytes) of 1 to 63 bytes in UTF-8, no NUL."""
+    if isinstance(name, str):
+        raw = name.encode("utf-8")
+    elif isinstance(name, bytes):
+        raw = name
+    else:
+        raise TypeError("a tag name must be a str, not %s" % type(name).__name__)
+    if not 1 <= len(raw) <= _TAG_NAME_MAX or b"\0" in raw:
+        raise InvalidArgumentError("a tag name is 1 to %d bytes without NUL, got %r"
+                                   % (_TAG_NAME_MAX, name))
+    return raw
+
+
+def _flag(value, what):
+    if value is not None and not isinstance(value, bool):
+        raise TypeError("tag: %s must be True, False or None, not %s" % (what, type(value).__name__))
+    return value
+
+
+def tag(name, discard=None, evictable=None):
+    """The tag called `name` (made on first use; gm_tag_get), as a Tag.
+
+    discard=True: its contents need not survive an offload (the pages are
+    released without a copy, restore maps fresh ones: a KV cache that is
+    rebuilt anyway).  evictable=True: a pool made with GPUMEM_EVICT=1 may
+    offload it by itself when an allocation would otherwise fail, while no
+    acquire() holds it.  Flags are fixed when the tag is made: None (the
+    default) takes the tag as it is, or makes it with that flag off; True or
+    False must match an existing tag (InvalidArgumentError otherwise).
+
+        with gpumem.tag("weights"):
+            model = build().cuda()      # every allocation of this thread is tagged
+        gpumem.offload("weights")       # device memory back to the driver
+        gpumem.restore("weights")       # same addresses, same data
+
+    A Tag may be given instead of a name (returned as it is)."""
+    discard, evictable = _flag(discard, "discard"), _flag(evictable, "evictable")
+    if isinstance(name, Tag):
+        for want, bit, what in ((discard, TAG_DISCARD, "discard"), (evictable, TAG_EVICTABLE, "evictable")):
+            if want is not None and want != bool(name.flags & bit):
+                raise InvalidArgumentError("tag %r was made with %s=%s" % (name.name, what, not want))
+        return name
+    raw = _tag_name(name)
+    key = raw.decode("utf-8", errors="surrogateescape")
+    lib = _tag_lib("gpumem.tag")
+    with _tags_lock:
+        known = _tags.get(key)
+        if known is not None:
+            return tag(known, discard=discard, evictable=evictable)
+        # The flags to ask with: those given, the others off; with None for a
+        # flag, an existing tag may have it either way: the other value is
+        # tried when the library refuses the first.
+        tries = [0]
+        for want, bit in ((discard, TAG_DISCARD), (evictable, TAG_EVICTABLE)):
+            if want:
+                tries = [f | bit for f in tries]
+            elif want is None:
+                tries = tries + [f | bit for f in tries]
+        t = ctypes.c_uint32()
+        status = GM_OK
+        for flags in tries:
+            status = lib.gm_tag_get(raw, flags, ctypes.byref(t))
+            if status == GM_OK:
+                found = Tag(t.value, key, flags)
+                _tags[key] = found
+                return found
+            if status != GM_INVALID_ARGUMENT:
+                break
+        if status == GM_INVALID_ARGUMENT and len(tries) > 1:
+            # the library's message for the flags asked first, not the last probe's
+            status = lib.gm_tag_get(raw, tries[0], ctypes.byref(t)) or GM_INVALID_ARGUMENT
+        raise _error(status, "gm_tag_get(%r)" % key)
+
+
+def _tag_id(t, what):
+    """The gm_tag_t of a Tag or a tag name (made with tag(name) when new)."""
+    if isinstance(t, Tag):
+        return t.id
+    if isinstance(t, (str, bytes)):
+        return tag(t).id
+    raise TypeError("%s: a tag must be a gpumem.Tag or a tag name (str), not %s"
+                    % (what, type(t).__name__))
+
+
+def _default_stream(stream, device, what):
+    """stream as a handle; None: PyTorch's current stream of the device when
+    PyTorch is imported and has initialized CUDA, else 0 (the default stream)."""
+    if stream is not None:
+        return _stream(stream, what + ": stream")
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is not None and cuda.is_initialized():
+            s = cuda.current_stream(device) if device is not None else cuda.current_stream()
+            return _stream(s.cuda_stream, what + ": torch's current stream")
+    except (AttributeError, RuntimeError):
+        pass
+    return 0
+
+
+def offload(tag, discard=False, device=None, stream=None):
+    """Put the tag's blocks of the device's pool to sleep (gm_offload): wait
+    for `stream` and the blocks' streams, copy the blocks to pinned host
+    memory (none with discard=True or a TAG_DISCARD tag) and give their
+    device pages back.  The blocks stay allocated at the same addresses but
+    must not be touched on the device until restore().  tag: a Tag or a name.
+    stream None: PyTorch's current stream when PyTorch has initialized CUDA,
+    else the default stream.  Raises GpumemError (e.g. GM_NO_HOST_MEMORY;
+    what was done is in the message, nothing is lost: call it again)."""
+    if not isinstance(discard, bool):
+        raise TypeError("offload: discard must be True or False, not %s" % type(discard).__name__)
+    tid = _tag_id(tag, "offload")
+    device = _device(device)
+    s = _default_stream(stream, device, "offload")
+    lib = _tag_lib("offload")
+    _check(lib.gm_offload(_pool(device), tid, _OFFLOAD_DISCARD if discard else 0, ctypes.c_void_p(s)),
+           "gm_offload(%s)" % _tag_label(tag))
+
+
+def restore(tag, device=None, stream=None):
+    """Wake the tag's offloaded blocks (gm_restore): pages mapped at the
+    blocks' own addresses and the data copied back; work queued on `stream`
+    afterwards sees it.  All or nothing: OutOfMemoryError when the pages
+    cannot be had, and the tag stays offloaded (try again later).  stream as
+    for offload()."""
+    tid = _tag_id(tag, "restore")
+    device = _device(device)
+    s = _default_stream(stream, device, "restore")
+    lib = _tag_lib("restore")
+    _check(lib.gm_restore(_pool(device), tid, ctypes.c_void_p(s)), "gm_restore(%s)" % _tag_label(tag))
+
+
+def acquire(tag, device=None, stream=None):
+    """Hold an evictable tag (gm_tag_acquire): restore it if it was evicted
+    or offloaded, and keep the pool from evicting it until release()."""
+    tid = _tag_id(tag, "acquire")
+    device = _device(device)
+    s = _default_stream(stream, device, "acquire")
+    lib = _tag_lib("acquire")
+    _check(lib.gm_tag_acquire(_pool(device), tid, ctypes.c_void_p(s)),
+           "gm_tag_acquire(%s)" % _tag_label(tag))
+
+
+def release(tag, device=None, stream=None):
+    """Drop one hold of acquire() (gm_tag_release); the tag's work queued on
+    `stream` before it is waited for before any eviction.  Without a hold:
+    GpumemError GM_INVALID_STATE."""
+    tid = _tag_id(tag, "release")
+    device = _device(device)
+    s = _default_stream(stream, device, "release")
+    lib = _tag_lib("release")
+    _check(lib.gm_tag_release(_pool(device), tid, ctypes.c_void_p(s)),
+           "gm_tag_release(%s)" % _tag_label(tag))
+
+
+def tag_info(tag, device=None):
+    """The tag's figures in the device's pool (gm_tag_info) as a dict: name,
+    id, flags, discard, evictable, resident_blocks, resident_bytes,
+    offloaded_blocks, offloaded_bytes, holds, offloads, restores, evictions."""
+    tid = _tag_id(tag, "tag_info")
+    lib = _tag_lib("tag_info")
+    info = _TagInfo()
+    info.size = ctypes.sizeof(_TagInfo)
+    info.version = _TAG_INFO_VERSION
+    _check(lib.gm_tag_info(_pool(device), tid, ctypes.byref(info)), "gm_tag_info(%s)" % _tag_label(tag))
+    out = {"name": info.name.decode("utf-8", errors="replace"), "id": tid, "flags": info.flags,
+           "discard": bool(info.flags & TAG_DISCARD), "evictable": bool(info.flags & TAG_EVICTABLE)}
+    for field in ("resident_blocks", "resident_bytes", "offloaded_blocks", "offloaded_bytes", "holds",
+                  "offloads", "restores", "evictions"):
+        out[field] = getattr(info, field)
+    return out
+
+
+def _tag_label(t):
+    return repr(t.name) if isinstance(t, Tag) else repr(t)
 
 
 class Allocation:

@@ -405,5 +405,214 @@ class TestCupyAdapter(unittest.TestCase):
             gpumem.cupy.enable()
 
 
+def read_device(dev, ptr, n):
+    """n bytes at device address ptr of the pool of dev (sim: unified addressing)."""
+    buf = ctypes.create_string_buffer(n)
+    pool = gpumem._pool(dev)
+    assert lib().gm_memcpy(pool, buf, ctypes.c_void_p(ptr), n, None) == 0
+    assert lib().gm_stream_synchronize(pool, None) == 0
+    return buf.raw
+
+
+@unittest.skipUnless(hasattr(gpumem._library()[0], "gm_offload"),
+                     "this libgpumem.so has no tags, offload or restore yet")
+class TestTags(unittest.TestCase):
+    """gpumem.tag / offload / restore / tag_info / acquire / release on the sim."""
+    DEV = 14  # a pool of its own
+
+    def tearDown(self):
+        self.assertEqual(gpumem.stats(self.DEV)["allocated"], 0, "a test left memory allocated")
+
+    def test_scope_tags_what_the_thread_allocates(self):
+        t = gpumem.tag("py-scope")
+        self.assertIs(gpumem.tag("py-scope"), t)
+        self.assertEqual((t.name, t.flags, t.discard, t.evictable), ("py-scope", 0, False, False))
+        inner = gpumem.tag("py-scope-inner")
+        with t as entered:
+            self.assertIs(entered, t)
+            a = gpumem.alloc(3 * MiB, device=self.DEV)
+            with inner:
+                b = gpumem.alloc(MiB, device=self.DEV)
+            c = gpumem.alloc(2 * MiB, device=self.DEV)  # the outer tag is back
+        d = gpumem.alloc(MiB, device=self.DEV)           # no tag after the block
+        try:
+            self.assertEqual(gpumem.tag_info(t, self.DEV)["resident_bytes"], 5 * MiB)
+            self.assertEqual(gpumem.tag_info(t, self.DEV)["resident_blocks"], 2)
+            self.assertEqual(gpumem.tag_info("py-scope-inner", self.DEV)["resident_bytes"], MiB)
+        finally:
+            for x in (a, b, c, d):
+                x.free()
+        self.assertEqual(gpumem.tag_info(t, self.DEV)["resident_blocks"], 0)
+
+    def test_scope_is_per_thread(self):
+        import threading
+        t = gpumem.tag("py-thread")
+        ready, done = threading.Event(), threading.Event()
+
+        def other():
+            with t:
+                ready.set()
+                done.wait(10)
+        th = threading.Thread(target=other)
+        th.start()
+        try:
+            self.assertTrue(ready.wait(10))
+            with gpumem.alloc(MiB, device=self.DEV):  # this thread has no tag
+                self.assertEqual(gpumem.tag_info(t, self.DEV)["resident_blocks"], 0)
+        finally:
+            done.set()
+            th.join()
+
+    def test_offload_restore_keeps_address_and_data(self):
+        t = gpumem.tag("py-weights")
+        with t:
+            a = gpumem.alloc(5 * MiB + 123, device=self.DEV)
+        try:
+            a.memset(0x5A)
+            a.memset(0x11, size=100, offset=4 * MiB)
+            ptr = a.ptr
+            before = gpumem.stats(self.DEV)
+            gpumem.offload("py-weights", device=self.DEV)
+            info = gpumem.tag_info(t, self.DEV)
+            self.assertEqual((info["offloaded_blocks"], info["offloaded_bytes"], info["resident_blocks"]),
+                             (1, 5 * MiB + 123, 0))
+            self.assertEqual(info["offloads"], 1)
+            mid = gpumem.stats(self.DEV)
+            self.assertEqual(mid["offloaded"], 5 * MiB + 123)
+            self.assertEqual(mid["allocated"], before["allocated"])  # still allocated
+            self.assertLessEqual(mid["reserved"], before["reserved"] - 4 * MiB)
+            gpumem.restore(t, device=self.DEV)
+            self.assertEqual(a.ptr, ptr)
+            data = read_device(self.DEV, ptr, 5 * MiB + 123)
+            self.assertEqual(data[:4 * MiB], b"\x5a" * (4 * MiB))
+            self.assertEqual(data[4 * MiB:4 * MiB + 100], b"\x11" * 100)
+            self.assertEqual(data[4 * MiB + 100:], b"\x5a" * (MiB + 23))
+            info = gpumem.tag_info(t, self.DEV)
+            self.assertEqual((info["resident_bytes"], info["offloaded_blocks"], info["restores"]),
+                             (5 * MiB + 123, 0, 1))
+            gpumem.restore(t, device=self.DEV)  # nothing offloaded: nothing to do
+            s = gpumem.stats(self.DEV)
+            self.assertGreaterEqual(s["offload_bytes_total"], 5 * MiB + 123)
+            self.assertGreaterEqual(s["restore_bytes_total"], 5 * MiB + 123)
+            self.assertEqual(s["offloaded"], 0)
+        finally:
+            a.free()
+
+    def test_offload_then_free(self):
+        t = gpumem.tag("py-free")
+        with t:
+            a = gpumem.alloc(3 * MiB, device=self.DEV)
+        t.offload(device=self.DEV)
+        self.assertEqual(t.info(self.DEV)["offloaded_blocks"], 1)
+        a.free()  # frees the host copy
+        self.assertEqual(t.info(self.DEV)["offloaded_blocks"], 0)
+        self.assertEqual(gpumem.stats(self.DEV)["offloaded"], 0)
+        t.restore(device=self.DEV)
+
+    def test_discard(self):
+        kv = gpumem.tag("py-kv", discard=True)
+        self.assertTrue(kv.discard)
+        self.assertIs(gpumem.tag("py-kv"), kv)
+        self.assertIs(gpumem.tag("py-kv", discard=True), kv)
+        with self.assertRaises(gpumem.InvalidArgumentError):
+            gpumem.tag("py-kv", discard=False)
+        with kv:
+            a = gpumem.alloc(4 * MiB, device=self.DEV)
+        plain = gpumem.tag("py-discard-flag")
+        with plain:
+            b = gpumem.alloc(2 * MiB, device=self.DEV)
+        try:
+            gpumem.offload("py-kv", device=self.DEV)
+            gpumem.offload(plain, discard=True, device=self.DEV)
+            for t, n in ((kv, 4 * MiB), (plain, 2 * MiB)):
+                self.assertEqual(gpumem.tag_info(t, self.DEV)["offloaded_bytes"], n)
+                gpumem.restore(t, device=self.DEV)
+                self.assertEqual(gpumem.tag_info(t, self.DEV)["resident_bytes"], n)
+            a.memset(1)  # fresh pages are usable
+        finally:
+            a.free()
+            b.free()
+
+    def test_tag_made_elsewhere_is_found_with_its_flags(self):
+        t = ctypes.c_uint32()
+        self.assertEqual(lib().gm_tag_get(b"py-made-in-c", 2, ctypes.byref(t)), 0)
+        found = gpumem.tag("py-made-in-c")
+        self.assertEqual((found.id, found.flags, found.evictable), (t.value, 2, True))
+        self.assertEqual(gpumem.tag_info("py-made-in-c", self.DEV)["flags"], 2)
+
+    def test_acquire_release(self):
+        ev = gpumem.tag("py-evictable", evictable=True)
+        with ev:
+            a = gpumem.alloc(MiB, device=self.DEV)
+        try:
+            with self.assertRaises(gpumem.GpumemError) as cm:
+                gpumem.release(ev, device=self.DEV)
+            self.assertEqual(cm.exception.name, "GM_INVALID_STATE")
+            gpumem.offload(ev, device=self.DEV)
+            gpumem.acquire("py-evictable", device=self.DEV)  # restores it
+            info = gpumem.tag_info(ev, self.DEV)
+            self.assertEqual((info["holds"], info["resident_blocks"]), (1, 1))
+            gpumem.release(ev, device=self.DEV)
+            self.assertEqual(gpumem.tag_info(ev, self.DEV)["holds"], 0)
+        finally:
+            a.free()
+
+    def test_bad_arguments(self):
+        for bad in (5, None, 1.5, ["x"]):
+            with self.subTest(name=bad):
+                with self.assertRaises(TypeError):
+                    gpumem.tag(bad)
+        for bad in ("", "x" * 64, "a\0b"):
+            with self.subTest(name=bad):
+                with self.assertRaises(gpumem.InvalidArgumentError):
+                    gpumem.tag(bad)
+        self.assertEqual(len(gpumem.tag("y" * 63).name), 63)
+        with self.assertRaises(TypeError):
+            gpumem.tag("py-bad", discard=1)
+        for fn in (gpumem.offload, gpumem.restore, gpumem.tag_info, gpumem.acquire, gpumem.release):
+            with self.subTest(fn=fn.__name__):
+                with self.assertRaises(TypeError):
+                    fn(7)
+                with self.assertRaises(ValueError):
+                    fn("py-bad", device=-1)
+        with self.assertRaises(TypeError):
+            gpumem.offload("py-bad", discard=1)
+        with self.assertRaises(TypeError):
+            gpumem.restore("py-bad", stream=1.0)
+
+    def test_default_stream_is_torchs_current_stream(self):
+        saved = sys.modules.get("torch")
+        seen = []
+
+        def current_stream(device=None):
+            seen.append(device)
+            return types.SimpleNamespace(cuda_stream=0x5151)
+        torch = types.ModuleType("torch")
+        torch.cuda = types.SimpleNamespace(is_initialized=lambda: True, current_stream=current_stream)
+        sys.modules["torch"] = torch
+        try:
+            self.assertEqual(gpumem._default_stream(None, None, "t"), 0x5151)
+            self.assertEqual(gpumem._default_stream(None, 3, "t"), 0x5151)
+            self.assertEqual(seen, [None, 3])
+            self.assertEqual(gpumem._default_stream(7, None, "t"), 7)
+            torch.cuda.is_initialized = lambda: False
+            self.assertEqual(gpumem._default_stream(None, None, "t"), 0)
+            if os.environ.get("GPUMEM_BACKEND") != "sim":
+                return  # 0x5151 names a stream on the sim only
+            t = gpumem.tag("py-torch-stream")
+            with t:
+                a = gpumem.alloc(MiB, stream=0x5151, device=self.DEV)
+            torch.cuda.is_initialized = lambda: True
+            gpumem.offload(t, device=self.DEV)
+            gpumem.restore(t, device=self.DEV)
+            self.assertEqual(gpumem.tag_info(t, self.DEV)["restores"], 1)
+            a.free()
+        finally:
+            if saved is None:
+                sys.modules.pop("torch", None)
+            else:
+                sys.modules["torch"] = saved
+
+
 if __name__ == "__main__":
     unittest.main()

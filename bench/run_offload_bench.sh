@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# bench/run_offload_bench.sh — build and run the offload benchmark
+# (bench/offload_bench.c: gm_offload / gm_restore of a 1 GiB and a 16 GiB tag,
+# warm and cold, against the pinned DMA ceiling; the device memory an offload
+# gives back) and write bench/results/DATE-GPU-offload.{json,md}; prints the
+# table.
+#
+# usage: bench/run_offload_bench.sh            (from anywhere)
+# Environment:
+#   BUILD_DIR  the build directory of its own (default build-offload; configured
+#              Release with cmake, only offload_bench is built)
+#   SIZES      tag sizes (default 1GiB,16GiB); BLOCK block size (256MiB);
+#              REPS warm cycles per size (5); MIXED the mixed-size tag (default:
+#              the smallest size; 0: none)
+#   OUT        also copy the results and the log there (default: none; off the
+#              cuda backend the results go to OUT, else BUILD_DIR/bench-results)
+#   GM_COMMIT  the commit recorded (default: git rev-parse --short HEAD)
+#   BENCH_TIMEOUT  seconds for the bench (300); it skips a size that might not
+#              end 20 s before then
+#   PYTHON     python3 (reads the JSON for the file name and the summary)
+# The bench runs with GPUMEM_BACKEND as given (unset: auto, cuda where an
+# NVIDIA driver is installed; GPUMEM_BACKEND=sim with SIZES=64MiB,256MiB for a
+# smoke run).  Results of another backend than cuda never go to bench/results.
+# On an H100 about a minute (16 GiB of pinned host memory is registered once).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+BUILD_DIR="${BUILD_DIR:-build-offload}"
+PYTHON="${PYTHON:-python3}"
+SIZES="${SIZES:-1GiB,16GiB}"
+BLOCK="${BLOCK:-256MiB}"
+REPS="${REPS:-5}"
+MIXED="${MIXED:-}"
+BENCH_TIMEOUT="${BENCH_TIMEOUT:-300}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+echo "=== build ($BUILD_DIR, Release)"
+if ! { cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON -DGM_VALGRIND=OFF \
+           >"$work/build.log" 2>&1 &&
+       cmake --build "$BUILD_DIR" -j "$(nproc)" --target offload_bench >>"$work/build.log" 2>&1; }; then
+    tail -n 30 "$work/build.log"
+    echo "FAILED: building offload_bench (log above)"
+    exit 1
+fi
+bench="$BUILD_DIR/bench/offload_bench"
+[ -x "$bench" ] || { echo "FAILED: no $bench after the build"; exit 1; }
+command -v "$PYTHON" >/dev/null || { echo "FAILED: no $PYTHON (needed to read the results)"; exit 1; }
+# json FILE EXPR: a Python expression over the object `d` loaded from FILE.
+json() { "$PYTHON" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2" 2>/dev/null; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>/dev/null || true
+echo "host: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo) of memory; backend ${GPUMEM_BACKEND:-auto}"
+
+date="$(date -u +%Y-%m-%d)"
+export GM_COMMIT="${GM_COMMIT:-$(git rev-parse --short --verify -q HEAD 2>/dev/null || echo none)}"
+command="bench/run_offload_bench.sh"
+args=(--sizes "$SIZES" --block "$BLOCK" --reps "$REPS")
+[ "$SIZES" != "1GiB,16GiB" ] && command="SIZES=$SIZES $command"
+[ "$BLOCK" != "256MiB" ] && command="BLOCK=$BLOCK $command"
+[ "$REPS" != 5 ] && command="REPS=$REPS $command"
+if [ -n "$MIXED" ]; then
+    args+=(--mixed "$MIXED")
+    command="MIXED=$MIXED $command"
+fi
+[ -n "${GPUMEM_BACKEND:-}" ] && command="GPUMEM_BACKEND=$GPUMEM_BACKEND $command"
+
+echo "=== offload_bench ${args[*]}"
+start=$(date +%s)
+env -u GPUMEM_BROKER -u GPUMEM_LIMIT -u GPUMEM_EVICT \
+    timeout --kill-after=10 "$BENCH_TIMEOUT" "$bench" --json "$work/offload.json" --md "$work/offload.md" \
+    --command "$command" --deadline "$((BENCH_TIMEOUT - 20))" "${args[@]}" 2>&1 | tee "$work/log.txt"
+st=${PIPESTATUS[0]}
+echo "--- offload_bench: exit $st, $(($(date +%s) - start)) s"
+[ -f "$work/offload.json" ] || { echo "FAILED: offload_bench wrote no results (exit $st)"; exit 1; }
+[ "$st" = 0 ] || echo "WARNING: offload_bench failed (exit $st): see the errors in the JSON and the log"
+backend="$(json "$work/offload.json" 'd.get("backend") or ""')"
+
+# ---- where the results go -----------------------------------------------------------
+gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
+[ -n "$gpu" ] || gpu="$(json "$work/offload.json" 'd.get("gpu") or ""')"
+label="$(tr ' ' '-' <<<"${gpu:-unknown-GPU}" | tr -cd 'A-Za-z0-9._-')"
+[ "$backend" = cuda ] || label="${backend:-unknown}-$(nproc)core"
+if [ "$backend" = cuda ]; then
+    dest=bench/results
+else
+    dest="${OUT:-$BUILD_DIR/bench-results}"
+    echo "WARNING: the bench ran on the '${backend:-unknown}' backend, not cuda: results go to $dest only"
+fi
+mkdir -p "$dest" || { echo "FAILED: cannot make $dest"; exit 1; }
+base="$dest/$date-$label-offload"
+if ! cp "$work/offload.json" "$base.json" || ! cp "$work/offload.md" "$base.md"; then
+    echo "FAILED: cannot write $base.{json,md}"
+    exit 1
+fi
+if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT"
+    [ "$(cd "$OUT" && pwd)" = "$(cd "$dest" && pwd)" ] || cp "$base.md" "$base.json" "$OUT/"
+    cp "$work/log.txt" "$OUT/offload-bench-log.txt"
+fi
+
+echo
+echo "=== $base.md written (and .json)"
+echo "=== summary"
+"$PYTHON" - "$base.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for k in ("pinned_ceiling_GBps", "offload_GBps", "restore_GBps", "offload_cold_GBps", "restore_first_GBps",
+          "offload_mixed_GBps", "restore_mixed_GBps", "gpu_freed_fraction", "gpu_freed_fraction_reserved",
+          "offload_of_ceiling", "restore_of_ceiling", "verified"):
+    print("%-28s %s" % (k, json.dumps(d.get(k))))
+det = d.get("details", {})
+runs = dict(det.get("runs", {}))
+if det.get("mixed"):
+    runs["mixed"] = det["mixed"]
+print("%-28s %s" % ("warm_host_register_calls", json.dumps({k: r.get("warm_host_register_calls")
+                                                            for k, r in runs.items()})))
+errs = d.get("errors", [])
+print("errors: %d%s" % (len(errs), "".join("\n  " + e for e in errs)))
+EOF
+exit "$st"
