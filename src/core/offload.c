@@ -46,7 +46,7 @@
 
 #define OFFL_STREAMS 4
 #define OFFL_PIECE ((size_t)64 << 20)
-#define OFFL_WINDOW ((size_t)512 << 20)
+#define OFFL_WINDOW ((size_t)128 << 20)
 
 /* ---- the process's tags ------------------------------------------------------ */
 

@@ -296,12 +296,14 @@ def role_hog(a):
         torch.cuda.synchronize()
         res["allocated"] = a.hog_bytes - left
         res["free_while_held"] = torch.cuda.mem_get_info(dev)[0]
-        # every chunk holds its value, first and last byte and a sum
+        # every chunk holds its value: first and last byte and a strided sample
         ok = True
         for i, b in enumerate(bufs):
             v = 1 + i % 251
             ok = ok and int(b[0].item()) == v and int(b[-1].item()) == v
-            ok = ok and int(b.sum(dtype=torch.int64).item()) == v * b.numel()
+            # a strided sample (a whole-tensor reduction would need temporary
+            # memory the hog has just taken)
+            ok = ok and bool(b[::4093].eq(v).all().item())
         res["ok"] = ok
     except Exception as e:  # noqa: BLE001
         res["error"] = "%s: %s" % (type(e).__name__, " | ".join(str(e).splitlines())[:400])
