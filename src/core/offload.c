@@ -611,10 +611,17 @@ static int restore_map(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, gm_stream_t 
     size_t mapped = 0;
     unsigned next = 0;
     for (; rc == GM_OK && mapped < bl.n; mapped++) {
+        /* A piece's pages, then its copy: the first DMA starts after one
+         * piece is mapped, not a whole block. */
         gm__block_t *b = bl.b[mapped];
-        rc = gm__pages_ensure_mapped_locked(h, b->arena, b->addr, b->size, b->requested, s);
-        if (rc == GM_OK && b->host_copy)
-            rc = copy_pieces(root, o, b->addr, (uintptr_t)b->host_copy, b->requested, &next);
+        for (size_t off = 0; rc == GM_OK && off < b->size; off += OFFL_PIECE) {
+            size_t len = b->size - off < OFFL_PIECE ? b->size - off : OFFL_PIECE;
+            rc = gm__pages_ensure_mapped_locked(h, b->arena, b->addr + off, len, b->requested, s);
+            if (rc == GM_OK && b->host_copy && off < b->requested) {
+                size_t n = b->requested - off < len ? b->requested - off : len;
+                rc = copy_pieces(root, o, b->addr + off, (uintptr_t)b->host_copy + off, n, &next);
+            }
+        }
     }
     if (any_copy) {
         int r3 = streams_idle(root, o);
