@@ -4,7 +4,8 @@
  * copies and fills, sized and freed like any block, counted apart in the
  * stats (not in allocated, not under the pool limit), prefetch and advice
  * reach the backend, wrong pointers and wrong entry points are refused, and
- * a failing driver call leaves nothing allocated.  Needs the sim backend.
+ * a failing driver call leaves nothing allocated.  test_basic runs on the
+ * test backend (GPUMEM_TEST_BACKEND=cuda: a GPU), test_faults on the sim.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -18,7 +19,7 @@
 
 static void test_basic(void)
 {
-    gm_pool_t *pool = sim_pool(64 * MiB, 0);
+    gm_pool_t *pool = test_pool(64 * MiB, 16 * MiB);
     if (!pool) { CHECK(0); return; }
     /* Beyond the device and the limit: managed memory oversubscribes. */
     CHECK_OK(gm_pool_set_limit(pool, 16 * MiB));
