@@ -669,7 +669,9 @@ GM_API int gm_share_stats(gm_pool_t *pool, gm_share_stats_t *stats);
  * the driver, or to the broker); gm_restore takes pages again, maps them at
  * the *same* addresses and copies the data back, so every pointer the
  * program holds stays valid.  Between the two the blocks stay allocated
- * (gm_free works on them and frees the host copy) but their memory must not
+ * (gm_free works on them; host copies are carved from segments of up to
+ * 128 MiB, each given back to the host pool with the last block copied
+ * into it) but their memory must not
  * be touched on the device: GPUs raise no page fault for this memory, an
  * access is an illegal-address error.
  *

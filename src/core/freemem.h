@@ -66,7 +66,12 @@ typedef struct gm__block {
     size_t size;                 /* bytes, multiple of 256 */
     size_t requested;            /* live: the caller's size */
     struct gm__block *prev, *next;   /* address order in the region */
-    struct gm__block *fprev, *fnext; /* free index list (free blocks); slab list */
+    struct gm__block *fnext;     /* free index list (free blocks); slab list */
+    union {
+        struct gm__block *fprev; /* free index list (free blocks) */
+        struct gm__offseg *offseg; /* device live, offloaded: the host segment its
+                                      copy lies in (core/offload.c) */
+    };
     union {
         struct gm__arena *arena; /* device: the arena it tiles */
         struct gm__hchunk *chunk; /* host: the chunk it tiles */

@@ -187,14 +187,67 @@ void gm__offload_note_alloc_locked(gm_pool_t *heap, gm__block_t *b)
     atomic_fetch_add_explicit(&t->resident_n, 1, memory_order_relaxed);
 }
 
-/* b stops being offloaded (restored, or freed): its host copy goes back. */
+/* Host copies are carved from segments: one pinned block of the host pool
+ * per window of an offload (a block larger than a window has one of its
+ * own), so a tag of many small blocks costs a few large host allocations,
+ * which a repeated offload finds again.  A segment goes back to the host
+ * pool when the last block copied into it is restored or freed. */
+typedef struct gm__offseg {
+    void *base;
+    size_t refs;                 /* offloaded blocks whose copy lies in it */
+} offseg_t;
+
+static offseg_t *seg_new(gm_pool_t *root, size_t bytes, int *rc)
+{
+    offseg_t *g = gm__calloc(1, sizeof *g);
+    if (!g) {
+        *rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_offload: out of host memory");
+        return NULL;
+    }
+    *rc = gm__host_alloc_kind(root, GM__HOST_OFFLOAD, bytes, NULL, &g->base, NULL);
+    if (*rc != GM_OK) {
+        gm__free(g);
+        return NULL;
+    }
+    return g;
+}
+
+void gm__offload_heap_fini_locked(gm_pool_t *h)
+{
+    /* The host pool frees (or has freed) the memory itself: only the
+     * segment records go here. */
+    for (size_t i = 0; i < h->live.cap; i++) {
+        if (!h->live.keys[i]) continue;
+        gm__block_t *b = h->live.vals[i];
+        if (!b->offloaded || !b->host_copy) continue;
+        offseg_t *g = b->offseg;
+        b->offseg = NULL;
+        b->host_copy = NULL;
+        if (g && --g->refs == 0) gm__free(g);
+    }
+}
+
+static void seg_drop(gm_pool_t *root, offseg_t *g)
+{
+    if (!g || g->refs) return;
+    if (gm__host_free_kind(root, GM__HOST_OFFLOAD, g->base, NULL) != GM_OK)
+        gm__clear_error(); /* it was ours: the host pool keeps it until destroy */
+    gm__free(g);
+}
+
+/* b stops being offloaded (restored, or freed): its share of its segment
+ * goes back. */
 static void forget_copy_locked(gm_pool_t *heap, gm__block_t *b)
 {
     tagstate_t *t = &heap->root->offl->tag[b->tag];
     if (b->host_copy) {
-        if (gm__host_free_kind(heap->root, GM__HOST_OFFLOAD, b->host_copy, NULL) != GM_OK)
-            gm__clear_error(); /* it was ours: the host pool keeps it until destroy */
+        offseg_t *g = b->offseg;
+        b->offseg = NULL;
         b->host_copy = NULL;
+        if (GM_ALWAYS(g != NULL && g->refs > 0)) {
+            g->refs--;
+            seg_drop(heap->root, g);
+        }
     }
     heap->st.offloaded -= b->requested;
     heap->st.active += b->size; /* on the device again (a free takes it off next) */
@@ -319,11 +372,14 @@ typedef struct result {
 } result_t;
 
 /* b's copy is complete (or discarded): it is offloaded. */
-static void offloaded_locked(gm_pool_t *h, gm__block_t *b, void *copy, result_t *res)
+static void offloaded_locked(gm_pool_t *h, gm__block_t *b, void *copy, offseg_t *seg,
+                             result_t *res)
 {
     tagstate_t *t = &h->root->offl->tag[b->tag];
     b->offloaded = copy ? GM__OFFLOADED_COPIED : GM__OFFLOADED_DISCARDED;
     b->host_copy = copy;
+    b->offseg = copy ? seg : NULL;
+    if (copy) seg->refs++;
     h->st.offloaded += b->requested;
     h->st.active -= b->size; /* active counts what is on the device */
     h->st.offload_count++;
@@ -415,35 +471,54 @@ static int offload_heap(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, bool discar
     gm__drain_streams_locked(h); /* free neighbours: past their frees */
     for (size_t i = 0; i < bl.n; i++) gm__block_drop_recorded_locked(h, bl.b[i]);
 
-    /* Windows of copies: queue window w, then finish window w-1. */
+    /* Windows of copies: queue window w (its blocks' copies in one host
+     * segment), then finish window w-1. */
     size_t done = 0;      /* blocks offloaded */
     size_t queued = 0;    /* blocks whose copies are all queued */
     size_t win_start[2] = {0, 0}, win_end[2] = {0, 0};
     void **copies = NULL;
+    offseg_t **segs = NULL, **made = NULL; /* per block; per window made here */
+    size_t n_made = 0;
     int w = 0;
     bool pending_win = false; /* window 1-w is in flight */
     unsigned next = 0;
     if (discard) {
-        for (size_t i = 0; i < bl.n; i++) offloaded_locked(h, bl.b[i], NULL, res);
+        for (size_t i = 0; i < bl.n; i++) offloaded_locked(h, bl.b[i], NULL, NULL, res);
         done = queued = bl.n;
     } else if (bl.n) {
         copies = calloc(bl.n, sizeof *copies);
-        if (!copies) {
+        segs = calloc(bl.n, sizeof *segs);
+        made = calloc(bl.n, sizeof *made);
+        if (!copies || !segs || !made) {
+            free(copies);
+            free(segs);
+            free(made);
             rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_offload: out of host memory");
             goto out;
         }
         rc = streams_ready(root, o);
     }
     while (rc == GM_OK && (queued < bl.n || pending_win)) {
-        size_t bytes = 0, start = queued;
-        while (queued < bl.n && bytes < OFFL_WINDOW) {
-            gm__block_t *b = bl.b[queued];
-            rc = gm__host_alloc_kind(root, GM__HOST_OFFLOAD, b->requested, NULL, &copies[queued], NULL);
-            if (rc != GM_OK) break;
-            rc = copy_pieces(root, o, (uintptr_t)copies[queued], b->addr, b->requested, &next);
-            if (rc != GM_OK) break;
-            bytes += b->requested;
-            queued++;
+        size_t start = queued, end = queued, bytes = 0;
+        while (end < bl.n) {
+            size_t n = GM_ALIGN_UP(bl.b[end]->requested, GM_ALIGNMENT);
+            if (bytes && bytes + n > OFFL_WINDOW) break;
+            bytes += n;
+            end++;
+        }
+        if (end > start) {
+            offseg_t *g = seg_new(root, bytes, &rc);
+            if (!g) break;
+            made[n_made++] = g;
+            size_t off = 0;
+            for (; queued < end; queued++) {
+                gm__block_t *b = bl.b[queued];
+                copies[queued] = (char *)g->base + off;
+                segs[queued] = g;
+                rc = copy_pieces(root, o, (uintptr_t)copies[queued], b->addr, b->requested, &next);
+                if (rc != GM_OK) break;
+                off += GM_ALIGN_UP(b->requested, GM_ALIGNMENT);
+            }
         }
         bool queued_any = queued > start;
         if (rc == GM_OK && queued_any) rc = window_mark(root, o, w);
@@ -455,10 +530,8 @@ static int offload_heap(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, bool discar
             int pw = 1 - w;
             rc = window_wait(root, o, pw);
             if (rc != GM_OK) break;
-            for (size_t i = win_start[pw]; i < win_end[pw]; i++) {
-                offloaded_locked(h, bl.b[i], copies[i], res);
-                copies[i] = NULL;
-            }
+            for (size_t i = win_start[pw]; i < win_end[pw]; i++)
+                offloaded_locked(h, bl.b[i], copies[i], segs[i], res);
             done = win_end[pw];
             if (evict_range_locked(h, bl.b, win_start[pw], win_end[pw], res) != GM_OK)
                 gm__clear_error(); /* tried again below */
@@ -468,24 +541,22 @@ static int offload_heap(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, bool discar
     }
     if (rc != GM_OK) {
         /* Once no copy of ours runs, the blocks whose copies were all
-         * queued are offloaded; the others stay resident and their host
-         * blocks go back. */
+         * queued are offloaded; the others stay resident. */
         char msg[256];
         snprintf(msg, sizeof msg, "%s", gm_last_error());
         if (copies && streams_idle(root, o) == GM_OK) {
-            for (size_t i = done; i < queued; i++) {
-                offloaded_locked(h, bl.b[i], copies[i], res);
-                copies[i] = NULL;
-            }
+            for (size_t i = done; i < queued; i++) offloaded_locked(h, bl.b[i], copies[i], segs[i], res);
             done = queued;
         }
-        for (size_t i = done; copies && i < bl.n; i++)
-            if (copies[i]) (void)gm__host_free_kind(root, GM__HOST_OFFLOAD, copies[i], NULL);
         gm__clear_error();
         gm__set_error(rc, "gm_offload: %s; %zu of %zu blocks of tag '%s' offloaded, the others "
                       "still on the device, nothing lost", msg, done, bl.n, tag_names[tag]);
     }
+    /* Segments no offloaded block uses (a failure) go back. */
+    for (size_t i = 0; i < n_made; i++) seg_drop(root, made[i]);
     free(copies);
+    free(segs);
+    free(made);
     /* Pages shared by neighbouring blocks of the tag, and those left by an
      * earlier call. */
     {

@@ -153,6 +153,7 @@ int gm__pool_core_init(gm_pool_t *pool, size_t small_va, size_t large_va)
  * not yet seen by anyone): every thread cache bound to it drops it. */
 void gm__pool_core_fini_locked(gm_pool_t *pool, uint64_t *blocks, uint64_t *bytes)
 {
+    if (pool->live.cap) gm__offload_heap_fini_locked(pool);
     gm_stats_t left = {.allocated = pool->st.allocated, .live_blocks = pool->live.count};
     gm__tcache_adjust_locked(pool, &left); /* cached blocks were freed by the program */
     *blocks += left.live_blocks;

@@ -500,6 +500,10 @@ bool gm__offload_evict_one(gm_pool_t *root, gm_tag_t except);
  * neighbour freed since the offload), when pool->offl_dirty says some may
  * be.  Lock held. */
 void gm__offload_trim_locked(gm_pool_t *heap);
+/* Teardown of a heap (lock held, before its live table goes): the records
+ * of its offloaded blocks' host segments are freed (not the host memory:
+ * the host pool releases that). */
+void gm__offload_heap_fini_locked(gm_pool_t *heap);
 /* tag was made by gm_tag_get (GM_TAG_NONE counts as valid). */
 bool gm__tag_valid(gm_tag_t tag);
 
