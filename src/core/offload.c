@@ -56,6 +56,7 @@ static unsigned tag_flags[GM_TAGS_MAX + 1];
 static _Atomic unsigned n_tags; /* tags 1..n_tags exist */
 
 _Thread_local gm_tag_t gm__tag_now;
+_Atomic unsigned gm__tag_scopes;
 
 bool gm__tag_valid(gm_tag_t tag)
 {
@@ -108,7 +109,12 @@ out:
 gm_tag_t gm_tag_scope(gm_tag_t tag)
 {
     gm_tag_t old = gm__tag_now;
-    if (gm__tag_valid(tag)) gm__tag_now = tag;
+    if (!gm__tag_valid(tag)) return old;
+    gm__tag_now = tag;
+    if (old == GM_TAG_NONE && tag != GM_TAG_NONE)
+        atomic_fetch_add_explicit(&gm__tag_scopes, 1, memory_order_relaxed);
+    else if (old != GM_TAG_NONE && tag == GM_TAG_NONE)
+        atomic_fetch_sub_explicit(&gm__tag_scopes, 1, memory_order_relaxed);
     return old;
 }
 

@@ -454,7 +454,7 @@ int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
     *ptr = NULL;
     GM_CHECK(resolve(&pool));
     if (GM_UNLIKELY(size == 0)) return GM_OK;
-    return alloc_impl(pool, size, GM_ALIGNMENT, stream, gm__tag_now, ptr);
+    return alloc_impl(pool, size, GM_ALIGNMENT, stream, gm__tag_current(), ptr);
 }
 
 int gm_alloc_tagged(gm_pool_t *pool, size_t size, gm_stream_t stream, gm_tag_t tag, void **ptr)

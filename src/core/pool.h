@@ -480,8 +480,16 @@ void gm__alloc_fini(gm_pool_t *pool);
 /* GM__OFFLOADED_*: a live block's data is on the device (NONE), in its
  * host copy (COPIED), or was discarded (DISCARDED). */
 enum { GM__OFFLOADED_NONE = 0, GM__OFFLOADED_COPIED = 1, GM__OFFLOADED_DISCARDED = 2 };
-/* This thread's current tag (gm_tag_scope). */
+/* This thread's current tag (gm_tag_scope), and how many threads have one
+ * set: while none has, gm_alloc skips the thread-local read (a call into
+ * the dynamic loader from a shared library). */
 extern _Thread_local gm_tag_t gm__tag_now;
+extern _Atomic unsigned gm__tag_scopes;
+static inline gm_tag_t gm__tag_current(void)
+{
+    if (GM_LIKELY(atomic_load_explicit(&gm__tag_scopes, memory_order_relaxed) == 0)) return GM_TAG_NONE;
+    return gm__tag_now;
+}
 /* Root only: the offload state (copy streams, tag figures); made at pool
  * creation, freed at teardown (before the host pool: it frees nothing
  * there, host copies go with the host pool). */
