@@ -92,7 +92,7 @@ static void child_fail(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, BENCH_NAME ": FAILED %s\n", line);
+    add_error("%s", line);
     exit(1);
 }
 

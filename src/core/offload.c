@@ -792,18 +792,29 @@ static int restore_all(gm_pool_t *root, gm_tag_t tag, gm_stream_t stream, result
 /* Restore, making room by eviction when the pool may (offl->mu held). */
 static int restore_evicting(gm_pool_t *root, gm_tag_t tag, gm_stream_t stream, result_t *res);
 
-int gm_restore(gm_pool_t *pool, gm_tag_t tag, gm_stream_t stream)
+/* gm_restore, and gm_tag_acquire (hold: the tag is held once restored). */
+static int restore_entry(gm_pool_t *pool, gm_tag_t tag, gm_stream_t stream, bool hold,
+                         const char *fn)
 {
-    GM_CHECK(gm__pool_resolve(&pool, "gm_restore"));
-    GM_CHECK(check_tag(tag, "gm_restore"));
+    GM_CHECK(gm__pool_resolve(&pool, fn));
+    GM_CHECK(check_tag(tag, fn));
     gm_pool_t *root = pool->root;
     struct gm__offload *o = root->offl;
     result_t res = {0};
     pthread_mutex_lock(&o->mu);
     int rc = restore_evicting(root, tag, stream, &res);
     if (res.blocks) o->tag[tag].restores++;
+    if (rc == GM_OK && hold) {
+        o->tag[tag].holds++;
+        o->tag[tag].last_use = ++o->tick;
+    }
     pthread_mutex_unlock(&o->mu);
     return rc;
+}
+
+int gm_restore(gm_pool_t *pool, gm_tag_t tag, gm_stream_t stream)
+{
+    return restore_entry(pool, tag, stream, false, "gm_restore");
 }
 
 /* ---- eviction ---------------------------------------------------------------------------- */
@@ -875,20 +886,7 @@ static int restore_evicting(gm_pool_t *root, gm_tag_t tag, gm_stream_t stream, r
 
 int gm_tag_acquire(gm_pool_t *pool, gm_tag_t tag, gm_stream_t stream)
 {
-    GM_CHECK(gm__pool_resolve(&pool, "gm_tag_acquire"));
-    GM_CHECK(check_tag(tag, "gm_tag_acquire"));
-    gm_pool_t *root = pool->root;
-    struct gm__offload *o = root->offl;
-    result_t res = {0};
-    pthread_mutex_lock(&o->mu);
-    int rc = restore_evicting(root, tag, stream, &res);
-    if (res.blocks) o->tag[tag].restores++;
-    if (rc == GM_OK) {
-        o->tag[tag].holds++;
-        o->tag[tag].last_use = ++o->tick;
-    }
-    pthread_mutex_unlock(&o->mu);
-    return rc;
+    return restore_entry(pool, tag, stream, true, "gm_tag_acquire");
 }
 
 int gm_tag_release(gm_pool_t *pool, gm_tag_t tag, gm_stream_t stream)
