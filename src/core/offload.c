@@ -15,12 +15,13 @@
  * simply not given back.
  *
  * Copies: pieces of OFFL_PIECE bytes on OFFL_STREAMS streams of the pool's
- * own, between the device and pinned blocks of the host pool (kind
- * GM__HOST_OFFLOAD), in windows of OFFL_WINDOW bytes: while window w is in
- * flight, window w-1 is waited for and its pages released, so device
- * memory comes back while the copy goes on, and the host pool grows
- * (registration, the cold cost) while the DMA engine works.  A restore
- * frees the host copies into the host pool, which keeps the registered
+ * own, between the device and pinned host segments (one block of the host
+ * pool, kind GM__HOST_OFFLOAD, per window of OFFL_WINDOW bytes of blocks):
+ * while window w is in flight, window w-1 is waited for and its pages
+ * released, so device memory comes back while the copy goes on, and the
+ * host pool grows (touching and registering, the cold cost) while the DMA
+ * engine works.  A segment goes back to the host pool with the last block
+ * copied into it (restored or freed); the host pool keeps the registered
  * memory for the next offload (warm) until gm_host_trim.
  *
  * Order: an offload first waits for the given stream and for every stream
