@@ -322,6 +322,22 @@ static int sync_once(gm_pool_t *h, gm_stream_t handle, gm_stream_t *seen, size_t
     return GM_OK;
 }
 
+/* Wait for `stream` and for every stream the blocks of bl were allocated
+ * or recorded on (each once).  Lock held. */
+static int sync_blocks_locked(gm_pool_t *h, const blist_t *bl, gm_stream_t stream)
+{
+    gm_stream_t seen[64];
+    size_t n_seen = 0;
+    GM_CHECK(sync_once(h, stream, seen, &n_seen, 64));
+    for (size_t i = 0; i < bl->n; i++) {
+        const gm__block_t *b = bl->b[i];
+        GM_CHECK(sync_once(h, b->owner->handle, seen, &n_seen, 64));
+        for (const gm__recorded_t *r = b->recorded; r; r = r->next)
+            GM_CHECK(sync_once(h, r->stream->handle, seen, &n_seen, 64));
+    }
+    return GM_OK;
+}
+
 /* Queue the copy of n bytes in pieces over the copy streams (*next: the
  * stream the next piece goes to). */
 static int copy_pieces(gm_pool_t *root, struct gm__offload *o, uintptr_t dst, uintptr_t src,
@@ -466,15 +482,7 @@ static int offload_heap(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, bool discar
     if (bl.n == 0 && old.n == 0) goto out;
 
     /* The stream rule: the blocks' work first. */
-    gm_stream_t seen[64];
-    size_t n_seen = 0;
-    GM_CHECK_GOTO(sync_once(h, stream, seen, &n_seen, 64), rc, out);
-    for (size_t i = 0; i < bl.n; i++) {
-        gm__block_t *b = bl.b[i];
-        GM_CHECK_GOTO(sync_once(h, b->owner->handle, seen, &n_seen, 64), rc, out);
-        for (gm__recorded_t *r = b->recorded; r; r = r->next)
-            GM_CHECK_GOTO(sync_once(h, r->stream->handle, seen, &n_seen, 64), rc, out);
-    }
+    GM_CHECK_GOTO(sync_blocks_locked(h, &bl, stream), rc, out);
     gm__drain_streams_locked(h); /* free neighbours: past their frees */
     for (size_t i = 0; i < bl.n; i++) gm__block_drop_recorded_locked(h, bl.b[i]);
 
@@ -583,19 +591,10 @@ out:
 static int sync_streams(gm_pool_t *h, gm_tag_t tag, gm_stream_t stream)
 {
     blist_t bl = {0};
-    gm_stream_t seen[64];
-    size_t n_seen = 0;
     int rc = GM_OK;
     gm__lock(&h->lock);
     GM_CHECK_GOTO(collect_locked(h, tag, false, &bl), rc, out);
-    if (bl.n == 0) goto out;
-    GM_CHECK_GOTO(sync_once(h, stream, seen, &n_seen, 64), rc, out);
-    for (size_t i = 0; i < bl.n; i++) {
-        gm__block_t *b = bl.b[i];
-        GM_CHECK_GOTO(sync_once(h, b->owner->handle, seen, &n_seen, 64), rc, out);
-        for (gm__recorded_t *r = b->recorded; r; r = r->next)
-            GM_CHECK_GOTO(sync_once(h, r->stream->handle, seen, &n_seen, 64), rc, out);
-    }
+    if (bl.n) rc = sync_blocks_locked(h, &bl, stream);
 out:
     gm__unlock(&h->lock);
     free(bl.b);
@@ -771,13 +770,14 @@ static int restore_all(gm_pool_t *root, gm_tag_t tag, gm_stream_t stream, result
     for (k = 0; k < n && rc == GM_OK; k++) {
         rc = restore_map(root, heaps[k], tag, stream);
         if ((rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT) && n > 1) {
-            for (unsigned j = 0; j < n; j++) {
-                if (j == k) continue;
-                gm__lock(&heaps[j]->lock);
-                if (gm__pages_trim_locked(heaps[j], 0, NULL) != GM_OK) gm__clear_error();
-                gm__unlock(&heaps[j]->lock);
-            }
-            rc = restore_map(root, heaps[k], tag, stream);
+            /* The allocator's own step: the other heaps give their free pages back. */
+            char why[512];
+            snprintf(why, sizeof why, "%s", gm_last_error());
+            gm__lock(&heaps[k]->lock);
+            bool got = gm__heaps_reclaim_others(heaps[k]);
+            gm__unlock(&heaps[k]->lock);
+            if (got) rc = restore_map(root, heaps[k], tag, stream);
+            else gm__set_error(rc, "%s", why);
         }
     }
     if (rc != GM_OK) {
