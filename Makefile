@@ -10,7 +10,7 @@
 #                       normal    $(BUILD): all ctest tests but the valgrind ones
 #                       valgrind  $(BUILD): unit and api tests under valgrind memcheck
 #                       asan      $(BUILD)-asan: the whole suite, ASan+UBSan, GM_DEBUG=3
-#                       tsan      $(BUILD)-tsan: the stress, attack, share, broker and offload tests under TSan
+#                       tsan      $(BUILD)-tsan: the stress, attack, share, broker, offload and multigpu tests under TSan
 #                       fuzz      $(BUILD)-fuzz: each tests/fuzz/*.c target for
 #                                 FUZZ_TIME seconds (clang + libFuzzer only)
 #   make demo         build the CLI only (and the library it links), then replay
@@ -181,11 +181,12 @@ for phase in "$@"; do
     for f in tests/share/*.c; do [[ -e $f ]] && stress+=("share_$(basename "$f" .c)"); done
     for f in tests/broker/*.c; do [[ -e $f ]] && stress+=("broker_$(basename "$f" .c)"); done
     for f in tests/offload/*.c; do [[ -e $f ]] && stress+=("offload_$(basename "$f" .c)"); done
+    for f in tests/multigpu/*.c; do [[ -e $f ]] && stress+=("multigpu_$(basename "$f" .c)"); done
     if [[ ${#stress[@]} -eq 0 ]]; then say "tsan: skipped (no tests/stress/*.c yet)"; continue; fi
     if build_phase tsan "$B-tsan" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS=-O1 -DGM_DEBUG_LEVEL=1 \
         -DGM_SANITIZE=thread -DGM_VALGRIND=OFF -DGM_FUZZ=OFF -- "${stress[@]}"; then
       say "tsan: stress tests in $B-tsan"
-      run_ctest tsan "$B-tsan" TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 -- -L '^(stress|attack|share|broker|offload)$'
+      run_ctest tsan "$B-tsan" TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 -- -L '^(stress|attack|share|broker|offload|multigpu)$'
     fi ;;
   fuzz)
     targets=(); for f in tests/fuzz/*.c; do [[ -e $f ]] && targets+=("$(basename "$f" .c)"); done

@@ -126,7 +126,7 @@ GM_API int gm_call_from_name(const char *name);
 
 typedef struct gm_pool gm_pool_t;
 
-#define GM_POOL_CONFIG_VERSION 4
+#define GM_POOL_CONFIG_VERSION 5
 
 typedef struct gm_pool_config {
     size_t size;                /* sizeof(gm_pool_config_t) */
@@ -173,16 +173,30 @@ typedef struct gm_pool_config {
      * GM_POOL_CONFIG_INIT: GPUMEM_BROKER through gm_config_from_env. */
     char broker[108];
     size_t broker_lease;        /* bytes per lease request; 0: 64 MiB (GPUMEM_BROKER_LEASE) */
+    /* Version 5: several GPUs (docs/multigpu.md).  The devices whose kernels
+     * and copies may read and write every page of the pool besides its own:
+     * bit d for device ordinal d (the pool's own bit is ignored),
+     * GM_PEERS_ALL for every other device of the machine, 0 (the default)
+     * for none.  Pages mapped later get the same access.  gm_pool_create
+     * fails with GM_NOT_SUPPORTED, naming the pair, when a device cannot
+     * reach the pool's (cuDeviceCanAccessPeer), and with GM_NO_DEVICE when a
+     * named device does not exist.  With GM_POOL_CONFIG_INIT: GPUMEM_PEERS
+     * (all, none, or a list of ordinals such as 0,1,3). */
+    uint64_t peers;
 } gm_pool_config_t;
+
+/* gm_pool_config_t.peers: every other device of the machine. */
+#define GM_PEERS_ALL UINT64_MAX
 
 #define GM_POOL_CONFIG_INIT                                                    \
     { sizeof(gm_pool_config_t), GM_POOL_CONFIG_VERSION, GM_BACKEND_AUTO, 0,    \
-      0, 0, SIZE_MAX, 0, 0u, 0u, 0, 0.015625, 0.018, 1.0, 1u, "", 0 }
+      0, 0, SIZE_MAX, 0, 0u, 0u, 0, 0.015625, 0.018, 1.0, 1u, "", 0, 0 }
 
 /* Fill *cfg with the defaults, overridden by the environment (GPUMEM_BACKEND,
  * GPUMEM_LIMIT, GPUMEM_SIM_CAPACITY, GPUMEM_RELEASE_THRESHOLD, GPUMEM_DEVICE,
  * GPUMEM_RESERVE_SLACK, GPUMEM_RESERVE_SLACK_MAX, GPUMEM_CHURN_TARGET,
- * GPUMEM_HEAPS, GPUMEM_BROKER, GPUMEM_BROKER_LEASE; the
+ * GPUMEM_HEAPS, GPUMEM_BROKER, GPUMEM_BROKER_LEASE, GPUMEM_PEERS, GPUMEM_NCCL,
+ * GPUMEM_COMPRESSIBLE; the
  * whole table: gpumem info --options). */
 GM_API int gm_config_from_env(gm_pool_config_t *cfg);
 
@@ -289,7 +303,11 @@ GM_API int gm_stream_destroy(gm_pool_t *pool, gm_stream_t stream);
 /* Device information                                                       */
 /* ------------------------------------------------------------------------ */
 
-#define GM_DEVICE_INFO_VERSION 1
+#define GM_DEVICE_INFO_VERSION 2
+
+/* gm_device_info_t.handle_types: how a page may be shared (CUDA's values). */
+#define GM_HANDLE_POSIX_FD 0x1u /* a file descriptor (sharing, the broker, NCCL on one node) */
+#define GM_HANDLE_FABRIC 0x8u   /* a fabric handle (NCCL across nodes over NVLink, MNNVL) */
 
 typedef struct gm_device_info {
     size_t size;
@@ -304,6 +322,13 @@ typedef struct gm_device_info {
     size_t free_memory;
     size_t granularity;          /* physical page size */
     int vmm_supported;           /* 1: pages + VA; 0: plain allocations */
+    /* Version 2: several GPUs. */
+    int device_count;            /* devices of the machine the backend sees */
+    uint64_t peers;              /* devices granted access to the pool's pages (bit d) */
+    unsigned handle_types;       /* GM_HANDLE_* of every page */
+    int rdma_capable;            /* pages made GPUDirect-RDMA capable */
+    int compression_supported;   /* the device can compress (GM_POOL_COMPRESSIBLE) */
+    int compressible;            /* the pool's pages are compressible */
 } gm_device_info_t;
 
 #ifdef __cplusplus
@@ -363,7 +388,10 @@ GM_API int gm_pool_device_info(gm_pool_t *pool, gm_device_info_t *info);
     X(evictions,          "tags offloaded by the pool itself to serve an allocation (GM_POOL_EVICT)") \
     X(managed_allocated,  "bytes of live managed allocations (gm_alloc_managed; not in allocated)") \
     X(managed_allocated_peak, "peak of managed_allocated")                     \
-    X(managed_count,      "successful gm_alloc_managed calls")
+    X(managed_count,      "successful gm_alloc_managed calls")                \
+    X(registrable_reserved, "bytes of registrable segments, live and cached (not in reserved)") \
+    X(registrable_allocated, "bytes requested by live gm_alloc_registrable blocks (not in allocated)") \
+    X(registrable_count,  "successful gm_alloc_registrable calls")
 
 #define GM_STATS_VERSION 1
 
@@ -487,6 +515,15 @@ GM_API int gm_leak_report(gm_pool_t *pool, char *buf, size_t cap, size_t *len);
  * the least recently released GM_TAG_EVICTABLE tag that no gm_tag_acquire
  * holds, and retry (docs/offload.md).  Environment: GPUMEM_EVICT=1. */
 #define GM_POOL_EVICT 0x2u
+/* Pool flag: make every physical page the way NCCL's ncclMemAlloc makes its
+ * own (a POSIX fd handle, plus a fabric handle where the device and system
+ * allow it; GPUDirect RDMA capable where the device allows it), so NCCL can
+ * register gpumem blocks (docs/multigpu.md).  Environment: GPUMEM_NCCL=1. */
+#define GM_POOL_NCCL 0x4u
+/* Pool flag: every physical page compressible (the driver's generic
+ * compression).  gm_pool_create fails with GM_NOT_SUPPORTED on a device
+ * without it.  Environment: GPUMEM_COMPRESSIBLE=1. */
+#define GM_POOL_COMPRESSIBLE 0x8u
 
 /* Pinned (page-locked, device-mapped) host memory from the pool's host pool:
  * large chunks registered once with the driver, carved per request, reused
@@ -658,6 +695,52 @@ typedef struct gm_share_stats {
 #define GM_SHARE_STATS_INIT { .size = sizeof(gm_share_stats_t), .version = GM_SHARE_STATS_VERSION }
 #endif
 GM_API int gm_share_stats(gm_pool_t *pool, gm_share_stats_t *stats);
+
+/* ------------------------------------------------------------------------ */
+/* Several GPUs: registrable memory (docs/multigpu.md)                       */
+/* ------------------------------------------------------------------------ */
+
+/* Peer access, NCCL's handle types and compression are pool settings:
+ * gm_pool_config_t.peers (GPUMEM_PEERS), GM_POOL_NCCL (GPUMEM_NCCL) and
+ * GM_POOL_COMPRESSIBLE (GPUMEM_COMPRESSIBLE); gm_pool_device_info says what
+ * was granted. */
+
+/* Memory for a communication library to register (NCCL's ncclCommRegister
+ * or window registration): a segment, one physical allocation behind the
+ * whole block (NCCL up to 2.28 registers nothing else), made with the pool's
+ * page properties and mapped for its device and peers.  The pool's register
+ * hook (gm_pool_set_register_hooks) is called once per segment made, not per
+ * allocation.  gm_free keeps the segment mapped and registered in a cache;
+ * a later gm_alloc_registrable whose size it fits (at most 1/8 larger) gets
+ * it back without a driver call or a registration.  gm_trim gives cached
+ * segments back (deregister hook first), as does a creation that finds no
+ * room.  Registered memory never moves: segments carry no tag (gm_offload
+ * never touches them) and live ones are never unmapped.  Same stream rule
+ * as gm_alloc.  Counted against the pool limit, and in the stats apart
+ * (registrable_reserved, registrable_allocated, registrable_count).  Slower
+ * to make than gm_alloc blocks (a few driver calls per new segment): meant
+ * for long-lived buffers and for allocators that carve tensors out of
+ * segments (PyTorch's MemPool).  GM_NOT_SUPPORTED in a pool that leases its
+ * pages from a broker.  size 0 gives NULL and GM_OK. */
+GM_API int gm_alloc_registrable(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr);
+
+typedef struct gm_register_hooks {
+    /* Register [ptr, ptr + size), a new segment; *handle (optional) is
+     * given back to deregister.  Anything but GM_OK fails the allocation
+     * (or gm_pool_set_register_hooks), which then frees the segment. */
+    int (*reg)(void *user, void *ptr, size_t size, void **handle);
+    /* Deregister a segment reg accepted, before it is unmapped. */
+    void (*deregister)(void *user, void *ptr, size_t size, void *handle);
+    void *user;
+} gm_register_hooks_t;
+
+/* Install hooks (NULL or reg NULL: none).  Every segment the earlier hooks
+ * registered is deregistered with them first; every existing segment, live
+ * or cached, is then registered with the new ones (if one refuses, those
+ * done are deregistered, no hooks are installed, and the refusal is
+ * returned).  The hooks run with the pool's lock held: they must not call
+ * gpumem on this pool.  The pool keeps a copy of *hooks. */
+GM_API int gm_pool_set_register_hooks(gm_pool_t *pool, const gm_register_hooks_t *hooks);
 
 /* ------------------------------------------------------------------------ */
 /* Tags, offload and restore (docs/offload.md)                               */

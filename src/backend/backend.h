@@ -31,9 +31,32 @@
 typedef uint64_t gm__phys_t;  /* physical allocation handle */
 typedef uint64_t gm__event_t; /* event handle */
 
+/* phys_flags: how every physical page of the context is made. */
+#define GM__PHYS_NCCL 0x1u         /* the handle types and flags NCCL's own allocations use:
+                                      fabric handles where the device and system allow them,
+                                      GPUDirect RDMA where the device allows it */
+#define GM__PHYS_COMPRESSIBLE 0x2u /* the driver's generic compression; open refuses it
+                                      where the device lacks it */
+
+/* peers: every other device of the machine (open resolves it). */
+#define GM__PEERS_ALL UINT64_MAX
+
 typedef struct gm__backend_config {
     int device;
     size_t sim_capacity; /* sim: bytes of "device" memory */
+    /* Devices (bit d: ordinal d, d < 64) that get the same access as the
+     * device itself to every range set_access covers; the device's own bit
+     * is ignored.  open fails (GM_NOT_SUPPORTED, naming the pair) when one
+     * of them cannot reach the device's memory, GM_NO_DEVICE when one does
+     * not exist (but with GM__PEERS_ALL, which takes the devices there are). */
+    uint64_t peers;
+    unsigned phys_flags; /* GM__PHYS_* */
+    /* sim: devices of the machine (0: 32, the most), size of the groups of
+     * consecutive devices that reach each other (0: all do), and whether
+     * compression is refused (1) as on a device without it. */
+    int sim_devices;
+    int sim_peer_group;
+    int sim_no_compression;
 } gm__backend_config_t;
 
 typedef struct gm__backend_info {
@@ -44,6 +67,12 @@ typedef struct gm__backend_info {
     size_t granularity;      /* physical page size, a power of two */
     int vmm_supported;
     int numa_node;           /* host NUMA node nearest the device; -1 unknown */
+    int device_count;        /* devices of the machine */
+    uint64_t peers;          /* devices granted access with set_access (resolved) */
+    unsigned phys_flags;     /* GM__PHYS_* in force */
+    unsigned handle_types;   /* GM_HANDLE_* of every physical page */
+    int compression_supported;
+    int rdma_capable;        /* pages made GPUDirect-RDMA capable */
 } gm__backend_info_t;
 
 /* set_access flags */
@@ -89,9 +118,10 @@ typedef struct gm__backend_ops {
     /* Unmap exactly one earlier map call's range.  Precondition: no queued
      * device work may still touch it. */
     int (*unmap)(void *ctx, uintptr_t va, size_t size);
-    /* Grant the device of ctx access over mapped [va, va+size), which may
-     * span several handles: read/write, or read-only with
-     * GM__ACCESS_READ_ONLY (a write through it faults or is refused). */
+    /* Grant the device of ctx, and the peers of its config, access over
+     * mapped [va, va+size), which may span several handles: read/write, or
+     * read-only with GM__ACCESS_READ_ONLY (a write through it faults or is
+     * refused).  A device not granted access faults on the range. */
     int (*set_access)(void *ctx, uintptr_t va, size_t size, unsigned flags);
 
     /* Share a handle with another process as a file descriptor, passed over

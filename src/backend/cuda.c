@@ -232,7 +232,12 @@ typedef struct cuda_ctx {
     CUdevice device;
     CUcontext primary;
     int vmm;                               /* device + driver do VMM */
-    CUmemAllocationHandleType handle_type; /* what phys_create asks for */
+    CUmemAllocationHandleType handle_type; /* what phys_create asks for (bits) */
+    CUmemAllocationProp prop;              /* every page's properties */
+    int ndevices;                          /* devices visible */
+    uint64_t peers;                        /* devices granted access besides this one */
+    unsigned phys_flags;                   /* GM__PHYS_* asked at open */
+    int compression;                       /* the device can compress */
     size_t granularity;
     int driver_version;
     int numa_node;                         /* host node nearest the device, -1 unknown */
@@ -257,7 +262,8 @@ static int injected(cuda_ctx_t *c, int kind)
 }
 
 /* The properties of every physical allocation: pinned memory on this device,
- * exportable as a POSIX fd when the device can (handle_type). */
+ * exportable as a POSIX fd when the device can (handle_type), and with the
+ * NCCL and compression flags open settled on. */
 static CUmemAllocationProp alloc_prop(int ordinal, CUmemAllocationHandleType handle_type)
 {
     CUmemAllocationProp prop;
@@ -267,6 +273,97 @@ static CUmemAllocationProp alloc_prop(int ordinal, CUmemAllocationHandleType han
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = ordinal;
     return prop;
+}
+
+static int dev_attr(CUdevice dev, CUdevice_attribute a)
+{
+    int v = 0;
+    return drv.cuDeviceGetAttribute(&v, a, dev) == CUDA_SUCCESS ? v : 0;
+}
+
+/* Resolve and check the peers cfg asks for: each must exist (but with
+ * GM__PEERS_ALL) and be able to reach this device's memory. */
+static int open_peers(cuda_ctx_t *c, uint64_t want)
+{
+    for (int d = 0; d < 64; d++) {
+        if (d == c->ordinal || !(want & ((uint64_t)1 << d))) continue;
+        if (d >= c->ndevices) {
+            if (want == GM__PEERS_ALL) break;
+            return gm__set_error(GM_NO_DEVICE, "cuda: peer device %d does not exist (%d device%s "
+                                 "visible)", d, c->ndevices, c->ndevices == 1 ? " is" : "s are");
+        }
+        if (!drv.cuDeviceCanAccessPeer)
+            return gm__set_error(GM_NOT_SUPPORTED, "cuda: the driver lacks cuDeviceCanAccessPeer");
+        CUdevice peer;
+        int ok = 0;
+        CUresult r = drv.cuDeviceGet(&peer, d);
+        if (r == CUDA_SUCCESS) r = drv.cuDeviceCanAccessPeer(&ok, peer, c->device);
+        if (r != CUDA_SUCCESS) return cu_fail(r, "cuDeviceCanAccessPeer(%d, %d)", d, c->ordinal);
+        if (!ok)
+            return gm__set_error(GM_NOT_SUPPORTED, "cuda: device %d cannot access device %d's "
+                                 "memory (cuDeviceCanAccessPeer: no); leave it out of the peers "
+                                 "(GPUMEM_PEERS)", d, c->ordinal);
+        c->peers |= (uint64_t)1 << d;
+    }
+    return GM_OK;
+}
+
+/* Settle the page properties for cfg's GM__PHYS_* flags (c->prop): NCCL's
+ * (a fabric handle as well where a trial page of that kind can be made, as
+ * ncclMemAlloc tries it; RDMA-capable where the device says so) and
+ * compression (refused where the device lacks it or the driver does not
+ * grant it to a trial page).  Precondition: the context is current. */
+static int open_props(cuda_ctx_t *c, unsigned flags)
+{
+    c->prop = alloc_prop(c->ordinal, c->handle_type);
+    c->phys_flags = flags;
+    c->compression = dev_attr(c->device, CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED);
+    if (flags & ~(GM__PHYS_NCCL | GM__PHYS_COMPRESSIBLE))
+        return gm__set_error(GM_INVALID_ARGUMENT, "cuda: open: unknown page flags %#x", flags);
+    if ((flags & GM__PHYS_COMPRESSIBLE) && !c->compression)
+        return gm__set_error(GM_NOT_SUPPORTED, "cuda: device %d (%s) cannot compress memory "
+                             "(CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED is 0)",
+                             c->ordinal, c->name);
+    if (flags & GM__PHYS_COMPRESSIBLE) c->prop.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_GENERIC;
+    if (flags & GM__PHYS_NCCL) {
+        if (dev_attr(c->device, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED))
+            c->prop.allocFlags.gpuDirectRDMACapable = 1;
+        if (dev_attr(c->device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED))
+            c->prop.requestedHandleTypes =
+                (CUmemAllocationHandleType)(c->prop.requestedHandleTypes | CU_MEM_HANDLE_TYPE_FABRIC);
+    }
+    if (!(flags & (GM__PHYS_NCCL | GM__PHYS_COMPRESSIBLE))) return GM_OK;
+    /* A trial page with these properties (its granularity first). */
+    size_t gran = 0;
+    CUresult r = drv.cuMemGetAllocationGranularity(&gran, &c->prop,
+                                                   CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (r != CUDA_SUCCESS) return cu_fail(r, "cuMemGetAllocationGranularity(device %d)", c->ordinal);
+    CUmemGenericAllocationHandle h = 0;
+    r = drv.cuMemCreate(&h, gran, &c->prop, 0);
+    if (r != CUDA_SUCCESS && (c->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC)) {
+        /* No fabric on this system (no IMEX channel, say): what NCCL does. */
+        c->prop.requestedHandleTypes =
+            (CUmemAllocationHandleType)(c->prop.requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_FABRIC);
+        r = drv.cuMemCreate(&h, gran, &c->prop, 0);
+    }
+    if (r != CUDA_SUCCESS)
+        return cu_fail(r, "cuMemCreate(trial page of %zu bytes, device %d%s%s)", gran, c->ordinal,
+                       flags & GM__PHYS_NCCL ? ", NCCL handle types" : "",
+                       flags & GM__PHYS_COMPRESSIBLE ? ", compressible" : "");
+    int granted = 1;
+    if ((flags & GM__PHYS_COMPRESSIBLE) && drv.cuMemGetAllocationPropertiesFromHandle) {
+        CUmemAllocationProp got;
+        memset(&got, 0, sizeof got);
+        if (drv.cuMemGetAllocationPropertiesFromHandle(&got, h) == CUDA_SUCCESS)
+            granted = got.allocFlags.compressionType == CU_MEM_ALLOCATION_COMP_GENERIC;
+    }
+    (void)drv.cuMemRelease(h);
+    if (!granted)
+        return gm__set_error(GM_NOT_SUPPORTED, "cuda: device %d (%s): the driver made a trial "
+                             "page uncompressed although compression was asked for",
+                             c->ordinal, c->name);
+    c->handle_type = c->prop.requestedHandleTypes;
+    return GM_OK;
 }
 
 /* Make c's primary context current on this thread for one backend call;
@@ -423,10 +520,13 @@ static int cuda_open(const gm__backend_config_t *cfg, void **ctx)
     *ctx = NULL;
     GM_CHECK(load());
     GM_CHECK(check_ordinal(cfg->device));
+    int ndevices = 0;
+    if ((r = drv.cuDeviceGetCount(&ndevices)) != CUDA_SUCCESS) return cu_fail(r, "cuDeviceGetCount");
 
     cuda_ctx_t *c = gm__calloc(1, sizeof *c);
     if (!c) return gm__set_error(GM_NO_HOST_MEMORY, "cuda: no memory for a device object");
     c->ordinal = cfg->device;
+    c->ndevices = ndevices;
     unsigned long armed[GM_CALL_COUNT];
     gm__backend_take_open_faults(armed);
     for (int k = 0; k < GM_CALL_COUNT; k++) atomic_init(&c->fail_countdown[k], armed[k]);
@@ -468,14 +568,19 @@ static int cuda_open(const gm__backend_config_t *cfg, void **ctx)
         goto fail_free;
     }
 
+    GM_CHECK_GOTO(open_peers(c, cfg->peers), rc, fail_release);
+    c->prop = alloc_prop(c->ordinal, c->handle_type);
     c->granularity = NO_VMM_GRANULARITY;
     if (c->vmm) {
-        CUmemAllocationProp prop = alloc_prop(c->ordinal, c->handle_type);
         CUcontext prev;
         GM_CHECK_GOTO(ctx_enter(c, &prev), rc, fail_release);
-        r = drv.cuMemGetAllocationGranularity(&c->granularity, &prop,
-                                              CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        rc = open_props(c, cfg->phys_flags);
+        r = CUDA_SUCCESS;
+        if (rc == GM_OK)
+            r = drv.cuMemGetAllocationGranularity(&c->granularity, &c->prop,
+                                                  CU_MEM_ALLOC_GRANULARITY_MINIMUM);
         ctx_leave(c, prev);
+        if (rc != GM_OK) goto fail_release;
         if (r != CUDA_SUCCESS) {
             rc = cu_fail(r, "cuMemGetAllocationGranularity(device %d)", c->ordinal);
             goto fail_release;
@@ -523,6 +628,12 @@ static int cuda_info(void *ctx, gm__backend_info_t *out)
     out->granularity = c->granularity;
     out->vmm_supported = c->vmm;
     out->numa_node = c->numa_node;
+    out->device_count = c->ndevices;
+    out->peers = c->peers;
+    out->phys_flags = c->phys_flags;
+    out->handle_types = (unsigned)c->handle_type;
+    out->compression_supported = c->compression;
+    out->rdma_capable = c->prop.allocFlags.gpuDirectRDMACapable;
     return GM_OK;
 }
 
@@ -565,9 +676,8 @@ static int cuda_phys_create(void *ctx, size_t size, gm__phys_t *h)
     cuda_ctx_t *c = ctx;
     GM_CHECK(check_vmm(c, "phys_create"));
     GM_CHECK(check_pages(c, "phys_create", 0, size));
-    CUmemAllocationProp prop = alloc_prop(c->ordinal, c->handle_type);
     CUmemGenericAllocationHandle handle = 0;
-    CU_CALL(c, phys_create, drv.cuMemCreate(&handle, size, &prop, 0),
+    CU_CALL(c, phys_create, drv.cuMemCreate(&handle, size, &c->prop, 0),
             "cuMemCreate(%zu bytes, device %d)", size, c->ordinal);
     *h = (gm__phys_t)handle;
     return GM_OK;
@@ -616,15 +726,20 @@ static int cuda_set_access(void *ctx, uintptr_t va, size_t size, unsigned flags)
     cuda_ctx_t *c = ctx;
     GM_CHECK(check_vmm(c, "set_access"));
     GM_CHECK(check_pages(c, "set_access", va, size));
-    CUmemAccessDesc desc;
-    memset(&desc, 0, sizeof desc);
-    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = c->ordinal;
+    CUmemAccessDesc desc[64];
+    size_t n = 0;
     bool ro = flags & GM__ACCESS_READ_ONLY;
-    desc.flags = ro ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    CU_CALL(c, set_access, drv.cuMemSetAccess((CUdeviceptr)va, size, &desc, 1),
-            "cuMemSetAccess(%#lx, %zu bytes, device %d %s)", (unsigned long)va, size,
-            c->ordinal, ro ? "read-only" : "read-write");
+    for (int d = -1; d < 64; d++) { /* the device itself first, then its peers */
+        if (d >= 0 && !(c->peers & ((uint64_t)1 << d))) continue;
+        memset(&desc[n], 0, sizeof desc[n]);
+        desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        desc[n].location.id = d < 0 ? c->ordinal : d;
+        desc[n].flags = ro ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        n++;
+    }
+    CU_CALL(c, set_access, drv.cuMemSetAccess((CUdeviceptr)va, size, desc, n),
+            "cuMemSetAccess(%#lx, %zu bytes, device %d and %zu peer%s %s)", (unsigned long)va,
+            size, c->ordinal, n - 1, n == 2 ? "" : "s", ro ? "read-only" : "read-write");
     return GM_OK;
 }
 
@@ -637,7 +752,7 @@ static int cuda_set_access(void *ctx, uintptr_t va, size_t size, unsigned flags)
 static int check_fd_sharing(const cuda_ctx_t *c, const char *what)
 {
     GM_CHECK(check_vmm(c, what));
-    if (c->handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    if (!(c->handle_type & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
         return gm__set_error(GM_NOT_SUPPORTED,
                              "cuda: %s: device %d cannot share memory as POSIX file descriptors",
                              what, c->ordinal);

@@ -74,6 +74,9 @@ typedef enum CUdevice_attribute_enum {
     CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
     CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103,
+    CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED = 107,
+    CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110,
+    CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED = 128,
     CU_DEVICE_ATTRIBUTE_FORCE_INT_ = 0x7fffffff
 } CUdevice_attribute;
 
@@ -101,6 +104,7 @@ typedef enum CUdriverProcAddressQueryResult_enum {
 typedef enum CUmemAllocationHandleType_enum {
     CU_MEM_HANDLE_TYPE_NONE = 0x0,
     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1,
+    CU_MEM_HANDLE_TYPE_FABRIC = 0x8,
     CU_MEM_HANDLE_TYPE_MAX = 0x7fffffff
 } CUmemAllocationHandleType;
 
@@ -129,6 +133,8 @@ typedef enum CUmemAllocationGranularity_flags_enum {
 } CUmemAllocationGranularity_flags;
 
 /* ---- structs read by the VMM calls --------------------------------------- */
+
+#define CU_MEM_ALLOCATION_COMP_GENERIC 0x1
 
 typedef struct CUmemLocation_st {
     CUmemLocationType type;
@@ -221,7 +227,10 @@ typedef CUresult (*gm__pfn_cuGetProcAddress)(const char *symbol, void **pfn, int
     X(cuMemAllocManaged, 0, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags))             \
     X(cuMemFree, 0, (CUdeviceptr dptr))                                                            \
     X(cuMemPrefetchAsync, 0, (CUdeviceptr dptr, size_t count, CUdevice dst, CUstream stream))     \
-    X(cuMemAdvise, 0, (CUdeviceptr dptr, size_t count, int advice, CUdevice device))
+    X(cuMemAdvise, 0, (CUdeviceptr dptr, size_t count, int advice, CUdevice device))              \
+    X(cuDeviceCanAccessPeer, 0, (int *can_access, CUdevice device, CUdevice peer))                 \
+    X(cuMemGetAllocationPropertiesFromHandle, 0,                                                   \
+      (CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle))
 
 #define GM__CUDA_PFN_TYPEDEF(name, required, params) typedef CUresult(*gm__pfn_##name) params;
 GM__CUDA_DRIVER_FUNCS(GM__CUDA_PFN_TYPEDEF)

@@ -267,6 +267,12 @@ typedef struct sim {
     hostreg_t *managed;    /* managed allocations (host memory here), in no order */
     size_t nmanaged, managed_cap;
 
+    int device;                    /* ordinal on the sim's machine */
+    int ndevices;                  /* devices of that machine */
+    uint32_t peers;                /* devices granted access besides this one (bit d) */
+    unsigned phys_flags;           /* GM__PHYS_* asked at open */
+    int compression;               /* the device can compress */
+
     flight_t flights[SIM_FLIGHTS]; /* ring; stale entries are skipped */
     unsigned nflights;             /* entries written so far */
     waited_t waits[SIM_WAITS];     /* ring */
@@ -399,6 +405,69 @@ static int gmap_reserve(gmap_t *m, size_t extra)
     if (gm__hash_reserve_n(m, extra) != GM_OK)
         return gm__set_error(GM_NO_HOST_MEMORY, "sim: out of host memory for bookkeeping");
     return GM_OK;
+}
+
+/* ---- the machine: which device may touch which granule ----------------------- */
+
+/* Several devices of one process share an address space, as CUDA's unified
+ * addressing makes them, so a copy queued on device 1 may name device 0's
+ * memory.  On a GPU that faults unless device 1 was granted access to the
+ * mapping (cuMemSetAccess with its descriptor); here every granule that a
+ * set_access made accessible is entered in one process-wide table, granule
+ * -> (owner + 1) << 32 | mask of devices granted (| ACCESS_RO), and a copy
+ * or fill of a context that touches a granule outside its own reservations
+ * is checked against it.  A granule in no table is host memory.  Lock
+ * order: a context's lock, then g_access_mu (never the other way). */
+#define ACCESS_RO ((uint64_t)1 << 63)
+#define SIM_MAX_DEVICES 32
+#define SIM_DEFAULT_DEVICES 32
+
+static pthread_mutex_t g_access_mu = PTHREAD_MUTEX_INITIALIZER;
+static gm__hash_t g_access; /* capacity 0 until the first set_access */
+
+/* Enter [first, first + n) granules as owned by sim's device, accessible to
+ * it and its peers.  Precondition: sim->lock held. */
+static int access_grant_locked(const sim_t *sim, uint64_t first, size_t n, bool ro)
+{
+    uint64_t v = ((uint64_t)(sim->device + 1) << 32) | sim->peers |
+                 ((uint64_t)1 << sim->device) | (ro ? ACCESS_RO : 0);
+    pthread_mutex_lock(&g_access_mu);
+    int rc = gm__hash_reserve_n(&g_access, n);
+    if (rc == GM_OK) {
+        for (size_t g = 0; g < n; g++) {
+            void **slot = gm__hash_slot(&g_access, (uintptr_t)(first + g));
+            if (slot) *slot = (void *)(uintptr_t)v;
+            else (void)gm__hash_put(&g_access, (uintptr_t)(first + g), (void *)(uintptr_t)v);
+        }
+    }
+    pthread_mutex_unlock(&g_access_mu);
+    if (rc != GM_OK)
+        return gm__set_error(GM_NO_HOST_MEMORY, "sim: out of host memory for bookkeeping");
+    return GM_OK;
+}
+
+/* Forget [first, first + n) granules (unmapped).  Precondition: sim->lock held. */
+static void access_revoke_locked(uint64_t first, size_t n)
+{
+    pthread_mutex_lock(&g_access_mu);
+    if (g_access.cap)
+        for (size_t g = 0; g < n; g++) (void)gm__hash_take(&g_access, (uintptr_t)(first + g));
+    pthread_mutex_unlock(&g_access_mu);
+}
+
+/* The table's value of granule g, 0 when it is in none. */
+static uint64_t access_of(uint64_t g)
+{
+    pthread_mutex_lock(&g_access_mu);
+    uint64_t v = g_access.cap ? (uint64_t)(uintptr_t)gm__hash_get(&g_access, (uintptr_t)g) : 0;
+    pthread_mutex_unlock(&g_access_mu);
+    return v;
+}
+
+/* May device d of `group`-sized peer groups reach device e's memory? */
+static bool sim_can_reach(int d, int e, int group)
+{
+    return group <= 0 || d / group == e / group;
 }
 
 /* ---- regions ---------------------------------------------------------------- */
@@ -616,8 +685,51 @@ static int sim_probe(int device, char *why, size_t cap)
     return GM_OK;
 }
 
-/* Precondition: cfg may be NULL (defaults); any device >= 0 opens its own,
- * independent simulated device. */
+/* The device's place on the sim's machine: its ordinal among cfg's devices,
+ * the peers it grants access to (each must reach it: GPUMEM_SIM_PEER_GROUP),
+ * and whether the pages it is asked for can be made. */
+static int open_machine(sim_t *sim, const gm__backend_config_t *cfg)
+{
+    int n = cfg && cfg->sim_devices ? cfg->sim_devices : SIM_DEFAULT_DEVICES;
+    int group = cfg ? cfg->sim_peer_group : 0;
+    sim->device = cfg ? cfg->device : 0;
+    if (n < 1 || n > SIM_MAX_DEVICES)
+        return gm__set_error(GM_INVALID_ARGUMENT, "sim: open: %d devices (GPUMEM_SIM_DEVICES): "
+                             "1 to %d", n, SIM_MAX_DEVICES);
+    if (sim->device >= n)
+        return gm__set_error(GM_NO_DEVICE, "sim: device %d does not exist (%d device%s; "
+                             "GPUMEM_SIM_DEVICES sets how many)", sim->device, n,
+                             n == 1 ? "" : "s");
+    sim->ndevices = n;
+    uint64_t want = cfg ? cfg->peers : 0;
+    for (int d = 0; d < 64; d++) {
+        if (d == sim->device || !(want & ((uint64_t)1 << d))) continue;
+        if (d >= n) {
+            if (want == GM__PEERS_ALL) break;
+            return gm__set_error(GM_NO_DEVICE, "sim: peer device %d does not exist (%d device%s)",
+                                 d, n, n == 1 ? "" : "s");
+        }
+        if (!sim_can_reach(d, sim->device, group))
+            return gm__set_error(GM_NOT_SUPPORTED, "sim: device %d cannot access device %d's "
+                                 "memory (peer groups of %d devices: GPUMEM_SIM_PEER_GROUP); "
+                                 "leave it out of the peers", d, sim->device, group);
+        sim->peers |= (uint32_t)1 << d;
+    }
+    sim->compression = !(cfg && cfg->sim_no_compression);
+    sim->phys_flags = cfg ? cfg->phys_flags : 0;
+    if ((sim->phys_flags & GM__PHYS_COMPRESSIBLE) && !sim->compression)
+        return gm__set_error(GM_NOT_SUPPORTED, "sim: device %d cannot compress memory "
+                             "(GPUMEM_SIM_COMPRESSION=0)", sim->device);
+    if (sim->phys_flags & ~(GM__PHYS_NCCL | GM__PHYS_COMPRESSIBLE))
+        return gm__set_error(GM_INVALID_ARGUMENT, "sim: open: unknown page flags %#x",
+                             sim->phys_flags);
+    return GM_OK;
+}
+
+/* Precondition: cfg may be NULL (defaults: device 0 of 32).  Each open makes
+ * a device context of its own (its own capacity and books); contexts of
+ * different devices see each other's memory only where set_access granted
+ * their device access. */
 static int sim_open(const gm__backend_config_t *cfg, void **ctx)
 {
     if (ctx == NULL) return gm__set_error(GM_INVALID_ARGUMENT, "sim: open: NULL ctx");
@@ -630,6 +742,12 @@ static int sim_open(const gm__backend_config_t *cfg, void **ctx)
     if (pthread_mutex_init(&sim->lock, NULL) != 0) {
         gm__free(sim);
         return gm__set_error(GM_BACKEND, "sim: open: pthread_mutex_init failed");
+    }
+    int rc = open_machine(sim, cfg);
+    if (rc != GM_OK) {
+        pthread_mutex_destroy(&sim->lock);
+        gm__free(sim);
+        return rc;
     }
     sim->capacity = cfg != NULL && cfg->sim_capacity ? cfg->sim_capacity : SIM_DEFAULT_CAPACITY;
     sim->granularity = SIM_GRANULARITY;
@@ -666,6 +784,7 @@ static void sim_close(void *ctx)
     size_t nres = sim->nregions;
     for (size_t i = 0; i < sim->nregions; i++) {
         region_t *r = &sim->regions[i];
+        access_revoke_locked(r->start >> SIM_GRANULARITY_SHIFT, r->size / sim->granularity);
         munmap((void *)r->start, r->size); /* also drops mappings inside */
     }
     for (uint32_t i = 0; i < sim->handles.count; i++) {
@@ -718,6 +837,12 @@ static int sim_info(void *ctx, gm__backend_info_t *out)
     out->granularity = sim->granularity;
     out->vmm_supported = 1;
     out->numa_node = -1;
+    out->device_count = sim->ndevices;
+    out->peers = sim->peers;
+    out->phys_flags = sim->phys_flags;
+    out->handle_types = GM_HANDLE_POSIX_FD; /* a memfd: no fabric */
+    out->compression_supported = sim->compression;
+    out->rdma_capable = (sim->phys_flags & GM__PHYS_NCCL) != 0; /* modeled as a device that can */
     pthread_mutex_unlock(&sim->lock);
     return GM_OK;
 }
@@ -1022,6 +1147,7 @@ static int sim_unmap(void *ctx, uintptr_t va, size_t size)
         goto out;
     }
     size_t ngran = size / sim->granularity;
+    access_revoke_locked(va >> SIM_GRANULARITY_SHIFT, ngran);
     for (size_t g = 0; g < ngran; g++) {
         /* One probe: values are stored as slot + 1, so never NULL when present. */
         void *was = gm__hash_take(&sim->granules, (uintptr_t)((va >> SIM_GRANULARITY_SHIFT) + g));
@@ -1077,6 +1203,7 @@ static int sim_set_access(void *ctx, uintptr_t va, size_t size, unsigned flags)
                            errstr(errno, eb, sizeof eb));
         goto out;
     }
+    GM_CHECK_GOTO(access_grant_locked(sim, first, ngran, ro), rc, out);
     for (size_t g = 0; g < ngran; g++) {
         gslot_t *s = gmap_find(&sim->granules, first + g);
         gslot_set(s, (gslot_val(s) & ~GRANULE_READ_ONLY) | GRANULE_ACCESS |
@@ -1626,6 +1753,44 @@ static void flight_note_locked(sim_t *sim, gm_stream_t stream, uintptr_t addr, s
 /* Contract: copies and fills                                                */
 /* ------------------------------------------------------------------------ */
 
+/* [addr, addr + n), outside sim's own reservations: host memory (*device =
+ * 0) unless it is another context's device memory (1), which sim's device
+ * may touch only where its owner granted it access (the destination
+ * read-write). */
+static int check_foreign_locked(const sim_t *sim, const char *call, const char *side,
+                                uintptr_t addr, size_t n, int *device)
+{
+    uint64_t first = addr >> SIM_GRANULARITY_SHIFT;
+    uint64_t last = (addr + n - 1) >> SIM_GRANULARITY_SHIFT;
+    *device = 0;
+    for (uint64_t g = first; g <= last; g++) {
+        uint64_t v = access_of(g);
+        if (v == 0) {
+            if (*device)
+                return gm__set_error(GM_INVALID_ARGUMENT, "sim: %s: %s range [%#" PRIxPTR
+                                     ", +%zu) runs past mapped device memory at %#" PRIxPTR,
+                                     call, side, addr, n, (uintptr_t)(g << SIM_GRANULARITY_SHIFT));
+            continue;
+        }
+        int owner = (int)((v >> 32) & 0x7fffffff) - 1;
+        if (g != first && !*device)
+            return gm__set_error(GM_INVALID_ARGUMENT, "sim: %s: %s range [%#" PRIxPTR ", +%zu) "
+                                 "runs from host memory into device %d's memory", call, side,
+                                 addr, n, owner);
+        *device = 1;
+        if (!(v & ((uint64_t)1 << sim->device)))
+            return gm__set_error(GM_BACKEND, "sim: %s: illegal address: device %d has no access "
+                                 "to %s %#" PRIxPTR ", memory of device %d (grant it: "
+                                 "gm_pool_config_t.peers, GPUMEM_PEERS)", call, sim->device,
+                                 side, (uintptr_t)(g << SIM_GRANULARITY_SHIFT), owner);
+        if ((v & ACCESS_RO) && strcmp(side, "destination") == 0)
+            return gm__set_error(GM_BACKEND, "sim: %s: destination address %#" PRIxPTR
+                                 " is mapped read-only", call,
+                                 (uintptr_t)(g << SIM_GRANULARITY_SHIFT));
+    }
+    return GM_OK;
+}
+
 /* Is [addr, addr + n) device memory (*device = 1), host memory (0), or
  * invalid (an error: partly outside a region, or touching granules that are
  * unmapped or not yet accessible)? */
@@ -1636,10 +1801,7 @@ static int check_range_locked(sim_t *sim, const char *call, const char *side, ui
         return gm__set_error(GM_INVALID_ARGUMENT, "sim: %s: invalid %s range [%#" PRIxPTR
                              ", +%zu)", call, side, addr, n);
     region_t *r = region_overlapping(sim, addr, n);
-    if (r == NULL) {
-        *device = 0;
-        return GM_OK;
-    }
+    if (r == NULL) return check_foreign_locked(sim, call, side, addr, n, device);
     if (addr < r->start || n > r->start + r->size - addr)
         return gm__set_error(GM_INVALID_ARGUMENT,
                              "sim: %s: %s range [%#" PRIxPTR ", +%zu) crosses the edge of the "

@@ -27,7 +27,9 @@
 #include "core/options.h"
 
 typedef enum {
-    T_BACKEND, T_INT, T_SIZE, T_SIZE_OR_MAX, T_SYSMEM_FLAG, T_EVICT_FLAG,
+    T_BACKEND, T_INT, T_SIZE, T_SIZE_OR_MAX,
+    T_FLAG,            /* "1" sets the row's bit of the config's flags, "0" clears it */
+    T_PEERS,           /* all | none | a list of device ordinals 0..63: a bit mask */
     T_FRACTION,        /* a number from 0 to 1 (a double, its bits in the uint64_t) */
     T_RATE,            /* a number from 0 to 1e6 (the same) */
     T_MALLOC_FAIL_NTH, /* not a config field: arms gm__malloc_fail_nth once */
@@ -39,8 +41,9 @@ typedef enum {
     T_TORCH_OOM        /* "null": 1, anything else: 0 (throw) */
 } opt_type_t;
 
-#define CFG(field) true, offsetof(gm_pool_config_t, field)
-#define PROC false, 0
+#define CFG(field) true, offsetof(gm_pool_config_t, field), 0
+#define FLAG(bit) true, offsetof(gm_pool_config_t, flags), (bit)
+#define PROC false, 0, 0
 
 static const gm__option_t table[GM_OPT_COUNT] = {
     [GM_OPT_BACKEND] = {"GPUMEM_BACKEND", T_BACKEND, "auto",
@@ -76,12 +79,21 @@ static const gm__option_t table[GM_OPT_COUNT] = {
                              CFG(broker_lease)},
     [GM_OPT_SIM_CAPACITY] = {"GPUMEM_SIM_CAPACITY", T_SIZE, "80GiB",
                              "device size of the sim backend", CFG(sim_capacity)},
-    [GM_OPT_SYSMEM_FALLBACK] = {"GPUMEM_SYSMEM_FALLBACK", T_SYSMEM_FLAG, "0",
+    [GM_OPT_SYSMEM_FALLBACK] = {"GPUMEM_SYSMEM_FALLBACK", T_FLAG, "0",
                                 "1: serve allocations from mapped pinned host memory when device "
-                                "memory runs out", CFG(flags)},
-    [GM_OPT_EVICT] = {"GPUMEM_EVICT", T_EVICT_FLAG, "0",
+                                "memory runs out", FLAG(GM_POOL_SYSMEM_FALLBACK)},
+    [GM_OPT_EVICT] = {"GPUMEM_EVICT", T_FLAG, "0",
                       "1: before an allocation fails, offload evictable tags nobody holds "
-                      "(GM_POOL_EVICT)", CFG(flags)},
+                      "(GM_POOL_EVICT)", FLAG(GM_POOL_EVICT)},
+    [GM_OPT_PEERS] = {"GPUMEM_PEERS", T_PEERS, "none",
+                      "devices that may read and write the pool's pages besides its own: all | "
+                      "none | a list of ordinals such as 0,1,3", CFG(peers)},
+    [GM_OPT_NCCL] = {"GPUMEM_NCCL", T_FLAG, "0",
+                     "1: make pages the way ncclMemAlloc does, so NCCL can register blocks "
+                     "(GM_POOL_NCCL)", FLAG(GM_POOL_NCCL)},
+    [GM_OPT_COMPRESSIBLE] = {"GPUMEM_COMPRESSIBLE", T_FLAG, "0",
+                             "1: compressible pages (GM_POOL_COMPRESSIBLE; refused where the "
+                             "device cannot compress)", FLAG(GM_POOL_COMPRESSIBLE)},
     [GM_OPT_COPY_THREADS] = {"GPUMEM_COPY_THREADS", T_INT, "0",
                              "worker threads of staged host copies (0: min(12, 3*cores/4))",
                              CFG(copy_threads)},
@@ -109,6 +121,15 @@ static const gm__option_t table[GM_OPT_COUNT] = {
     [GM_OPT_PRELOAD_VERBOSE] = {"GPUMEM_PRELOAD_VERBOSE", T_SWITCH, "0",
                                 "1: the preload library says where it routes and sums up at exit",
                                 PROC},
+    /* Read at each pool creation of the sim (gm__option_read); a bad value
+     * fails it. */
+    [GM_OPT_SIM_DEVICES] = {"GPUMEM_SIM_DEVICES", T_INT, "32",
+                            "devices of the sim backend's machine (1 to 32)", PROC},
+    [GM_OPT_SIM_PEER_GROUP] = {"GPUMEM_SIM_PEER_GROUP", T_INT, "0",
+                               "sim: devices reach each other's memory only within groups of "
+                               "this many consecutive ordinals (0: all reach all)", PROC},
+    [GM_OPT_SIM_COMPRESSION] = {"GPUMEM_SIM_COMPRESSION", T_SWITCH, "1",
+                                "0: the sim's devices cannot compress memory", PROC},
 };
 
 const gm__option_t *gm__option(gm__opt_t o) { return &table[o]; }
@@ -128,6 +149,28 @@ int gm__parse_backend(const char *s, gm_backend_kind_t *kind)
     else if (!strcmp(s, "cuda")) *kind = GM_BACKEND_CUDA;
     else return GM_INVALID_ARGUMENT;
     return GM_OK;
+}
+
+int gm__parse_peers(const char *s, uint64_t *mask)
+{
+    if (!strcmp(s, "all")) {
+        *mask = GM_PEERS_ALL;
+        return GM_OK;
+    }
+    *mask = 0;
+    if (!strcmp(s, "none")) return GM_OK;
+    const char *p = s;
+    for (;;) {
+        if (*p < '0' || *p > '9') return GM_INVALID_ARGUMENT;
+        unsigned d = 0;
+        while (*p >= '0' && *p <= '9') {
+            d = d * 10 + (unsigned)(*p++ - '0');
+            if (d > 63) return GM_INVALID_ARGUMENT;
+        }
+        *mask |= (uint64_t)1 << d;
+        if (*p == '\0') return GM_OK;
+        if (*p++ != ',') return GM_INVALID_ARGUMENT;
+    }
 }
 
 const char *gm__backend_kind_name(gm_backend_kind_t kind)
@@ -179,8 +222,9 @@ static int parse(const gm__option_t *o, const char *v, uint64_t *out)
         *out = n;
         return GM_OK;
     }
-    case T_SYSMEM_FLAG:
-    case T_EVICT_FLAG:
+    case T_PEERS:
+        return gm__parse_peers(v, out);
+    case T_FLAG:
         if (!strcmp(v, "1")) *out = 1;
         else if (!strcmp(v, "0")) *out = 0;
         else return GM_INVALID_ARGUMENT;
@@ -225,13 +269,10 @@ static void apply(const gm__option_t *o, uint64_t x, gm_pool_config_t *d)
     case T_SIZE_OR_MAX: *(size_t *)(void *)base = (size_t)x; break;
     case T_FRACTION:
     case T_RATE: memcpy(base, &x, sizeof(double)); break;
-    case T_SYSMEM_FLAG:
-        if (x) *(unsigned *)(void *)base |= GM_POOL_SYSMEM_FALLBACK;
-        else *(unsigned *)(void *)base &= ~GM_POOL_SYSMEM_FALLBACK;
-        break;
-    case T_EVICT_FLAG:
-        if (x) *(unsigned *)(void *)base |= GM_POOL_EVICT;
-        else *(unsigned *)(void *)base &= ~GM_POOL_EVICT;
+    case T_PEERS: *(uint64_t *)(void *)base = x; break;
+    case T_FLAG:
+        if (x) *(unsigned *)(void *)base |= o->bit;
+        else *(unsigned *)(void *)base &= ~o->bit;
         break;
     case T_CFG_PATH: {
         const char *v = getenv(o->name);

@@ -37,6 +37,9 @@ typedef enum gm__opt {
     GM_OPT_SIM_CAPACITY,
     GM_OPT_SYSMEM_FALLBACK,
     GM_OPT_EVICT,
+    GM_OPT_PEERS,
+    GM_OPT_NCCL,
+    GM_OPT_COMPRESSIBLE,
     GM_OPT_COPY_THREADS,
     GM_OPT_COPY_CHUNK,
     GM_OPT_MALLOC_FAIL_NTH,
@@ -47,6 +50,9 @@ typedef enum gm__opt {
     GM_OPT_MONITOR_DIR,
     GM_OPT_TORCH_OOM,
     GM_OPT_PRELOAD_VERBOSE,
+    GM_OPT_SIM_DEVICES,
+    GM_OPT_SIM_PEER_GROUP,
+    GM_OPT_SIM_COMPRESSION,
     GM_OPT_COUNT
 } gm__opt_t;
 
@@ -57,6 +63,7 @@ typedef struct gm__option {
     const char *doc;             /* one line */
     bool config;                 /* a gm_pool_config_t field (gm_config_from_env) */
     size_t offset;               /* config rows: where in gm_pool_config_t */
+    unsigned bit;                /* flag rows: their GM_POOL_* bit of `flags` */
 } gm__option_t;
 
 /* The row of option o (o < GM_OPT_COUNT). */
@@ -93,5 +100,8 @@ void gm__options_atfork_child(void);
 int gm__parse_backend(const char *s, gm_backend_kind_t *kind);
 /* "auto", "sim", "cuda" for a kind; "?" for another value. */
 const char *gm__backend_kind_name(gm_backend_kind_t kind);
+/* "all" (GM_PEERS_ALL), "none" (0) or a comma-separated list of device
+ * ordinals 0..63 (their bits); GM_INVALID_ARGUMENT, no message, otherwise. */
+int gm__parse_peers(const char *s, uint64_t *mask);
 
 #endif /* GM_OPTIONS_H */

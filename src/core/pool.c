@@ -66,7 +66,7 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
                              (int)d.backend);
     if (d.device < 0)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: device %d", d.device);
-    if (d.flags & ~(GM_POOL_SYSMEM_FALLBACK | GM_POOL_EVICT))
+    if (d.flags & ~(GM_POOL_SYSMEM_FALLBACK | GM_POOL_EVICT | GM_POOL_NCCL | GM_POOL_COMPRESSIBLE))
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: unknown flags %#x", d.flags);
     if (d.sim_capacity == 0) d.sim_capacity = gm__option_sim_capacity();
     if (!(d.reserve_slack >= 0 && d.reserve_slack <= 1 && d.reserve_slack_max >= 0 &&
@@ -180,6 +180,7 @@ static void pool_teardown(gm_pool_t *pool, uint64_t *blocks, uint64_t *bytes)
     gm__host_fini(pool);
     gm__lock(&pool->lock);
     gm__managed_fini(pool);
+    gm__segs_fini(pool);
     gm__pool_core_fini_locked(pool, blocks, bytes);
     if (pool->provider.ops && pool->provider.ops->destroy) {
         gm__unlock(&pool->lock);
@@ -209,6 +210,28 @@ void gm_pool_destroy(gm_pool_t *pool)
                       (unsigned long long)(n + sn), (unsigned long long)(bytes + sbytes), sn);
 }
 
+/* What the backend is opened with: the device, its peers, how pages are
+ * made, and the sim's machine (read from the environment at each creation,
+ * as the config is). */
+static int backend_config(const gm_pool_t *pool, gm__backend_config_t *bc)
+{
+    memset(bc, 0, sizeof *bc);
+    bc->device = pool->cfg.device;
+    bc->sim_capacity = pool->cfg.sim_capacity;
+    bc->peers = pool->cfg.peers;
+    if (pool->cfg.flags & GM_POOL_NCCL) bc->phys_flags |= GM__PHYS_NCCL;
+    if (pool->cfg.flags & GM_POOL_COMPRESSIBLE) bc->phys_flags |= GM__PHYS_COMPRESSIBLE;
+    if (pool->backend_kind != GM_BACKEND_SIM) return GM_OK;
+    uint64_t n, group, comp;
+    GM_CHECK(gm__option_read(GM_OPT_SIM_DEVICES, &n));
+    GM_CHECK(gm__option_read(GM_OPT_SIM_PEER_GROUP, &group));
+    GM_CHECK(gm__option_read(GM_OPT_SIM_COMPRESSION, &comp));
+    bc->sim_devices = (int)n;
+    bc->sim_peer_group = (int)group;
+    bc->sim_no_compression = comp == 0;
+    return GM_OK;
+}
+
 int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
 {
     int rc;
@@ -229,7 +252,8 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     GM_CHECK_GOTO(gm__backend_select(pool->cfg.backend, pool->cfg.device, &pool->ops,
                                      &pool->backend_kind, pool->backend_reason,
                                      sizeof pool->backend_reason), rc, fail);
-    gm__backend_config_t bc = {.device = pool->cfg.device, .sim_capacity = pool->cfg.sim_capacity};
+    gm__backend_config_t bc;
+    GM_CHECK_GOTO(backend_config(pool, &bc), rc, fail);
     GM_CHECK_GOTO(pool->ops->open(&bc, &pool->bk), rc, fail);
     GM_CHECK_GOTO(pool->ops->info(pool->bk, &pool->info), rc, fail);
     if (!pool->info.vmm_supported) {
@@ -498,6 +522,30 @@ int gm_alloc_managed(gm_pool_t *pool, size_t size, unsigned flags, gm_stream_t s
     return rc;
 }
 
+int gm_alloc_registrable(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
+{
+    if (!ptr) return gm__set_error(GM_INVALID_ARGUMENT, "gm_alloc_registrable: ptr is NULL");
+    *ptr = NULL;
+    GM_CHECK(resolve(&pool));
+    if (size == 0) return GM_OK;
+    if (size > GM_MAX_REQUEST)
+        return gm__set_error(GM_OUT_OF_MEMORY, "gm_alloc_registrable: %zu bytes is more than any "
+                             "machine has", size);
+    gm__lock(&pool->lock);
+    int rc = gm__segs_alloc_locked(pool, size, stream, ptr);
+    gm__unlock(&pool->lock);
+    return rc;
+}
+
+int gm_pool_set_register_hooks(gm_pool_t *pool, const gm_register_hooks_t *hooks)
+{
+    GM_CHECK(resolve(&pool));
+    gm__lock(&pool->lock);
+    int rc = gm__segs_set_hooks_locked(pool, hooks);
+    gm__unlock(&pool->lock);
+    return rc;
+}
+
 int gm_managed_prefetch(gm_pool_t *pool, void *ptr, size_t size, int to_host, gm_stream_t stream)
 {
     if (!ptr) return gm__set_error(GM_INVALID_ARGUMENT, "gm_managed_prefetch: ptr is NULL");
@@ -524,6 +572,8 @@ gm__owner_t gm__owner_locked(gm_pool_t *pool, const void *ptr, size_t *size)
         return GM__OWNER_SYSMEM;
     if (pool->managed && gm__managed_size_locked(pool, ptr, size ? size : &sz) == GM_OK)
         return GM__OWNER_MANAGED;
+    if (pool->segs && gm__segs_size_locked(pool, ptr, size ? size : &sz) == GM_OK)
+        return GM__OWNER_SEGMENT;
     switch (gm__host_kind(pool, ptr)) {
     case GM__HOST_USER: return GM__OWNER_HOST;
     case GM__HOST_SYSMEM: /* the host side of a sysmem block, not what gm_alloc gave */
@@ -539,6 +589,7 @@ const char *gm__owner_name(gm__owner_t o)
     case GM__OWNER_DEVICE: return "a device block of gm_alloc";
     case GM__OWNER_SYSMEM: return "a gm_alloc block served by the sysmem fallback";
     case GM__OWNER_MANAGED: return "managed memory of gm_alloc_managed";
+    case GM__OWNER_SEGMENT: return "a registrable segment of gm_alloc_registrable";
     case GM__OWNER_HOST: return "pinned host memory of gm_host_alloc";
     case GM__OWNER_INTERNAL: return "pinned memory the library uses itself";
     default: return "not a live block of this pool";
@@ -572,6 +623,8 @@ static int free_entry_locked(gm_pool_t *pool, void *ptr, gm_stream_t stream)
         rc = wrong_entry_locked(pool, ptr, "gm_free", rc, &owner, &size);
         if (owner == GM__OWNER_SYSMEM) rc = gm__sysmem_free_locked(pool, ptr, s, rc);
         if (owner == GM__OWNER_MANAGED) rc = gm__managed_free_locked(pool, ptr, rc);
+        if ((owner == GM__OWNER_SEGMENT || owner == GM__OWNER_UNKNOWN) && pool->segs)
+            rc = gm__segs_free_locked(pool, ptr, stream, rc);
     }
     if (rc == GM_OK && pool->cfg.release_threshold != SIZE_MAX &&
         pool->st.reserved - pool->st.active > pool->cfg.release_threshold) {
@@ -618,6 +671,7 @@ int gm_record_stream(gm_pool_t *pool, void *ptr, gm_stream_t stream)
         gm__owner_t owner;
         rc = wrong_entry_locked(pool, ptr, "gm_record_stream", rc, &owner, NULL);
         if (owner == GM__OWNER_SYSMEM) rc = gm__sysmem_record_locked(pool, ptr, s, rc);
+        if (owner == GM__OWNER_SEGMENT) rc = gm__segs_record_locked(pool, ptr, stream, rc);
     }
     gm__unlock(&pool->lock);
     return rc;
@@ -636,7 +690,8 @@ int gm_block_size(gm_pool_t *pool, const void *ptr, size_t *size)
     } else {
         gm__owner_t owner;
         rc = wrong_entry_locked(pool, ptr, "gm_block_size", GM_INVALID_POINTER, &owner, size);
-        if (owner == GM__OWNER_SYSMEM || owner == GM__OWNER_MANAGED) rc = GM_OK;
+        if (owner == GM__OWNER_SYSMEM || owner == GM__OWNER_MANAGED || owner == GM__OWNER_SEGMENT)
+            rc = GM_OK;
         else if (rc == GM_INVALID_POINTER)
             gm__set_error(rc, "gm_block_size: %p is not a live block of this pool", ptr);
     }
@@ -681,6 +736,10 @@ int gm_trim(gm_pool_t *pool, size_t keep, size_t *released)
         VALIDATE_LOCKED(h);
         gm__unlock(&h->lock);
     }
+    /* Cached registrable segments (the root's) go back whole. */
+    gm__lock(&pool->lock);
+    total += gm__segs_trim_locked(pool);
+    gm__unlock(&pool->lock);
     /* A broker's leased pages kept aside go back too. */
     if (pool->provider.ops->flush) pool->provider.ops->flush(pool->provider.ctx);
     if (released) *released = total;
@@ -783,6 +842,12 @@ int gm_pool_device_info(gm_pool_t *pool, gm_device_info_t *info)
     d.free_memory = bi.free_memory;
     d.granularity = bi.granularity;
     d.vmm_supported = bi.vmm_supported;
+    d.device_count = bi.device_count;
+    d.peers = bi.peers;
+    d.handle_types = bi.handle_types;
+    d.rdma_capable = bi.rdma_capable;
+    d.compression_supported = bi.compression_supported;
+    d.compressible = (bi.phys_flags & GM__PHYS_COMPRESSIBLE) != 0;
     size_t n = info->size < sizeof d ? info->size : sizeof d;
     memcpy(info, &d, n);
     info->size = n;

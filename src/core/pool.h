@@ -212,6 +212,7 @@ struct gm_pool {
     struct gm__sysmem *sysmem;   /* device blocks served from host memory (sysmem.c) */
     struct gm__offload *offl;    /* root: tags, offload and restore (offload.c) */
     struct gm__managed *managed; /* root: managed allocations (managed.c), or NULL */
+    struct gm__segs *segs;       /* root: registrable segments (segments.c), or NULL */
 
     /* Observability (src/observe/observe.h): out-of-memory handlers, in the order
      * added; the leak tracker's stacks; the current trace buffer; this
@@ -272,7 +273,8 @@ typedef enum gm__owner {
     GM__OWNER_SYSMEM,            /* a gm_alloc block served by the sysmem fallback */
     GM__OWNER_HOST,              /* a pinned host block (gm_host_alloc) */
     GM__OWNER_INTERNAL,          /* pinned memory the library uses itself (staging) */
-    GM__OWNER_MANAGED            /* managed memory (gm_alloc_managed) */
+    GM__OWNER_MANAGED,           /* managed memory (gm_alloc_managed) */
+    GM__OWNER_SEGMENT            /* a registrable segment (gm_alloc_registrable) */
 } gm__owner_t;
 /* Pool lock held; takes the host lock inside.  size (may be NULL): the
  * caller's size of a device or sysmem block. */
@@ -514,5 +516,21 @@ void gm__offload_trim_locked(gm_pool_t *heap);
 void gm__offload_heap_fini_locked(gm_pool_t *heap);
 /* tag was made by gm_tag_get (GM_TAG_NONE counts as valid). */
 bool gm__tag_valid(gm_tag_t tag);
+
+/* ---- defined in src/core/segments.c (root's lock held) ----------------------- */
+/* gm_alloc_registrable's work: a cached segment that fits, or a new one. */
+int gm__segs_alloc_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr);
+/* rc_in (message untouched) when ptr is no segment; else the free's status
+ * (GM_DOUBLE_FREE for a cached one). */
+int gm__segs_free_locked(gm_pool_t *pool, void *ptr, gm_stream_t stream, int rc_in);
+/* GM_INVALID_POINTER (no message) when ptr is no live segment. */
+int gm__segs_size_locked(gm_pool_t *pool, const void *ptr, size_t *size);
+int gm__segs_record_locked(gm_pool_t *pool, void *ptr, gm_stream_t stream, int rc_in);
+int gm__segs_set_hooks_locked(gm_pool_t *pool, const gm_register_hooks_t *hooks);
+/* Give every cached segment back; the bytes given back. */
+size_t gm__segs_trim_locked(gm_pool_t *pool);
+void gm__segs_foreach_locked(gm_pool_t *pool, void (*fn)(uintptr_t ptr, size_t size, void *arg),
+                             void *arg);
+void gm__segs_fini(gm_pool_t *pool);
 
 #endif /* GM_POOL_H */

@@ -297,6 +297,7 @@ static void report_pool_locked(gm_pool_t *pool, out_t *o, uint64_t *bytes, uint6
     }
     gm__sysmem_foreach_locked(pool, report_block_locked, &a);
     gm__managed_foreach_locked(pool, report_block_locked, &a);
+    gm__segs_foreach_locked(pool, report_block_locked, &a);
 }
 
 typedef struct all_arg {

@@ -66,7 +66,7 @@ if [ -f "$STUB_DIR/libcuda.so.1" ]; then
     [ "$(grep -c "using the sim" "$tmp/stublib.err")" -eq 1 ] ||
         fail "stublib: want one notice line: $(cat "$tmp/stublib.err")"
     # Asking for the sim never probes a driver into the way.
-    run simstub "$LP" GPUMEM_BACKEND=sim GPUMEM_DEVICE=99 -- info
+    run simstub "$LP" GPUMEM_BACKEND=sim GPUMEM_DEVICE=3 -- info
     [ "$rc" -eq 0 ] && [ ! -s "$tmp/simstub.err" ] || fail "simstub: exit $rc, stderr: $(cat "$tmp/simstub.err")"
 else
     echo "no stub libcuda.so.1 in $STUB_DIR (sanitizer build?): driver cases skipped"

@@ -1,0 +1,380 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * segments.c — registrable memory: gm_alloc_registrable, the pool's
+ * register hooks, and the cache of freed segments.
+ *
+ * The idea: a communication library registers memory by the physical
+ * allocation behind it.  NCCL up to 2.28 registers a buffer only when one
+ * physical allocation covers all of it (the page layer's blocks span one
+ * handle per page), and registration is expensive enough that it is done
+ * once per segment, never per tensor.  So registrable memory is a segment:
+ * one address range of its own, one physical allocation made with the pool's
+ * page properties (GM_POOL_NCCL: NCCL's handle types) and one set_access for
+ * the device and its peers.  The pool's register hook is called once when a
+ * segment is made and its deregister hook once before it is unmapped.  A
+ * freed segment stays mapped and registered in a cache and serves a later
+ * request that fits it (at most 1/8 larger); only gm_trim, a failed
+ * creation that needs the room, and pool destruction give cached segments
+ * back.  Segments never enter the page layer, so trim, page moves and
+ * offload never remap memory a library registered (a segment carries no
+ * tag).
+ *
+ * The stream rule: a freed segment records an event on the freeing stream
+ * (and syncs streams gm_record_stream added); a reuse on another stream
+ * waits for that event on the device (stream_wait_event), and giving the
+ * segment back waits on the host.
+ *
+ * Limits: segments count against the pool limit with the pages
+ * (root->fam_reserved), and in stats apart (registrable_*).  A pool that
+ * leases pages from a broker refuses them (the broker leases pages, not
+ * segments).  Everything lives in the root; callers hold the root's lock.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/pool.h"
+
+#define SEG_MAX_RECORDED 4
+
+typedef struct seg {
+    struct seg *next;            /* every segment of the pool */
+    uintptr_t va;
+    size_t size;                 /* mapped bytes (pages) */
+    size_t requested;            /* the live request, 0 while cached */
+    gm__phys_t h;
+    bool live;
+    bool registered;             /* the hook's register succeeded */
+    void *reg_handle;            /* what the register hook returned */
+    gm_stream_t stream;          /* live: allocated on; cached: freed on */
+    gm__event_t ev;              /* cached: recorded at the free on `stream` */
+    bool ev_set;
+    gm_stream_t recorded[SEG_MAX_RECORDED]; /* gm_record_stream's other streams */
+    unsigned nrecorded;
+} seg_t;
+
+struct gm__segs {
+    gm__hash_t by_va;            /* va -> seg_t, live and cached */
+    seg_t *all;
+    gm_register_hooks_t hooks;   /* reg NULL: none installed */
+};
+
+static int table_ready(gm_pool_t *pool)
+{
+    if (pool->segs) return GM_OK;
+    struct gm__segs *t = gm__calloc(1, sizeof *t);
+    if (!t || gm__hash_init(&t->by_va, 64) != GM_OK) {
+        gm__free(t);
+        return gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc_registrable: out of host memory");
+    }
+    pool->segs = t;
+    return GM_OK;
+}
+
+static seg_t *seg_find(const gm_pool_t *pool, const void *ptr)
+{
+    return pool->segs ? gm__hash_get(&pool->segs->by_va, (uintptr_t)ptr) : NULL;
+}
+
+/* ---- the limit ------------------------------------------------------------ */
+
+static bool limit_take(gm_pool_t *pool, size_t bytes)
+{
+    gm_pool_t *r = pool->root;
+    uint64_t cur = atomic_load_explicit(&r->fam_reserved, memory_order_relaxed);
+    do {
+        if (!gm__pages_limit_allows(pool, cur, bytes)) return false;
+    } while (!atomic_compare_exchange_weak_explicit(&r->fam_reserved, &cur, cur + bytes,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    return true;
+}
+
+static void limit_put(gm_pool_t *pool, size_t bytes)
+{
+    atomic_fetch_sub_explicit(&pool->root->fam_reserved, bytes, memory_order_relaxed);
+}
+
+/* ---- making and giving back ------------------------------------------------ */
+
+static void hook_dereg(gm_pool_t *pool, seg_t *s)
+{
+    if (!s->registered) return;
+    const gm_register_hooks_t *k = &pool->segs->hooks;
+    if (k->deregister) k->deregister(k->user, (void *)s->va, s->size, s->reg_handle);
+    s->registered = false;
+    s->reg_handle = NULL;
+}
+
+static int hook_reg(gm_pool_t *pool, seg_t *s)
+{
+    const gm_register_hooks_t *k = &pool->segs->hooks;
+    if (!k->reg) return GM_OK;
+    void *handle = NULL;
+    int rc = k->reg(k->user, (void *)s->va, s->size, &handle);
+    if (rc != GM_OK)
+        return gm__set_error(rc == GM_OK ? GM_BACKEND : rc, "the pool's register hook refused "
+                             "segment [%#" PRIxPTR ", +%zu) with status %d", s->va, s->size, rc);
+    s->registered = true;
+    s->reg_handle = handle;
+    return GM_OK;
+}
+
+/* Undo what seg_make did, last step first: mapped (unmap), made (release),
+ * reserved (va_free).  Best effort: a failure leaves its message set. */
+static void seg_unmake(gm_pool_t *pool, seg_t *s, bool mapped, bool made)
+{
+    int rc;
+    if (mapped) {
+        GM_BK(rc, pool, unmap, (pool->bk, s->va, s->size));
+        if (rc != GM_OK) made = false; /* still mapped: releasing would keep it alive anyway */
+    }
+    if (made) GM_BK(rc, pool, phys_release, (pool->bk, s->h));
+    if (mapped || made) GM_BK(rc, pool, va_free, (pool->bk, s->va, s->size));
+    (void)rc;
+}
+
+/* A new segment of `size` bytes (pages), mapped, accessible and registered. */
+static int seg_make(gm_pool_t *pool, size_t size, seg_t **out)
+{
+    if (!limit_take(pool, size))
+        return gm__set_error(GM_LIMIT, "gm_alloc_registrable: %zu bytes would pass the pool "
+                             "limit of %zu bytes", size, pool->limit);
+    seg_t *s = gm__calloc(1, sizeof *s);
+    int rc;
+    if (!s || gm__hash_reserve(&pool->segs->by_va) != GM_OK) {
+        rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc_registrable: out of host memory");
+        goto fail;
+    }
+    s->size = size;
+    GM_BK(rc, pool, va_reserve, (pool->bk, size, pool->page, &s->va));
+    if (rc != GM_OK) goto fail;
+    GM_BK(rc, pool, phys_create, (pool->bk, size, &s->h));
+    if (rc != GM_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", gm_last_error());
+        int r2;
+        GM_BK(r2, pool, va_free, (pool->bk, s->va, s->size)); /* reserved only */
+        (void)r2;
+        gm__set_error(rc, "%s", why);
+        goto fail;
+    }
+    GM_BK(rc, pool, map, (pool->bk, s->va, size, s->h));
+    if (rc == GM_OK) {
+        GM_BK(rc, pool, set_access, (pool->bk, s->va, size, 0));
+        if (rc == GM_OK) rc = hook_reg(pool, s);
+        if (rc != GM_OK) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", gm_last_error());
+            seg_unmake(pool, s, true, true);
+            gm__set_error(rc, "%s", why);
+            goto fail;
+        }
+    } else {
+        char why[256];
+        snprintf(why, sizeof why, "%s", gm_last_error());
+        seg_unmake(pool, s, false, true);
+        gm__set_error(rc, "%s", why);
+        goto fail;
+    }
+    (void)gm__hash_put(&pool->segs->by_va, s->va, s); /* room reserved above */
+    s->next = pool->segs->all;
+    pool->segs->all = s;
+    pool->st.registrable_reserved += size;
+    *out = s;
+    return GM_OK;
+fail:
+    gm__free(s);
+    limit_put(pool, size);
+    return rc;
+}
+
+/* Give a cached segment back: the stream rule, deregister, unmap, release.
+ * On a failure the segment stays cached (nothing is lost) and the error is
+ * returned. */
+static int seg_give_back(gm_pool_t *pool, seg_t *s)
+{
+    int rc;
+    if (s->ev_set) {
+        GM_BK(rc, pool, event_sync, (pool->bk, s->ev));
+        if (rc != GM_OK) return rc;
+    }
+    hook_dereg(pool, s);
+    GM_BK(rc, pool, unmap, (pool->bk, s->va, s->size));
+    if (rc != GM_OK) return rc;
+    GM_BK(rc, pool, phys_release, (pool->bk, s->h));
+    if (rc != GM_OK) gm__clear_error(); /* unmapped: nothing else can be done with it */
+    GM_BK(rc, pool, va_free, (pool->bk, s->va, s->size));
+    if (rc != GM_OK) gm__clear_error();
+    if (s->ev_set) GM_BK(rc, pool, event_destroy, (pool->bk, s->ev));
+    (void)gm__hash_take(&pool->segs->by_va, s->va);
+    for (seg_t **p = &pool->segs->all; *p; p = &(*p)->next)
+        if (*p == s) {
+            *p = s->next;
+            break;
+        }
+    pool->st.registrable_reserved -= s->size;
+    limit_put(pool, s->size);
+    gm__free(s);
+    return GM_OK;
+}
+
+size_t gm__segs_trim_locked(gm_pool_t *pool)
+{
+    if (!pool->segs) return 0;
+    size_t freed = 0;
+    seg_t *s = pool->segs->all;
+    while (s) {
+        seg_t *next = s->next;
+        size_t size = s->size;
+        if (!s->live) {
+            if (seg_give_back(pool, s) == GM_OK) freed += size;
+            else gm__clear_error();
+        }
+        s = next;
+    }
+    return freed;
+}
+
+/* ---- the calls ------------------------------------------------------------- */
+
+int gm__segs_alloc_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
+{
+    if (pool->provider.ops->flags & GM__PROVIDER_LEASED)
+        return gm__set_error(GM_NOT_SUPPORTED, "gm_alloc_registrable: not in a pool that leases "
+                             "its pages from a broker (the broker leases pages, not segments)");
+    GM_CHECK(table_ready(pool));
+    size_t need = GM_ALIGN_UP(size, pool->page);
+    /* The cached segment that fits best, at most 1/8 larger. */
+    seg_t *best = NULL;
+    for (seg_t *s = pool->segs->all; s; s = s->next)
+        if (!s->live && s->size >= need && s->size - need <= need / 8 &&
+            (!best || s->size < best->size))
+            best = s;
+    int rc;
+    if (best) {
+        if (best->ev_set && best->stream != stream) {
+            GM_BK(rc, pool, stream_wait_event, (pool->bk, stream, best->ev));
+            if (rc != GM_OK) return rc;
+        }
+    } else {
+        rc = seg_make(pool, need, &best);
+        if ((rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT) && gm__segs_trim_locked(pool) > 0)
+            rc = seg_make(pool, need, &best);
+        if (rc != GM_OK) {
+            if (rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT) pool->st.oom_count++;
+            char why[256];
+            snprintf(why, sizeof why, "%s", gm_last_error());
+            return gm__set_error(rc, "gm_alloc_registrable: cannot allocate %zu bytes: %s", size,
+                                 why);
+        }
+    }
+    best->live = true;
+    best->requested = size;
+    best->stream = stream;
+    best->nrecorded = 0;
+    pool->st.registrable_allocated += size;
+    pool->st.registrable_count++;
+    *ptr = (void *)best->va;
+    return GM_OK;
+}
+
+int gm__segs_free_locked(gm_pool_t *pool, void *ptr, gm_stream_t stream, int rc_in)
+{
+    seg_t *s = seg_find(pool, ptr);
+    if (!s) return rc_in;
+    if (!s->live)
+        return gm__set_error(GM_DOUBLE_FREE, "gm_free: %p, a registrable segment, is already "
+                             "free", ptr);
+    int rc;
+    /* Streams the block was recorded on finish before it changes hands. */
+    for (unsigned i = 0; i < s->nrecorded; i++) {
+        GM_BK(rc, pool, stream_sync, (pool->bk, s->recorded[i]));
+        if (rc != GM_OK) return rc; /* still live: the free may be retried */
+    }
+    if (!s->ev_set) {
+        GM_BK(rc, pool, event_create, (pool->bk, &s->ev));
+        if (rc != GM_OK) return rc;
+        s->ev_set = true;
+    }
+    GM_BK(rc, pool, event_record, (pool->bk, s->ev, stream));
+    if (rc != GM_OK) return rc;
+    s->live = false;
+    s->stream = stream;
+    pool->st.registrable_allocated -= s->requested;
+    s->requested = 0;
+    gm__clear_error();
+    return GM_OK;
+}
+
+int gm__segs_size_locked(gm_pool_t *pool, const void *ptr, size_t *size)
+{
+    seg_t *s = seg_find(pool, ptr);
+    if (!s || !s->live) return GM_INVALID_POINTER;
+    *size = s->requested;
+    return GM_OK;
+}
+
+int gm__segs_record_locked(gm_pool_t *pool, void *ptr, gm_stream_t stream, int rc_in)
+{
+    seg_t *s = seg_find(pool, ptr);
+    if (!s || !s->live) return rc_in;
+    if (stream == s->stream) return GM_OK;
+    for (unsigned i = 0; i < s->nrecorded; i++)
+        if (s->recorded[i] == stream) return GM_OK;
+    if (s->nrecorded == SEG_MAX_RECORDED) {
+        /* Full: the oldest is waited for now, so its slot can be reused. */
+        int rc;
+        GM_BK(rc, pool, stream_sync, (pool->bk, s->recorded[0]));
+        if (rc != GM_OK) return rc;
+        memmove(s->recorded, s->recorded + 1, sizeof s->recorded[0] * (SEG_MAX_RECORDED - 1));
+        s->nrecorded--;
+    }
+    s->recorded[s->nrecorded++] = stream;
+    gm__clear_error();
+    return GM_OK;
+}
+
+int gm__segs_set_hooks_locked(gm_pool_t *pool, const gm_register_hooks_t *hooks)
+{
+    GM_CHECK(table_ready(pool));
+    for (seg_t *s = pool->segs->all; s; s = s->next) hook_dereg(pool, s);
+    memset(&pool->segs->hooks, 0, sizeof pool->segs->hooks);
+    if (!hooks || !hooks->reg) return GM_OK;
+    pool->segs->hooks = *hooks;
+    for (seg_t *s = pool->segs->all; s; s = s->next) {
+        int rc = hook_reg(pool, s);
+        if (rc == GM_OK) continue;
+        char why[256];
+        snprintf(why, sizeof why, "%s", gm_last_error());
+        for (seg_t *t = pool->segs->all; t; t = t->next) hook_dereg(pool, t);
+        memset(&pool->segs->hooks, 0, sizeof pool->segs->hooks);
+        return gm__set_error(rc, "gm_pool_set_register_hooks: %s; no hooks are installed", why);
+    }
+    return GM_OK;
+}
+
+void gm__segs_foreach_locked(gm_pool_t *pool, void (*fn)(uintptr_t ptr, size_t size, void *arg),
+                             void *arg)
+{
+    if (!pool->segs) return;
+    for (seg_t *s = pool->segs->all; s; s = s->next)
+        if (s->live) fn(s->va, s->requested, arg);
+}
+
+void gm__segs_fini(gm_pool_t *pool)
+{
+    if (!pool->segs) return;
+    seg_t *s = pool->segs->all;
+    while (s) {
+        seg_t *next = s->next;
+        s->live = false;
+        if (seg_give_back(pool, s) != GM_OK) { /* the context closes after this anyway */
+            gm__clear_error();
+            gm__free(s);
+        }
+        s = next;
+    }
+    gm__hash_fini(&pool->segs->by_va);
+    gm__free(pool->segs);
+    pool->segs = NULL;
+}
