@@ -19,7 +19,7 @@ import ctypes
 
 import gpumem as _gm
 
-__all__ = ["enable", "is_enabled", "hooks", "memory_stats", "TorchError"]
+__all__ = ["enable", "is_enabled", "hooks", "memory_stats", "nccl_mem_pool", "TorchError"]
 
 _state = {"enabled": False, "allocator": None, "hooks": ()}
 
@@ -79,6 +79,38 @@ def enable():
     except RuntimeError as e:
         raise _too_late() from e
     _state.update(enabled=True, allocator=allocator, hooks=tuple(wired))
+
+
+def nccl_mem_pool():
+    """A torch.cuda.MemPool whose segments are gpumem registrable segments
+    (gm_alloc_registrable on the device's pool: one physical allocation
+    each, made the way NCCL's ncclMemAlloc makes memory when GPUMEM_NCCL=1),
+    so NCCL can register them -- e.g. ProcessGroupNCCL's register_mem_pool:
+
+        pool = gpumem.torch.nccl_mem_pool()
+        with torch.cuda.use_mem_pool(pool):
+            buf = torch.empty(n, device="cuda")
+        backend.register_mem_pool(pool)
+
+    PyTorch's caching allocator carves tensors out of the segments; the rest
+    of the program keeps whatever allocator it has.  What was measured, and
+    what PyTorch refuses (register_mem_pool while gpumem.torch.enable() is
+    PyTorch's allocator), is in docs/multigpu.md.  Needs a PyTorch with
+    torch.cuda.MemPool (2.6 or later); TorchError otherwise."""
+    torch = _import_torch()
+    cuda = torch.cuda
+    if not hasattr(cuda, "MemPool"):
+        raise TorchError("gpumem.torch.nccl_mem_pool(): this PyTorch (%s) has no torch.cuda.MemPool"
+                         % torch.__version__)
+    lib, path = _gm._library()
+    allocator = cuda.memory.CUDAPluggableAllocator(path, "gm_torch_alloc_registrable",
+                                                   "gm_torch_free_registrable")
+    pool = cuda.MemPool(allocator.allocator())
+    try:
+        pool._gpumem_allocator = allocator  # keep the Python side alive with the pool
+    except AttributeError:
+        _state.setdefault("pools", []).append(allocator)
+    return pool
 
 
 def is_enabled():

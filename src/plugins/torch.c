@@ -91,15 +91,9 @@ static void throw_runtime_error(const char *msg)
 
 static _Atomic unsigned long free_errors;
 
-void *gm_torch_alloc(ssize_t size, int device, gm_stream_t stream)
+/* The failure of an allocation of either kind: thrown (or NULL). */
+static void *alloc_failed(int rc, ssize_t size, int device)
 {
-    if (size <= 0) return NULL;
-    gm_pool_t *pool;
-    void *ptr = NULL;
-    int rc = gm_device_pool(device, &pool);
-    if (GM_LIKELY(rc == GM_OK)) rc = gm_alloc(pool, (size_t)size, stream, &ptr);
-    if (GM_LIKELY(rc == GM_OK)) return ptr;
-
     char msg[512];
     char a[32];
     snprintf(msg, sizeof msg, "%s: tried to allocate %s on device %d: %s: %s",
@@ -108,6 +102,33 @@ void *gm_torch_alloc(ssize_t size, int device, gm_stream_t stream)
              gm__fmt_bytes((size_t)size, a, sizeof a), device, gm_errname(rc), gm_last_error());
     throw_runtime_error(msg);
     return NULL;
+}
+
+void *gm_torch_alloc(ssize_t size, int device, gm_stream_t stream)
+{
+    if (size <= 0) return NULL;
+    gm_pool_t *pool;
+    void *ptr = NULL;
+    int rc = gm_device_pool(device, &pool);
+    if (GM_LIKELY(rc == GM_OK)) rc = gm_alloc(pool, (size_t)size, stream, &ptr);
+    if (GM_LIKELY(rc == GM_OK)) return ptr;
+    return alloc_failed(rc, size, device);
+}
+
+void *gm_torch_alloc_registrable(ssize_t size, int device, gm_stream_t stream)
+{
+    if (size <= 0) return NULL;
+    gm_pool_t *pool;
+    void *ptr = NULL;
+    int rc = gm_device_pool(device, &pool);
+    if (rc == GM_OK) rc = gm_alloc_registrable(pool, (size_t)size, stream, &ptr);
+    if (rc == GM_OK) return ptr;
+    return alloc_failed(rc, size, device);
+}
+
+void gm_torch_free_registrable(void *ptr, ssize_t size, int device, gm_stream_t stream)
+{
+    gm_torch_free(ptr, size, device, stream);
 }
 
 void gm_torch_free(void *ptr, ssize_t size, int device, gm_stream_t stream)
