@@ -547,6 +547,7 @@ int main(int argc, char **argv)
         for (int k = 0; nccl_ok && k < K_N; k++)
             for (int z = 0; z < 3; z++) {
                 ar_bufs b;
+                printf("multigpu_bench: all-reduce %s %s\n", kind_name[k], ar_size_name[z]); /* in NCCL's stream */
                 bool ok = ar_alloc(k, pools, ar_sizes[z], &b) &&
                           ar_run(&b, ar_sizes[z], ar_iters[z], s, &busbw[k][z], &correct[k][z]);
                 ar_free(k, pools, &b);

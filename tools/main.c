@@ -243,5 +243,16 @@ int gm_cli_info(int argc, char **argv)
     else
         printf("granularity:    %zu bytes\n", di.granularity);
     printf("VMM supported:  %s\n", di.vmm_supported ? "yes" : "no (plain allocations)");
+    printf("devices:        %d\n", di.device_count);
+    char peers[256] = "none";
+    size_t n = 0;
+    for (int d = 0; d < 64 && n < sizeof peers - 4; d++)
+        if (di.peers & ((uint64_t)1 << d))
+            n += (size_t)snprintf(peers + n, sizeof peers - n, "%s%d", n ? "," : "", d);
+    printf("peers:          %s (GPUMEM_PEERS)\n", peers);
+    printf("page handles:   %s%s%s\n", di.handle_types & GM_HANDLE_POSIX_FD ? "posix-fd" : "none",
+           di.handle_types & GM_HANDLE_FABRIC ? " fabric" : "", di.rdma_capable ? ", RDMA capable" : "");
+    printf("compression:    %s%s\n", di.compression_supported ? "supported" : "not supported",
+           di.compressible ? ", pages compressible" : "");
     return 0;
 }

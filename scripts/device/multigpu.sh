@@ -77,8 +77,11 @@ if [ -x "$BUILD_DIR/multigpu_bench" ]; then
         timeout "$(left 240)" "$BUILD_DIR/multigpu_bench" --json "$JSON" --md "$MD" \
         --command "scripts/device/multigpu.sh (bench/multigpu_bench.cu)" >"$OUT/multigpu-run.log" 2>&1 ||
         failed+=(bench)
-    echo "NCCL REG lines: $(grep -c 'REG' "$OUT/multigpu-run.log")"
-    grep 'REG' "$OUT/multigpu-run.log" | sed 's/^[^ ]* [0-9]*:[0-9]*:[0-9]* //' | sort | uniq -c | sort -rn | head -12
+    # NCCL's word on registration, per all-reduce run: buffers it registered
+    # for IPC (zero-copy to the peer) and registrations it reused.
+    awk '/^multigpu_bench: all-reduce/ { if (k) printf "%-32s IPC registered %d, reused %d\n", k, r, u; k = $3 " " $4; r = u = 0 }
+         /IPC register buffer/ { r++ } /IPC reuse buffer/ { u++ }
+         END { if (k) printf "%-32s IPC registered %d, reused %d\n", k, r, u }' "$OUT/multigpu-run.log"
     grep -v 'NCCL INFO' "$OUT/multigpu-run.log" | tail -5
     cat "$MD" 2>/dev/null
 fi
@@ -126,8 +129,8 @@ EOF
             scripts/device/plugins/nccl_mempool.py $m --out "$OUT/mempool$tag.json" >"$OUT/mempool$tag.log" 2>&1 ||
             failed+=("mempool$tag")
         grep -E '^nccl_mempool' "$OUT/mempool$tag.log" || tail -5 "$OUT/mempool$tag.log"
-        echo "NCCL REG lines: $(grep -c 'REG' "$OUT/mempool$tag.log")"
-        grep 'REG' "$OUT/mempool$tag.log" | sed 's/^[^ ]* [0-9]*:[0-9]*:[0-9]* //' | sort | uniq -c | sort -rn | head -6
+        echo "NCCL: ncclCommRegister $(grep -c 'INFO register comm' "$OUT/mempool$tag.log"), IPC registered" \
+            "$(grep -c 'IPC register buffer' "$OUT/mempool$tag.log"), reused $(grep -c 'IPC reuse buffer' "$OUT/mempool$tag.log")"
     done
     "$PYTHON" - "$JSON" "$OUT/mempool.json" "$OUT/mempool-enable.json" <<'EOF2' || true
 import json, sys

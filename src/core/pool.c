@@ -224,6 +224,9 @@ static int backend_config(const gm_pool_t *pool, gm__backend_config_t *bc)
     if (pool->backend_kind != GM_BACKEND_SIM) return GM_OK;
     uint64_t n, group, comp;
     GM_CHECK(gm__option_read(GM_OPT_SIM_DEVICES, &n));
+    if (n < 1 || n > 32)
+        return gm__set_error(GM_INVALID_ARGUMENT, "GPUMEM_SIM_DEVICES=%llu: the sim has 1 to 32 "
+                             "devices", (unsigned long long)n);
     GM_CHECK(gm__option_read(GM_OPT_SIM_PEER_GROUP, &group));
     GM_CHECK(gm__option_read(GM_OPT_SIM_COMPRESSION, &comp));
     bc->sim_devices = (int)n;
@@ -377,6 +380,7 @@ static int alloc_slow_locked(gm_pool_t *pool, size_t size, size_t align, gm_stre
     gm__tcache_flush_self_locked(pool);
     gm__drain_streams_locked(pool);
     if (gm__pages_trim_locked(pool, 0, NULL) != GM_OK) gm__clear_error();
+    if (pool->root == pool) (void)gm__segs_trim_locked(pool); /* cached segments hold the limit too */
     if (retry_locked(pool, size, align, stream, tag, ptr, &rc, reason, sizeof reason)) goto over;
     if (gm__heaps_reclaim_others(pool) && retry_locked(pool, size, align, stream, tag, ptr, &rc, reason, sizeof reason))
         goto over;
@@ -868,7 +872,7 @@ int gm_pool_check(gm_pool_t *pool)
         rc = gm__alloc_check_locked(h);
         if (rc == GM_OK && h->root != pool)
             rc = gm__set_error(GM_INTERNAL, "heap %u does not name its pool", i - 1);
-        sum += h->st.reserved;
+        sum += h->st.reserved + h->st.registrable_reserved; /* segments count in the limit too */
     }
     uint64_t fam = atomic_load_explicit(&pool->fam_reserved, memory_order_relaxed);
     if (rc == GM_OK && fam != sum)

@@ -44,6 +44,9 @@ typedef struct seg {
     size_t requested;            /* the live request, 0 while cached */
     gm__phys_t h;
     bool live;
+    bool unmapped;               /* unmapped, but its physical allocation is not
+                                    released yet (a release failed): never handed
+                                    out; the next trim retries */
     bool registered;             /* the hook's register succeeded */
     void *reg_handle;            /* what the register hook returned */
     gm_stream_t stream;          /* live: allocated on; cached: freed on */
@@ -194,15 +197,20 @@ fail:
 static int seg_give_back(gm_pool_t *pool, seg_t *s)
 {
     int rc;
-    if (s->ev_set) {
-        GM_BK(rc, pool, event_sync, (pool->bk, s->ev));
+    if (!s->unmapped) {
+        if (s->ev_set) {
+            GM_BK(rc, pool, event_sync, (pool->bk, s->ev));
+            if (rc != GM_OK) return rc;
+        }
+        hook_dereg(pool, s); /* a later reuse registers it again if the unmap fails */
+        GM_BK(rc, pool, unmap, (pool->bk, s->va, s->size));
         if (rc != GM_OK) return rc;
+        s->unmapped = true;
     }
-    hook_dereg(pool, s);
-    GM_BK(rc, pool, unmap, (pool->bk, s->va, s->size));
-    if (rc != GM_OK) return rc;
+    /* Unmapped: the memory is the device's only once released; until then
+     * the segment stays on the books (and in the limit) for the next trim. */
     GM_BK(rc, pool, phys_release, (pool->bk, s->h));
-    if (rc != GM_OK) gm__clear_error(); /* unmapped: nothing else can be done with it */
+    if (rc != GM_OK) return rc;
     GM_BK(rc, pool, va_free, (pool->bk, s->va, s->size));
     if (rc != GM_OK) gm__clear_error();
     if (s->ev_set) GM_BK(rc, pool, event_destroy, (pool->bk, s->ev));
@@ -235,6 +243,20 @@ size_t gm__segs_trim_locked(gm_pool_t *pool)
     return freed;
 }
 
+/* After a creation found no room: give back cached segments, then free
+ * pages of the page layer (the root's: streams drained, cache trimmed);
+ * whether anything went back.  The creation's message is kept. */
+static bool make_room_locked(gm_pool_t *pool, int rc)
+{
+    char why[256];
+    snprintf(why, sizeof why, "%s", gm_last_error());
+    size_t pages = 0, segs = gm__segs_trim_locked(pool);
+    gm__drain_streams_locked(pool);
+    if (gm__pages_trim_locked(pool, 0, &pages) != GM_OK) pages = 0;
+    gm__set_error(rc, "%s", why);
+    return segs + pages > 0;
+}
+
 /* ---- the calls ------------------------------------------------------------- */
 
 int gm__segs_alloc_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
@@ -247,7 +269,7 @@ int gm__segs_alloc_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void
     /* The cached segment that fits best, at most 1/8 larger. */
     seg_t *best = NULL;
     for (seg_t *s = pool->segs->all; s; s = s->next)
-        if (!s->live && s->size >= need && s->size - need <= need / 8 &&
+        if (!s->live && !s->unmapped && s->size >= need && s->size - need <= need / 8 &&
             (!best || s->size < best->size))
             best = s;
     int rc;
@@ -256,9 +278,11 @@ int gm__segs_alloc_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void
             GM_BK(rc, pool, stream_wait_event, (pool->bk, stream, best->ev));
             if (rc != GM_OK) return rc;
         }
+        /* Deregistered by a give-back that could not unmap it. */
+        if (!best->registered) GM_CHECK(hook_reg(pool, best));
     } else {
         rc = seg_make(pool, need, &best);
-        if ((rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT) && gm__segs_trim_locked(pool) > 0)
+        if ((rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT) && make_room_locked(pool, rc))
             rc = seg_make(pool, need, &best);
         if (rc != GM_OK) {
             if (rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT) pool->st.oom_count++;

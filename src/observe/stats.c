@@ -116,9 +116,13 @@ static void pool_snapshot(gm_pool_t *pool, gm_stats_t *out)
     }
     /* The heaps were read one after the other while pages may move between
      * them: the pool's own figure is exact. */
-    out->reserved = atomic_load_explicit(&pool->fam_reserved, memory_order_relaxed);
+    /* (Registrable segments count in the limit's figure but not in reserved.) */
+    uint64_t fam = atomic_load_explicit(&pool->fam_reserved, memory_order_relaxed);
+    uint64_t segs = out->registrable_reserved;
+    out->reserved = fam > segs ? fam - segs : 0;
     out->cached = out->reserved > out->active ? out->reserved - out->active : 0;
-    out->reserved_peak = atomic_load_explicit(&pool->fam_reserved_peak, memory_order_relaxed);
+    fam = atomic_load_explicit(&pool->fam_reserved_peak, memory_order_relaxed);
+    out->reserved_peak = fam > segs ? fam - segs : 0;
     if (out->reserved_peak < out->reserved) out->reserved_peak = out->reserved;
     stats_finish(out, largest);
 }
