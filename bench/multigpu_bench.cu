@@ -12,7 +12,8 @@
  *
  *   peer_copy_GBps              1 GiB from a gpumem block on GPU 0 (pool with
  *                               peers = {1}) to one on GPU 1, cudaMemcpyAsync
- *                               on a GPU 1 stream; median of 10
+ *                               on a GPU 1 stream; median of 10, interleaved
+ *                               with the cudaMalloc copies
  *   cudamalloc_peer_copy_GBps   the same between cudaMalloc buffers with
  *                               cudaDeviceEnablePeerAccess both ways
  *   peer_kernel_GBps, cudamalloc_peer_kernel_GBps   the same copy done by a
@@ -205,73 +206,76 @@ struct peer_result {
     bool correct = false;
 };
 
-/* src on device 0, dst on device 1: copy-engine and kernel GB/s, run on
- * device 1's stream. */
-static bool time_peer(void *src, void *dst, size_t n, cudaStream_t s1, peer_result *r)
+/* One copy of n bytes from src (device 0) to dst (device 1) on device 1's
+ * stream s1: by the copy engine (kernel false) or by a kernel on device 1;
+ * GB/s. */
+static bool copy_once(void *src, void *dst, size_t n, cudaStream_t s1, bool kernel, int sms,
+                      double *gbps)
 {
-    CU(cudaSetDevice(1));
-    CU(cudaSetDevice(0));
-    CU(cudaMemsetAsync(src, 0x5a, n, 0));
-    CU(cudaDeviceSynchronize());
-    CU(cudaSetDevice(1));
-    std::vector<double> ce, kn;
-    for (int i = 0; i < 11; i++) {
-        CU(cudaStreamSynchronize(s1));
-        double t0 = now();
-        CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s1));
-        CU(cudaStreamSynchronize(s1));
-        if (i) ce.push_back(n / (now() - t0) / 1e9);
-    }
-    unsigned char probe[256];
-    CU(cudaMemcpy(probe, (char *)dst + n - sizeof probe, sizeof probe, cudaMemcpyDeviceToHost));
-    r->correct = probe[0] == 0x5a && probe[255] == 0x5a;
-    int sms = 0;
-    CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 1));
-    for (int i = 0; i < 11; i++) {
-        CU(cudaStreamSynchronize(s1));
-        double t0 = now();
+    CU(cudaStreamSynchronize(s1));
+    double t0 = now();
+    if (kernel) {
         copy_kernel<<<sms * 4, 512, 0, s1>>>((const float4 *)src, (float4 *)dst, n / 16);
         CU(cudaGetLastError());
-        CU(cudaStreamSynchronize(s1));
-        if (i) kn.push_back(n / (now() - t0) / 1e9);
+    } else {
+        CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s1));
     }
-    r->ce = median(ce);
-    r->kernel = median(kn);
+    CU(cudaStreamSynchronize(s1));
+    *gbps = n / (now() - t0) / 1e9;
     return true;
 }
 
+/* GPU 0 -> GPU 1, 1 GiB: gpumem blocks (pools with each other as peers)
+ * and cudaMalloc buffers (peer access enabled both ways), copies of the two
+ * kinds interleaved so both see the same machine; median of 10 each after
+ * one untimed. */
 static bool bench_peer(peer_result *gm_r, peer_result *cm_r)
 {
     gm_pool_t *p0, *p1;
     if (!make_pool(0, 1u << 1, 0, &p0) || !make_pool(1, 1u << 0, 0, &p1)) return false;
-    cudaStream_t s1;
-    CU(cudaSetDevice(1));
-    CU(cudaStreamCreate(&s1));
-    void *src, *dst;
-    GM(gm_alloc(p0, GiB, NULL, &src));
-    GM(gm_alloc(p1, GiB, NULL, &dst));
-    bool ok = time_peer(src, dst, GiB, s1, gm_r);
-    gm_free(p0, src, NULL);
-    gm_free(p1, dst, NULL);
-    gm_pool_destroy(p0);
-    gm_pool_destroy(p1);
-    if (!ok) return false;
-
-    void *csrc, *cdst;
+    void *src[2], *dst[2];
+    GM(gm_alloc(p0, GiB, NULL, &src[0]));
+    GM(gm_alloc(p1, GiB, NULL, &dst[0]));
     CU(cudaSetDevice(0));
-    CU(cudaMalloc(&csrc, GiB));
+    CU(cudaMalloc(&src[1], GiB));
     cudaError_t e = cudaDeviceEnablePeerAccess(1, 0);
     if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CU(e);
+    CU(cudaMemset(src[0], 0x5a, GiB));
+    CU(cudaMemset(src[1], 0x5a, GiB));
+    CU(cudaDeviceSynchronize());
     CU(cudaSetDevice(1));
-    CU(cudaMalloc(&cdst, GiB));
+    CU(cudaMalloc(&dst[1], GiB));
     e = cudaDeviceEnablePeerAccess(0, 0);
     if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CU(e);
-    ok = time_peer(csrc, cdst, GiB, s1, cm_r);
-    CU(cudaFree(cdst));
-    CU(cudaSetDevice(0));
-    CU(cudaFree(csrc));
+    cudaStream_t s1;
+    CU(cudaStreamCreate(&s1));
+    int sms = 0;
+    CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 1));
+    std::vector<double> v[2][2]; /* [gpumem, cudaMalloc][copy engine, kernel] */
+    for (int i = 0; i < 11; i++)
+        for (int k = 0; k < 2; k++)
+            for (int m = 0; m < 2; m++) {
+                double g;
+                if (!copy_once(src[m], dst[m], GiB, s1, k == 1, sms, &g)) return false;
+                if (i) v[m][k].push_back(g);
+            }
+    peer_result *r[2] = {gm_r, cm_r};
+    for (int m = 0; m < 2; m++) {
+        unsigned char probe[256];
+        CU(cudaMemcpy(probe, (char *)dst[m] + GiB - sizeof probe, sizeof probe, cudaMemcpyDeviceToHost));
+        r[m]->correct = probe[0] == 0x5a && probe[255] == 0x5a;
+        r[m]->ce = median(v[m][0]);
+        r[m]->kernel = median(v[m][1]);
+    }
     CU(cudaStreamDestroy(s1));
-    return ok;
+    CU(cudaFree(dst[1]));
+    CU(cudaSetDevice(0));
+    CU(cudaFree(src[1]));
+    gm_free(p0, src[0], NULL);
+    gm_free(p1, dst[0], NULL);
+    gm_pool_destroy(p0);
+    gm_pool_destroy(p1);
+    return true;
 }
 
 /* The child's run: a kernel on GPU 1 reads a block of a pool of GPU 0 made

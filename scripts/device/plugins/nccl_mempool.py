@@ -47,7 +47,17 @@ def rank_main(rank, a, world):
     n = a.mib * (1 << 20) // 4
     res = {"enable": a.enable, "mib": a.mib, "torch": torch.__version__,
            "nccl": ".".join(map(str, torch.cuda.nccl.version())), "gpu": torch.cuda.get_device_name(rank)}
-    pool = gpumem.torch.nccl_mem_pool()
+    try:
+        pool = gpumem.torch.nccl_mem_pool()
+    except Exception as e:  # noqa: BLE001 — PyTorch's refusal is the result
+        res["nccl_mem_pool"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:300])
+        dist.destroy_process_group()
+        if rank == 0:
+            with open(a.out, "w") as f:
+                json.dump(res, f, indent=1)
+            print("nccl_mempool%s: %s" % (" (enable)" if a.enable else "", json.dumps(res)))
+        return
+    res["nccl_mem_pool"] = "ok"
     with torch.cuda.use_mem_pool(pool):
         x = torch.full((n,), float(rank + 1), device="cuda")
         g = torch.empty((world * n,), device="cuda")
