@@ -145,5 +145,7 @@ EOF2
     rm -f "$OUT/mempool.json" "$OUT/mempool-enable.json"
     echo "--- mempool: $((SECONDS - start)) s"
 fi
+[ -f "$JSON" ] && "$PYTHON" scripts/device/multigpu_summary.py "$JSON" "$MD" "$OUT/multigpu-run.log" ||
+    failed+=(summary)
 echo "=== multigpu.sh: $((SECONDS - start_all)) s; failed parts: ${failed[*]:-none}"
 exit "${#failed[@]}"
