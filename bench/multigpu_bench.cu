@@ -621,8 +621,10 @@ int main(int argc, char **argv)
     jnum(f, grant_ok ? grant_own : -1);
     fprintf(f, ",\"one_peer\":");
     jnum(f, grant_ok ? grant_peer : -1);
-    fprintf(f, "},\"nccl_pool\":{\"handle_types\":%u,\"rdma_capable\":%d,\"registered_segments\":%d}",
-            di0.handle_types, di0.rdma_capable, g_registered[0] + g_registered[1]);
+    fprintf(f, "},\"nccl_pool\":{\"handle_types\":%u,\"rdma_capable\":%d,\"granularity\":%zu,"
+            "\"granularity_recommended\":%zu,\"registered_segments\":%d}",
+            di0.handle_types, di0.rdma_capable, di0.granularity, di0.granularity_recommended,
+            g_registered[0] + g_registered[1]);
     fprintf(f, ",\"allreduce_busbw_GBps\":{");
     for (int k = 0; k < K_N; k++) {
         fprintf(f, "%s\"%s\":{", k ? "," : "", kind_name[k]);

@@ -329,6 +329,8 @@ typedef struct gm_device_info {
     int rdma_capable;            /* pages made GPUDirect-RDMA capable */
     int compression_supported;   /* the device can compress (GM_POOL_COMPRESSIBLE) */
     int compressible;            /* the pool's pages are compressible */
+    size_t granularity_recommended; /* the driver's recommended allocation size and alignment
+                                       (gm_alloc_registrable segments are made of it) */
 } gm_device_info_t;
 
 #ifdef __cplusplus

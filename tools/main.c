@@ -242,6 +242,8 @@ int gm_cli_info(int argc, char **argv)
         printf("granularity:    %zu MiB\n", di.granularity >> 20);
     else
         printf("granularity:    %zu bytes\n", di.granularity);
+    if (di.granularity_recommended != di.granularity)
+        printf("recommended:    %zu MiB (registrable segments)\n", di.granularity_recommended >> 20);
     printf("VMM supported:  %s\n", di.vmm_supported ? "yes" : "no (plain allocations)");
     printf("devices:        %d\n", di.device_count);
     char peers[256] = "none";

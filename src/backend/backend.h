@@ -65,6 +65,8 @@ typedef struct gm__backend_info {
     size_t total_memory;
     size_t free_memory;
     size_t granularity;      /* physical page size, a power of two */
+    size_t granularity_recommended; /* the driver's recommended size and alignment of an
+                                       allocation (a multiple of granularity) */
     int vmm_supported;
     int numa_node;           /* host NUMA node nearest the device; -1 unknown */
     int device_count;        /* devices of the machine */

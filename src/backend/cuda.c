@@ -239,6 +239,7 @@ typedef struct cuda_ctx {
     unsigned phys_flags;                   /* GM__PHYS_* asked at open */
     int compression;                       /* the device can compress */
     size_t granularity;
+    size_t granularity_recommended;
     int driver_version;
     int numa_node;                         /* host node nearest the device, -1 unknown */
     char name[128];
@@ -579,6 +580,11 @@ static int cuda_open(const gm__backend_config_t *cfg, void **ctx)
         if (rc == GM_OK)
             r = drv.cuMemGetAllocationGranularity(&c->granularity, &c->prop,
                                                   CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        if (rc == GM_OK && r == CUDA_SUCCESS &&
+            (drv.cuMemGetAllocationGranularity(&c->granularity_recommended, &c->prop,
+                                               CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) != CUDA_SUCCESS ||
+             c->granularity_recommended % c->granularity != 0))
+            c->granularity_recommended = c->granularity;
         ctx_leave(c, prev);
         if (rc != GM_OK) goto fail_release;
         if (r != CUDA_SUCCESS) {
@@ -626,6 +632,8 @@ static int cuda_info(void *ctx, gm__backend_info_t *out)
     out->total_memory = total_bytes;
     out->free_memory = free_bytes;
     out->granularity = c->granularity;
+    out->granularity_recommended = c->granularity_recommended ? c->granularity_recommended
+                                                              : c->granularity;
     out->vmm_supported = c->vmm;
     out->numa_node = c->numa_node;
     out->device_count = c->ndevices;

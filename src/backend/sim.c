@@ -835,6 +835,7 @@ static int sim_info(void *ctx, gm__backend_info_t *out)
     out->total_memory = sim->capacity;
     out->free_memory = sim->capacity - sim->created;
     out->granularity = sim->granularity;
+    out->granularity_recommended = sim->granularity;
     out->vmm_supported = 1;
     out->numa_node = -1;
     out->device_count = sim->ndevices;

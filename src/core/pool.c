@@ -852,6 +852,7 @@ int gm_pool_device_info(gm_pool_t *pool, gm_device_info_t *info)
     d.rdma_capable = bi.rdma_capable;
     d.compression_supported = bi.compression_supported;
     d.compressible = (bi.phys_flags & GM__PHYS_COMPRESSIBLE) != 0;
+    d.granularity_recommended = bi.granularity_recommended;
     size_t n = info->size < sizeof d ? info->size : sizeof d;
     memcpy(info, &d, n);
     info->size = n;

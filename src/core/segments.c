@@ -136,6 +136,14 @@ static void seg_unmake(gm_pool_t *pool, seg_t *s, bool mapped, bool made)
     (void)rc;
 }
 
+/* Segments are sized and aligned to the driver's recommended granularity
+ * (what ncclMemAlloc does, and what NVLS registration asks for). */
+static size_t seg_align(const gm_pool_t *pool)
+{
+    size_t g = pool->info.granularity_recommended;
+    return g > pool->page && g % pool->page == 0 && (g & (g - 1)) == 0 ? g : pool->page;
+}
+
 /* A new segment of `size` bytes (pages), mapped, accessible and registered. */
 static int seg_make(gm_pool_t *pool, size_t size, seg_t **out)
 {
@@ -149,7 +157,7 @@ static int seg_make(gm_pool_t *pool, size_t size, seg_t **out)
         goto fail;
     }
     s->size = size;
-    GM_BK(rc, pool, va_reserve, (pool->bk, size, pool->page, &s->va));
+    GM_BK(rc, pool, va_reserve, (pool->bk, size, seg_align(pool), &s->va));
     if (rc != GM_OK) goto fail;
     GM_BK(rc, pool, phys_create, (pool->bk, size, &s->h));
     if (rc != GM_OK) {
@@ -265,7 +273,7 @@ int gm__segs_alloc_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void
         return gm__set_error(GM_NOT_SUPPORTED, "gm_alloc_registrable: not in a pool that leases "
                              "its pages from a broker (the broker leases pages, not segments)");
     GM_CHECK(table_ready(pool));
-    size_t need = GM_ALIGN_UP(size, pool->page);
+    size_t need = GM_ALIGN_UP(size, seg_align(pool));
     /* The cached segment that fits best, at most 1/8 larger. */
     seg_t *best = NULL;
     for (seg_t *s = pool->segs->all; s; s = s->next)
