@@ -1,0 +1,186 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What a PyTorch user keeps and loses under gpumem.torch.enable(): each
+feature of the parity matrix (docs/python.md) tried in a fresh process, once
+with PyTorch's own allocator and once with gpumem plugged in, and recorded
+as "works" or "fails: <first line of the error>".  A probe that crashes the
+process (a fault, an abort) is recorded as such.  Writes one JSON object:
+{"rows": {name: {"default": …, "gpumem": …}}, "torch": …, "gpu": …}.
+
+usage: python3 torch_parity_probe.py --out FILE [--only NAME,...]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+PROBES = {
+    "memory_allocated": """
+        x = torch.empty(1 << 20, device="cuda")
+        assert torch.cuda.memory_allocated() >= 4 << 20
+        torch.cuda.max_memory_allocated(); torch.cuda.memory_reserved()
+    """,
+    "memory_stats": """
+        x = torch.empty(1 << 20, device="cuda")
+        s = torch.cuda.memory_stats(); assert s["allocated_bytes.all.current"] >= 4 << 20
+    """,
+    "memory_summary": """
+        x = torch.empty(1 << 20, device="cuda")
+        assert "Allocated" in torch.cuda.memory_summary() or len(torch.cuda.memory_summary()) > 0
+    """,
+    "memory_snapshot": """
+        x = torch.empty(1 << 20, device="cuda")
+        torch.cuda.memory._snapshot()
+    """,
+    "empty_cache": """
+        x = torch.empty(1 << 24, device="cuda"); del x
+        torch.cuda.empty_cache()
+    """,
+    "set_per_process_memory_fraction": """
+        torch.cuda.set_per_process_memory_fraction(0.01)
+        try:
+            torch.empty(1 << 33, device="cuda", dtype=torch.uint8)
+            raise SystemExit("an allocation over the fraction succeeded")
+        except torch.cuda.OutOfMemoryError:
+            pass
+        except RuntimeError as e:
+            if "out of memory" not in str(e): raise
+    """,
+    "oom_exception_type": """
+        try:
+            torch.empty(1 << 50, device="cuda", dtype=torch.uint8)
+            raise SystemExit("a 1 PiB allocation succeeded")
+        except torch.cuda.OutOfMemoryError:
+            pass
+    """,
+    "cudnn_benchmark": """
+        torch.backends.cudnn.benchmark = True
+        m = torch.nn.Conv2d(3, 16, 3).cuda(); x = torch.randn(8, 3, 64, 64, device="cuda")
+        m(x).sum().backward(); torch.cuda.synchronize()
+    """,
+    "cuda_graph": """
+        x = torch.randn(1024, 1024, device="cuda")
+        s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3): y = x @ x
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = x @ x
+        x.copy_(torch.ones_like(x)); g.replay(); torch.cuda.synchronize()
+        assert float(y[0, 0]) == 1024.0
+    """,
+    "make_graphed_callables": """
+        m = torch.nn.Linear(64, 64).cuda(); x = torch.randn(8, 64, device="cuda", requires_grad=True)
+        gm = torch.cuda.make_graphed_callables(m, (x,))
+        gm(x).sum().backward(); torch.cuda.synchronize()
+    """,
+    "compile_reduce_overhead": """
+        m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()).cuda()
+        f = torch.compile(m, mode="reduce-overhead")
+        x = torch.randn(8, 64, device="cuda")
+        for _ in range(4): y = f(x)
+        torch.cuda.synchronize()
+    """,
+    "compile_default": """
+        m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()).cuda()
+        f = torch.compile(m)
+        x = torch.randn(8, 64, device="cuda")
+        for _ in range(3): y = f(x)
+        torch.cuda.synchronize()
+    """,
+    "mem_pool": """
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            x = torch.empty(1 << 20, device="cuda")
+        del x
+    """,
+    "amp": """
+        m = torch.nn.Linear(256, 256).cuda(); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cuda")
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = m(torch.randn(32, 256, device="cuda")).float().sum()
+        scaler.scale(loss).backward(); scaler.step(opt); scaler.update(); torch.cuda.synchronize()
+    """,
+    "activation_checkpointing": """
+        from torch.utils.checkpoint import checkpoint
+        m = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 256)).cuda()
+        x = torch.randn(32, 256, device="cuda", requires_grad=True)
+        checkpoint(m, x, use_reentrant=False).sum().backward(); torch.cuda.synchronize()
+    """,
+    "pin_memory": """
+        t = torch.randn(1 << 20).pin_memory(); assert t.is_pinned()
+        d = t.to("cuda", non_blocking=True); torch.cuda.synchronize()
+        assert torch.equal(d.cpu(), t)
+    """,
+    "record_stream": """
+        s = torch.cuda.Stream(); x = torch.empty(1 << 20, device="cuda")
+        with torch.cuda.stream(s): x.add_(1)
+        x.record_stream(s); del x; torch.cuda.synchronize()
+    """,
+    "multiprocessing_cuda_tensor": """
+        import torch.multiprocessing as mp
+        ctx = mp.get_context("spawn"); q = ctx.Queue()
+        p = ctx.Process(target=_child, args=(q,)); p.start()
+        t = q.get(timeout=60); v = float(t.sum()); del t
+        p.join(60); assert v == 1024.0, v
+    """,
+}
+
+CHILD_HELPERS = """
+def _child(q):
+    import torch
+    t = torch.ones(1024, device="cuda")
+    q.put(t)
+    import time; time.sleep(3)
+"""
+
+
+def run_one(name, allocator, timeout):
+    body = textwrap.dedent(PROBES[name])
+    code = "import os, sys\n"
+    if allocator == "gpumem":
+        code += "import gpumem.torch\ngpumem.torch.enable()\n"
+    code += "import torch\n" + CHILD_HELPERS + "\nif __name__ == '__main__':\n"
+    code += textwrap.indent(body, "    ") + "\n    print('PROBE-OK')\n"
+    # A file, not -c: torch.multiprocessing's spawn re-imports the main module.
+    fd, path = tempfile.mkstemp(prefix="probe_%s_" % name, suffix=".py")
+    with os.fdopen(fd, "w") as f:
+        f.write(code)
+    try:
+        p = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "fails: timed out after %d s" % timeout
+    finally:
+        os.unlink(path)
+    if p.returncode == 0 and "PROBE-OK" in p.stdout:
+        return "works"
+    lines = [ln for ln in (p.stderr or "").splitlines() if ln.strip()]
+    err = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), lines[-1] if lines else "")
+    if p.returncode < 0:
+        return "fails: killed by signal %d (%s)" % (-p.returncode, err.strip()[:200])
+    return "fails: %s" % err.strip()[:300]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--timeout", type=int, default=120)
+    a = ap.parse_args()
+    names = [n for n in PROBES if not a.only or n in a.only.split(",")]
+    import torch
+    res = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0), "rows": {}}
+    for n in names:
+        row = {al: run_one(n, al, a.timeout) for al in ("default", "gpumem")}
+        res["rows"][n] = row
+        print("%-32s default: %-8s gpumem: %s" % (n, row["default"][:8], row["gpumem"]), flush=True)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
