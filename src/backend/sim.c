@@ -589,7 +589,8 @@ static void check_accounting_locked(const sim_t *sim)
 }
 
 /* Enter a member: validate ctx, lock, apply fault injection.  On GM_OK the
- * lock is held. */
+ * lock is held and *out is set (members still initialise their pointer:
+ * newer compilers cannot see that it is set whenever it is used). */
 static int enter(void *ctx, int kind, sim_t **out)
 {
     sim_t *sim = ctx;
@@ -856,7 +857,7 @@ static int sim_info(void *ctx, gm__backend_info_t *out)
  * granularity) or a power of two that is a multiple of granularity. */
 static int sim_va_reserve(void *ctx, size_t size, size_t align, uintptr_t *va)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_va_reserve, &sim));
     int rc = GM_OK;
     if (va == NULL) {
@@ -910,7 +911,7 @@ out:
  * mapped inside it. */
 static int sim_va_free(void *ctx, uintptr_t va, size_t size)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_va_free, &sim));
     int rc = GM_OK;
     region_t *r = region_containing(sim, va);
@@ -945,7 +946,7 @@ static int sim_va_free(void *ctx, uintptr_t va, size_t size)
  * process runs out of file descriptors (one memfd per handle). */
 static int sim_phys_create(void *ctx, size_t size, gm__phys_t *h)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_phys_create, &sim));
     int rc = GM_OK;
     char eb[128];
@@ -1011,7 +1012,7 @@ out:
 /* Precondition: h is live and mapped nowhere. */
 static int sim_phys_release(void *ctx, gm__phys_t h)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_phys_release, &sim));
     int rc = GM_OK;
     uint32_t slot;
@@ -1044,7 +1045,7 @@ static int sim_phys_release(void *ctx, gm__phys_t h)
  * The mapping is PROT_NONE until set_access. */
 static int sim_map(void *ctx, uintptr_t va, size_t size, gm__phys_t h)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_map, &sim));
     int rc = GM_OK;
     uint32_t hslot;
@@ -1110,7 +1111,7 @@ out:
  * call; no work that touches it is still queued. */
 static int sim_unmap(void *ctx, uintptr_t va, size_t size)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_unmap, &sim));
     int rc = GM_OK;
     gslot_t *gs = va % sim->granularity == 0
@@ -1171,7 +1172,7 @@ out:
  * [va, va + size) is mapped (the range may span several mappings). */
 static int sim_set_access(void *ctx, uintptr_t va, size_t size, unsigned flags)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_set_access, &sim));
     int rc = GM_OK;
     if (size == 0 || va % sim->granularity != 0 || size % sim->granularity != 0 ||
@@ -1225,7 +1226,7 @@ out:
  * for the handle's memfd; the caller owns it. */
 static int sim_export_fd(void *ctx, gm__phys_t h, int *fd)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_export_fd, &sim));
     int rc = GM_OK;
     handle_t *hd = handle_lookup_locked(sim, h, NULL);
@@ -1255,7 +1256,7 @@ static int sim_export_fd(void *ctx, gm__phys_t h, int *fd)
  * handles do not count against this context's capacity (see the top). */
 static int sim_import_fd(void *ctx, int fd, size_t size, gm__phys_t *h)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_import_fd, &sim));
     int rc = GM_OK;
     char eb[128];
@@ -1309,7 +1310,7 @@ out:
 /* Precondition: ev != NULL.  A new event counts as complete until recorded. */
 static int sim_event_create(void *ctx, gm__event_t *ev)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_event_create, &sim));
     int rc = GM_OK;
     if (ev == NULL) {
@@ -1331,7 +1332,7 @@ out:
 /* Precondition: ev live. */
 static int sim_event_destroy(void *ctx, gm__event_t ev)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_event_destroy, &sim));
     int rc = GM_OK;
     event_t *e = event_lookup_locked(sim, ev);
@@ -1350,7 +1351,7 @@ static int sim_event_destroy(void *ctx, gm__event_t ev)
  * that hold is released). */
 static int sim_event_record(void *ctx, gm__event_t ev, gm_stream_t stream)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_event_record, &sim));
     int rc = GM_OK;
     event_t *e = event_lookup_locked(sim, ev);
@@ -1371,7 +1372,7 @@ static int sim_event_record(void *ctx, gm__event_t ev, gm_stream_t stream)
 
 static int event_wait(void *ctx, gm__event_t ev, int kind)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, kind, &sim));
     int rc = GM_OK;
     const char *call = gm_call_name(kind);
@@ -1405,7 +1406,7 @@ static int sim_event_sync(void *ctx, gm__event_t ev)
 /* Any stream value.  Never blocks: GM_NOT_READY while the stream is held. */
 static int sim_stream_sync(void *ctx, gm_stream_t stream)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_stream_sync, &sim));
     int rc = check_stream_locked(sim, "stream_sync", stream);
     if (rc != GM_OK) return leave(sim, rc);
@@ -1422,7 +1423,7 @@ static int sim_stream_sync(void *ctx, gm_stream_t stream)
  * SIM_STREAM_TOKEN_BASE); work on it is synchronous like on any stream. */
 static int sim_stream_create(void *ctx, gm_stream_t *stream)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_stream_create, &sim));
     int rc = GM_OK;
     if (stream == NULL) {
@@ -1445,7 +1446,7 @@ static int sim_stream_create(void *ctx, gm_stream_t *stream)
  * its pending events complete. */
 static int sim_stream_destroy(void *ctx, gm_stream_t stream)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_stream_destroy, &sim));
     stream_t *s = stream_find(sim, stream);
     if (s == NULL || !s->created)
@@ -1519,7 +1520,7 @@ static int hostreg_covers(const sim_t *sim, uintptr_t addr, size_t n)
  * the caller's (already mapped); nothing is touched. */
 static int sim_host_register(void *ctx, void *p, size_t size, unsigned flags)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_host_register, &sim));
     int rc = GM_OK;
     uintptr_t a = (uintptr_t)p;
@@ -1555,7 +1556,7 @@ out:
 /* Precondition (checked): p starts a registered range. */
 static int sim_host_unregister(void *ctx, void *p)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_host_unregister, &sim));
     int rc = GM_OK;
     size_t i = hostreg_upper(sim, (uintptr_t)p);
@@ -1577,7 +1578,7 @@ static int sim_host_unregister(void *ctx, void *p)
  * sim's "device" addresses host memory directly: the same address. */
 static int sim_host_device_pointer(void *ctx, void *p, uintptr_t *dptr)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_host_device_pointer, &sim));
     int rc = GM_OK;
     size_t i = hostreg_upper(sim, (uintptr_t)p);
@@ -1608,7 +1609,7 @@ static long managed_find(const sim_t *sim, uintptr_t ptr, size_t size)
 
 static int sim_managed_alloc(void *ctx, size_t size, uintptr_t *ptr)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_mem_alloc, &sim));
     int rc = GM_OK;
     size_t len = (size + sim->host_page - 1) / sim->host_page * sim->host_page;
@@ -1632,7 +1633,7 @@ out:
 
 static int sim_managed_free(void *ctx, uintptr_t ptr)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_mem_free, &sim));
     int rc = GM_OK;
     long i = managed_find(sim, ptr, 1);
@@ -1649,7 +1650,7 @@ static int sim_managed_free(void *ctx, uintptr_t ptr)
 
 static int sim_prefetch(void *ctx, uintptr_t ptr, size_t size, int to_host, gm_stream_t stream)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_prefetch, &sim));
     int rc = GM_OK;
     (void)to_host;
@@ -1665,7 +1666,7 @@ out:
 
 static int sim_advise(void *ctx, uintptr_t ptr, size_t size, int advice)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_advise, &sim));
     int rc = GM_OK;
     if (managed_find(sim, ptr, size) < 0 || (advice != 1 && advice != 2))
@@ -1680,7 +1681,7 @@ static int sim_advise(void *ctx, uintptr_t ptr, size_t size, int advice)
  * is nothing to order: it checks, charges, and returns. */
 static int sim_stream_wait_event(void *ctx, gm_stream_t stream, gm__event_t ev)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_stream_wait_event, &sim));
     int rc = check_stream_locked(sim, "stream_wait_event", stream);
     if (rc == GM_OK && event_lookup_locked(sim, ev) == NULL)
@@ -1833,7 +1834,7 @@ static int check_range_locked(sim_t *sim, const char *call, const char *side, ui
  * Synchronous: done when it returns (a held stream only delays events). */
 static int sim_memcpy(void *ctx, uintptr_t dst, uintptr_t src, size_t n, gm_stream_t stream)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_memcpy, &sim));
     int rc = GM_OK, ddev = 0, sdev = 0;
     GM_CHECK_GOTO(check_stream_locked(sim, "memcpy", stream), rc, out);
@@ -1865,7 +1866,7 @@ out:
 /* Preconditions: as memcpy. */
 static int sim_memset(void *ctx, uintptr_t dst, int value, size_t n, gm_stream_t stream)
 {
-    sim_t *sim;
+    sim_t *sim = NULL;
     GM_CHECK(enter(ctx, GM_CALL_memset, &sim));
     int rc = GM_OK, ddev = 0;
     GM_CHECK_GOTO(check_stream_locked(sim, "memset", stream), rc, out);
