@@ -104,7 +104,7 @@ static const gm__option_t table[GM_OPT_COUNT] = {
     [GM_OPT_MALLOC_FAIL_NTH] = {"GPUMEM_MALLOC_FAIL_NTH", T_MALLOC_FAIL_NTH, "0",
                                 "testing: the n-th host allocation of the library, counted from "
                                 "the first reading of the environment, fails (0: none)",
-                                true, 0},
+                                true, 0, 0},
     [GM_OPT_TRACE] = {"GPUMEM_TRACE", T_PATH, "",
                       "record every allocation of the process to this RMM CSV file (.gz: "
                       "gzip'd), from the first pool on", PROC},
