@@ -19,7 +19,9 @@ import ctypes
 
 import gpumem as _gm
 
-__all__ = ["enable", "is_enabled", "hooks", "memory_stats", "nccl_mem_pool", "TorchError"]
+__all__ = ["enable", "is_enabled", "hooks", "memory_stats", "memory_allocated", "max_memory_allocated",
+           "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "torch_memory_stats",
+           "nccl_mem_pool", "TorchError"]
 
 _state = {"enabled": False, "allocator": None, "hooks": ()}
 
@@ -153,3 +155,58 @@ def memory_stats(device=None):
     torch.cuda.memory_stats() cannot give for a plugged allocator.
     'allocated' is the bytes PyTorch asked for and holds."""
     return _gm.stats(_device_index(device))
+
+
+# Drop-in replacements for the torch.cuda calls a plugged allocator cannot
+# answer (PyTorch raises "CUDAPluggableAllocator does not yet support
+# getDeviceStats"): same names, same arguments, same meanings, from the
+# pool behind the device.
+
+def memory_allocated(device=None):
+    """torch.cuda.memory_allocated: bytes of live tensors on the device."""
+    return memory_stats(device)["allocated"]
+
+
+def max_memory_allocated(device=None):
+    """torch.cuda.max_memory_allocated: the peak of memory_allocated since
+    the start or reset_peak_memory_stats."""
+    return memory_stats(device)["allocated_peak"]
+
+
+def memory_reserved(device=None):
+    """torch.cuda.memory_reserved: device memory the allocator holds (live
+    and cached)."""
+    return memory_stats(device)["reserved"]
+
+
+def max_memory_reserved(device=None):
+    """torch.cuda.max_memory_reserved: the peak of memory_reserved."""
+    return memory_stats(device)["reserved_peak"]
+
+
+def reset_peak_memory_stats(device=None):
+    """torch.cuda.reset_peak_memory_stats: peaks start again from now."""
+    _gm.reset_peaks(_device_index(device))
+
+
+def torch_memory_stats(device=None):
+    """The keys of torch.cuda.memory_stats() that have a gpumem meaning,
+    under PyTorch's names ("allocated_bytes.all.current", ...); the rest of
+    gpumem's figures are in memory_stats()."""
+    s = memory_stats(device)
+    return {
+        "allocated_bytes.all.current": s["allocated"],
+        "allocated_bytes.all.peak": s["allocated_peak"],
+        "allocated_bytes.all.allocated": s["allocated_total"],
+        "allocated_bytes.all.freed": s["freed_total"],
+        "active_bytes.all.current": s["active"],
+        "active_bytes.all.peak": s["active_peak"],
+        "reserved_bytes.all.current": s["reserved"],
+        "reserved_bytes.all.peak": s["reserved_peak"],
+        "inactive_split_bytes.all.current": s["inactive_split"],
+        "allocation.all.current": s["live_blocks"],
+        "allocation.all.allocated": s["alloc_count"],
+        "allocation.all.freed": s["free_count"],
+        "num_alloc_retries": s["retries"],
+        "num_ooms": s["oom_count"],
+    }

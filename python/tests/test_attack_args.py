@@ -325,6 +325,47 @@ class TestAdapterArgs(ArgCase):
             else:
                 sys.modules["torch"] = saved
 
+    def test_torch_drop_in_stats(self):
+        # The drop-ins for torch.cuda's stats calls: same meanings, from the pool.
+        saved = sys.modules.get("torch")
+        torch = types.ModuleType("torch")
+        torch.cuda = types.SimpleNamespace(current_device=lambda: DEV)
+        sys.modules["torch"] = torch
+        gt = gpumem.torch
+        try:
+            import gc
+            gc.collect()  # blocks of earlier tests, freed now rather than in the middle
+            gt.reset_peak_memory_stats()
+            base = gt.memory_allocated()
+            self.assertEqual(gt.max_memory_allocated(), base)
+            with gpumem.alloc(3 << 20, device=DEV), gpumem.alloc(1000, device=DEV):
+                self.assertEqual(gt.memory_allocated(), base + (3 << 20) + 1000)
+                peak = gt.max_memory_allocated()
+                self.assertGreaterEqual(peak, base + (3 << 20) + 1000)
+                self.assertEqual(gt.memory_allocated("cuda:%d" % DEV), gt.memory_allocated(DEV))
+                self.assertGreaterEqual(gt.memory_reserved(), (3 << 20) + 1000)
+                t = gt.torch_memory_stats()
+                self.assertEqual(t["allocated_bytes.all.current"], base + (3 << 20) + 1000)
+                self.assertGreaterEqual(t["allocation.all.current"], 2)
+                self.assertEqual(t["reserved_bytes.all.current"], gt.memory_reserved())
+            self.assertEqual(gt.memory_allocated(), base)
+            self.assertEqual(gt.max_memory_allocated(), peak)  # a free moves no peak
+            self.assertGreaterEqual(gt.max_memory_reserved(), gt.memory_reserved())
+            gt.reset_peak_memory_stats(DEV)
+            self.assertEqual(gt.max_memory_allocated(), base)
+            for f in (gt.memory_allocated, gt.max_memory_allocated, gt.memory_reserved,
+                      gt.max_memory_reserved, gt.reset_peak_memory_stats, gt.torch_memory_stats):
+                with self.subTest(f=f.__name__):
+                    with self.assertRaises(ValueError):
+                        f("cpu")
+                    with self.assertRaises(TypeError):
+                        f(1.5)
+        finally:
+            if saved is None:
+                sys.modules.pop("torch", None)
+            else:
+                sys.modules["torch"] = saved
+
 
 if __name__ == "__main__":
     unittest.main()
