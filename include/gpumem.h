@@ -869,11 +869,11 @@ GM_API int gm_tag_info(gm_pool_t *pool, gm_tag_t tag, gm_tag_info_t *info);
  * GPUMEM_TORCH_OOM=null (read once, at the first failure). */
 GM_API void *gm_torch_alloc(ssize_t size, int device, gm_stream_t stream);
 GM_API void gm_torch_free(void *ptr, ssize_t size, int device, gm_stream_t stream);
-/* The same pair for registrable segments (gm_alloc_registrable on the device
- * pool): the allocator of a torch.cuda.MemPool whose segments NCCL can
- * register (gpumem.torch.nccl_mem_pool(), docs/multigpu.md). */
+/* gm_torch_alloc for registrable segments (gm_alloc_registrable on the
+ * device pool), freed with gm_torch_free: the allocator of a
+ * torch.cuda.MemPool whose segments NCCL can register
+ * (gpumem.torch.nccl_mem_pool(), docs/multigpu.md). */
 GM_API void *gm_torch_alloc_registrable(ssize_t size, int device, gm_stream_t stream);
-GM_API void gm_torch_free_registrable(void *ptr, ssize_t size, int device, gm_stream_t stream);
 /* Hooks settable on PyTorch's allocator object from Python:
  * set_reset_fn (torch.cuda.empty_cache: gm_trim of every device pool),
  * set_record_stream_fn (Tensor.record_stream: gm_record_stream),

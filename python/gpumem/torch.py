@@ -106,7 +106,7 @@ def nccl_mem_pool():
                          % torch.__version__)
     lib, path = _gm._library()
     allocator = cuda.memory.CUDAPluggableAllocator(path, "gm_torch_alloc_registrable",
-                                                   "gm_torch_free_registrable")
+                                                   "gm_torch_free")
     pool = cuda.MemPool(allocator.allocator())
     try:
         pool._gpumem_allocator = allocator  # keep the Python side alive with the pool

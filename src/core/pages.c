@@ -133,26 +133,27 @@ static void lru_remove(gm_pool_t *pool, uint32_t id)
 /* ---- physical pages ------------------------------------------------------ */
 
 /* The pool limit applies to the reserved memory of all its heaps together
- * (root->fam_reserved, see heaps.c): a page is counted there before it is
- * asked for, atomically, so heaps growing at once never pass the limit. */
-static bool fam_take(gm_pool_t *pool)
+ * (root->fam_reserved, see heaps.c), registrable segments included: bytes
+ * are counted there before they are asked for, atomically, so heaps growing
+ * at once never pass the limit. */
+bool gm__pages_limit_take(gm_pool_t *pool, size_t bytes)
 {
     gm_pool_t *r = pool->root;
     uint64_t cur = atomic_load_explicit(&r->fam_reserved, memory_order_relaxed);
     do {
-        if (!gm__pages_limit_allows(pool, cur, pool->page)) return false;
-    } while (!atomic_compare_exchange_weak_explicit(&r->fam_reserved, &cur, cur + pool->page,
+        if (!gm__pages_limit_allows(pool, cur, bytes)) return false;
+    } while (!atomic_compare_exchange_weak_explicit(&r->fam_reserved, &cur, cur + bytes,
                                                     memory_order_relaxed, memory_order_relaxed));
-    uint64_t now = cur + pool->page, pk = atomic_load_explicit(&r->fam_reserved_peak, memory_order_relaxed);
+    uint64_t now = cur + bytes, pk = atomic_load_explicit(&r->fam_reserved_peak, memory_order_relaxed);
     while (now > pk && !atomic_compare_exchange_weak_explicit(&r->fam_reserved_peak, &pk, now,
                                                               memory_order_relaxed, memory_order_relaxed)) {
     }
     return true;
 }
 
-static void fam_put(gm_pool_t *pool)
+void gm__pages_limit_put(gm_pool_t *pool, size_t bytes)
 {
-    atomic_fetch_sub_explicit(&pool->root->fam_reserved, pool->page, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&pool->root->fam_reserved, bytes, memory_order_relaxed);
 }
 
 /* Obtain a physical page from the provider; it starts free, mapped nowhere.
@@ -160,7 +161,7 @@ static void fam_put(gm_pool_t *pool)
 static int phys_create(gm_pool_t *pool, uint32_t *out)
 {
     int rc;
-    if (!fam_take(pool)) return GM_LIMIT;
+    if (!gm__pages_limit_take(pool, pool->page)) return GM_LIMIT;
     uint32_t id;
     if (pool->n_dead) {
         id = pool->dead_ids[pool->n_dead - 1];
@@ -172,7 +173,7 @@ static int phys_create(gm_pool_t *pool, uint32_t *out)
             if (ph) pool->phys = ph;
             if (dd) pool->dead_ids = dd;
             if (!ph || !dd) {
-                fam_put(pool);
+                gm__pages_limit_put(pool, pool->page);
                 return GM_NO_HOST_MEMORY;
             }
             pool->cap_phys = cap;
@@ -183,7 +184,7 @@ static int phys_create(gm_pool_t *pool, uint32_t *out)
     size_t got = 0;
     rc = pool->provider.ops->obtain(pool->provider.ctx, pool->page, 1, &h, &got);
     if (rc != GM_OK) {
-        fam_put(pool);
+        gm__pages_limit_put(pool, pool->page);
         return rc;
     }
     gm_assert_internal(got == 1);
@@ -297,7 +298,7 @@ static int phys_release(gm_pool_t *pool, uint32_t id)
     pp->live = 0;
     pool->dead_ids[pool->n_dead++] = id;
     pool->st.reserved -= pool->page;
-    fam_put(pool);
+    gm__pages_limit_put(pool, pool->page);
     return GM_OK;
 }
 

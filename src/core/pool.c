@@ -360,6 +360,16 @@ static bool retry_locked(gm_pool_t *pool, size_t size, size_t align, gm_stream_t
     return false;
 }
 
+size_t gm__pool_reclaim_locked(gm_pool_t *pool)
+{
+    size_t pages = 0;
+    gm__tcache_flush_self_locked(pool);
+    gm__drain_streams_locked(pool);
+    if (gm__pages_trim_locked(pool, 0, &pages) != GM_OK) gm__clear_error();
+    /* Cached registrable segments (the root's) hold the limit too. */
+    return pages + (pool->root == pool ? gm__segs_trim_locked(pool) : 0);
+}
+
 /* Everything after a failed first attempt, lock held (released around the
  * handlers and while other heaps give pages back).  The steps, each
  * followed by a retry:
@@ -377,10 +387,7 @@ static int alloc_slow_locked(gm_pool_t *pool, size_t size, size_t align, gm_stre
     char reason[256];
     snprintf(reason, sizeof reason, "%s", gm_last_error());
 
-    gm__tcache_flush_self_locked(pool);
-    gm__drain_streams_locked(pool);
-    if (gm__pages_trim_locked(pool, 0, NULL) != GM_OK) gm__clear_error();
-    if (pool->root == pool) (void)gm__segs_trim_locked(pool); /* cached segments hold the limit too */
+    (void)gm__pool_reclaim_locked(pool);
     if (retry_locked(pool, size, align, stream, tag, ptr, &rc, reason, sizeof reason)) goto over;
     if (gm__heaps_reclaim_others(pool) && retry_locked(pool, size, align, stream, tag, ptr, &rc, reason, sizeof reason))
         goto over;

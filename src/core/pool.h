@@ -411,6 +411,11 @@ void gm__pages_budget(const gm_pool_t *pool, uint64_t live, uint64_t *allow, uin
 /* Release free physical pages (oldest first, skipping pages a held stream
  * may still touch) until cached <= keep. Lock held. */
 int gm__pages_trim_locked(gm_pool_t *pool, size_t keep, size_t *released);
+/* Count bytes against the pool limit (all heaps and registrable segments
+ * together) before asking for them: false, nothing counted, when they would
+ * pass it.  Any lock or none. */
+bool gm__pages_limit_take(gm_pool_t *pool, size_t bytes);
+void gm__pages_limit_put(gm_pool_t *pool, size_t bytes);
 /* Create and map `bytes` of pages at the start of the large arena. */
 int gm__pages_prefault_locked(gm_pool_t *pool, size_t bytes);
 /* The physical handles of the n pages from page-aligned addr, all owned
@@ -516,6 +521,11 @@ void gm__offload_trim_locked(gm_pool_t *heap);
 void gm__offload_heap_fini_locked(gm_pool_t *heap);
 /* tag was made by gm_tag_get (GM_TAG_NONE counts as valid). */
 bool gm__tag_valid(gm_tag_t tag);
+
+/* The first step of an allocation that found no room (pool.c), lock held:
+ * the thread cache flushed, streams drained, free pages trimmed, and in the
+ * root cached registrable segments given back; the bytes given back. */
+size_t gm__pool_reclaim_locked(gm_pool_t *pool);
 
 /* ---- defined in src/core/segments.c (root's lock held) ----------------------- */
 /* gm_alloc_registrable's work: a cached segment that fits, or a new one. */

@@ -79,24 +79,6 @@ static seg_t *seg_find(const gm_pool_t *pool, const void *ptr)
     return pool->segs ? gm__hash_get(&pool->segs->by_va, (uintptr_t)ptr) : NULL;
 }
 
-/* ---- the limit ------------------------------------------------------------ */
-
-static bool limit_take(gm_pool_t *pool, size_t bytes)
-{
-    gm_pool_t *r = pool->root;
-    uint64_t cur = atomic_load_explicit(&r->fam_reserved, memory_order_relaxed);
-    do {
-        if (!gm__pages_limit_allows(pool, cur, bytes)) return false;
-    } while (!atomic_compare_exchange_weak_explicit(&r->fam_reserved, &cur, cur + bytes,
-                                                    memory_order_relaxed, memory_order_relaxed));
-    return true;
-}
-
-static void limit_put(gm_pool_t *pool, size_t bytes)
-{
-    atomic_fetch_sub_explicit(&pool->root->fam_reserved, bytes, memory_order_relaxed);
-}
-
 /* ---- making and giving back ------------------------------------------------ */
 
 static void hook_dereg(gm_pool_t *pool, seg_t *s)
@@ -147,7 +129,7 @@ static size_t seg_align(const gm_pool_t *pool)
 /* A new segment of `size` bytes (pages), mapped, accessible and registered. */
 static int seg_make(gm_pool_t *pool, size_t size, seg_t **out)
 {
-    if (!limit_take(pool, size))
+    if (!gm__pages_limit_take(pool, size))
         return gm__set_error(GM_LIMIT, "gm_alloc_registrable: %zu bytes would pass the pool "
                              "limit of %zu bytes", size, pool->limit);
     seg_t *s = gm__calloc(1, sizeof *s);
@@ -195,7 +177,7 @@ static int seg_make(gm_pool_t *pool, size_t size, seg_t **out)
     return GM_OK;
 fail:
     gm__free(s);
-    limit_put(pool, size);
+    gm__pages_limit_put(pool, size);
     return rc;
 }
 
@@ -229,7 +211,7 @@ static int seg_give_back(gm_pool_t *pool, seg_t *s)
             break;
         }
     pool->st.registrable_reserved -= s->size;
-    limit_put(pool, s->size);
+    gm__pages_limit_put(pool, s->size);
     gm__free(s);
     return GM_OK;
 }
@@ -251,18 +233,16 @@ size_t gm__segs_trim_locked(gm_pool_t *pool)
     return freed;
 }
 
-/* After a creation found no room: give back cached segments, then free
- * pages of the page layer (the root's: streams drained, cache trimmed);
- * whether anything went back.  The creation's message is kept. */
+/* After a creation found no room: the allocator's own reclaim (cached
+ * pages and segments go back); whether anything went back.  The creation's
+ * message is kept. */
 static bool make_room_locked(gm_pool_t *pool, int rc)
 {
     char why[256];
     snprintf(why, sizeof why, "%s", gm_last_error());
-    size_t pages = 0, segs = gm__segs_trim_locked(pool);
-    gm__drain_streams_locked(pool);
-    if (gm__pages_trim_locked(pool, 0, &pages) != GM_OK) pages = 0;
+    size_t freed = gm__pool_reclaim_locked(pool);
     gm__set_error(rc, "%s", why);
-    return segs + pages > 0;
+    return freed > 0;
 }
 
 /* ---- the calls ------------------------------------------------------------- */

@@ -126,11 +126,6 @@ void *gm_torch_alloc_registrable(ssize_t size, int device, gm_stream_t stream)
     return alloc_failed(rc, size, device);
 }
 
-void gm_torch_free_registrable(void *ptr, ssize_t size, int device, gm_stream_t stream)
-{
-    gm_torch_free(ptr, size, device, stream);
-}
-
 void gm_torch_free(void *ptr, ssize_t size, int device, gm_stream_t stream)
 {
     (void)size;
