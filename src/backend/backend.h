@@ -221,6 +221,15 @@ extern const gm__backend_ops_t gm__backend_sim;
 extern const gm__backend_ops_t gm__backend_cuda;
 
 /* ---- defined in src/backend/select.c ---- */
+/* The peers a backend is opened with, for every backend: `want` (bits, or
+ * GM__PEERS_ALL) without `self`; each must be below `ndevices`
+ * (GM_NO_DEVICE naming it; GM__PEERS_ALL takes the devices there are) and
+ * reach self's memory: reach(arg, d, &ok) answers (or fails, its message
+ * set); a device that cannot is GM_NOT_SUPPORTED, naming both and `why`.
+ * `name`: the backend's, for the messages.  *out: the resolved bits. */
+int gm__backend_resolve_peers(const char *name, int self, int ndevices, uint64_t want,
+                              int (*reach)(void *arg, int d, int *ok), void *arg,
+                              const char *why, uint64_t *out);
 /* Fault injection that reaches the backend calls made while a pool is
  * created: the next context opened by a backend with fail_nth starts with
  * countdown n for `kind` (as if fail_nth(ctx, kind, n) were its first call);

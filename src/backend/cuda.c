@@ -282,30 +282,16 @@ static int dev_attr(CUdevice dev, CUdevice_attribute a)
     return drv.cuDeviceGetAttribute(&v, a, dev) == CUDA_SUCCESS ? v : 0;
 }
 
-/* Resolve and check the peers cfg asks for: each must exist (but with
- * GM__PEERS_ALL) and be able to reach this device's memory. */
-static int open_peers(cuda_ctx_t *c, uint64_t want)
+/* gm__backend_resolve_peers's question: may device d reach c's memory? */
+static int cuda_reach(void *arg, int d, int *ok)
 {
-    for (int d = 0; d < 64; d++) {
-        if (d == c->ordinal || !(want & ((uint64_t)1 << d))) continue;
-        if (d >= c->ndevices) {
-            if (want == GM__PEERS_ALL) break;
-            return gm__set_error(GM_NO_DEVICE, "cuda: peer device %d does not exist (%d device%s "
-                                 "visible)", d, c->ndevices, c->ndevices == 1 ? " is" : "s are");
-        }
-        if (!drv.cuDeviceCanAccessPeer)
-            return gm__set_error(GM_NOT_SUPPORTED, "cuda: the driver lacks cuDeviceCanAccessPeer");
-        CUdevice peer;
-        int ok = 0;
-        CUresult r = drv.cuDeviceGet(&peer, d);
-        if (r == CUDA_SUCCESS) r = drv.cuDeviceCanAccessPeer(&ok, peer, c->device);
-        if (r != CUDA_SUCCESS) return cu_fail(r, "cuDeviceCanAccessPeer(%d, %d)", d, c->ordinal);
-        if (!ok)
-            return gm__set_error(GM_NOT_SUPPORTED, "cuda: device %d cannot access device %d's "
-                                 "memory (cuDeviceCanAccessPeer: no); leave it out of the peers "
-                                 "(GPUMEM_PEERS)", d, c->ordinal);
-        c->peers |= (uint64_t)1 << d;
-    }
+    const cuda_ctx_t *c = arg;
+    if (!drv.cuDeviceCanAccessPeer)
+        return gm__set_error(GM_NOT_SUPPORTED, "cuda: the driver lacks cuDeviceCanAccessPeer");
+    CUdevice peer;
+    CUresult r = drv.cuDeviceGet(&peer, d);
+    if (r == CUDA_SUCCESS) r = drv.cuDeviceCanAccessPeer(ok, peer, c->device);
+    if (r != CUDA_SUCCESS) return cu_fail(r, "cuDeviceCanAccessPeer(%d, %d)", d, c->ordinal);
     return GM_OK;
 }
 
@@ -569,7 +555,9 @@ static int cuda_open(const gm__backend_config_t *cfg, void **ctx)
         goto fail_free;
     }
 
-    GM_CHECK_GOTO(open_peers(c, cfg->peers), rc, fail_release);
+    GM_CHECK_GOTO(gm__backend_resolve_peers("cuda", c->ordinal, c->ndevices, cfg->peers, cuda_reach,
+                                            c, "cuDeviceCanAccessPeer: no", &c->peers),
+                  rc, fail_release);
     c->prop = alloc_prop(c->ordinal, c->handle_type);
     c->granularity = NO_VMM_GRANULARITY;
     if (c->vmm) {

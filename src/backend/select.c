@@ -181,3 +181,26 @@ void gm__backend_describe(int device, const char *sep, char *out, size_t cap)
         append(out, cap, line);
     }
 }
+
+int gm__backend_resolve_peers(const char *name, int self, int ndevices, uint64_t want,
+                              int (*reach)(void *arg, int d, int *ok), void *arg,
+                              const char *why, uint64_t *out)
+{
+    *out = 0;
+    for (int d = 0; d < 64; d++) {
+        if (d == self || !(want & ((uint64_t)1 << d))) continue;
+        if (d >= ndevices) {
+            if (want == GM__PEERS_ALL) break;
+            return gm__set_error(GM_NO_DEVICE, "%s: peer device %d does not exist (%d device%s)",
+                                 name, d, ndevices, ndevices == 1 ? "" : "s");
+        }
+        int ok = 0;
+        GM_CHECK(reach(arg, d, &ok));
+        if (!ok)
+            return gm__set_error(GM_NOT_SUPPORTED, "%s: device %d cannot access device %d's "
+                                 "memory (%s); leave it out of the peers (GPUMEM_PEERS)", name, d,
+                                 self, why);
+        *out |= (uint64_t)1 << d;
+    }
+    return GM_OK;
+}

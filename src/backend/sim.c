@@ -686,6 +686,15 @@ static int sim_probe(int device, char *why, size_t cap)
     return GM_OK;
 }
 
+/* gm__backend_resolve_peers's question: may device d reach arg's device
+ * (arg: {device, peer group size})? */
+static int sim_reach(void *arg, int d, int *ok)
+{
+    const int *self_group = arg;
+    *ok = sim_can_reach(d, self_group[0], self_group[1]);
+    return GM_OK;
+}
+
 /* The device's place on the sim's machine: its ordinal among cfg's devices,
  * the peers it grants access to (each must reach it: GPUMEM_SIM_PEER_GROUP),
  * and whether the pages it is asked for can be made. */
@@ -702,20 +711,13 @@ static int open_machine(sim_t *sim, const gm__backend_config_t *cfg)
                              "GPUMEM_SIM_DEVICES sets how many)", sim->device, n,
                              n == 1 ? "" : "s");
     sim->ndevices = n;
-    uint64_t want = cfg ? cfg->peers : 0;
-    for (int d = 0; d < 64; d++) {
-        if (d == sim->device || !(want & ((uint64_t)1 << d))) continue;
-        if (d >= n) {
-            if (want == GM__PEERS_ALL) break;
-            return gm__set_error(GM_NO_DEVICE, "sim: peer device %d does not exist (%d device%s)",
-                                 d, n, n == 1 ? "" : "s");
-        }
-        if (!sim_can_reach(d, sim->device, group))
-            return gm__set_error(GM_NOT_SUPPORTED, "sim: device %d cannot access device %d's "
-                                 "memory (peer groups of %d devices: GPUMEM_SIM_PEER_GROUP); "
-                                 "leave it out of the peers", d, sim->device, group);
-        sim->peers |= (uint32_t)1 << d;
-    }
+    char why[96];
+    snprintf(why, sizeof why, "peer groups of %d devices: GPUMEM_SIM_PEER_GROUP", group);
+    uint64_t peers;
+    int self_group[2] = {sim->device, group};
+    GM_CHECK(gm__backend_resolve_peers("sim", sim->device, n, cfg ? cfg->peers : 0, sim_reach,
+                                       self_group, why, &peers));
+    sim->peers = (uint32_t)peers;
     sim->compression = !(cfg && cfg->sim_no_compression);
     sim->phys_flags = cfg ? cfg->phys_flags : 0;
     if ((sim->phys_flags & GM__PHYS_COMPRESSIBLE) && !sim->compression)
