@@ -48,6 +48,8 @@
 #define OFFL_STREAMS 4
 #define OFFL_PIECE ((size_t)64 << 20)
 #define OFFL_WINDOW ((size_t)128 << 20)
+#define OFFL_MARK ((size_t)32 << 20)
+#define OFFL_MARKS 8
 
 /* ---- the process's tags ------------------------------------------------------ */
 
@@ -135,7 +137,8 @@ struct gm__offload {
     pthread_mutex_t mu;
     gm_stream_t stream[OFFL_STREAMS];
     unsigned n_streams;
-    gm__event_t ev[2][OFFL_STREAMS];         /* windows in flight */
+    gm__event_t start;                       /* a restore's copies wait for its stream */
+    gm__event_t mark[OFFL_MARKS];            /* an offload's copies, piece by piece */
     bool have_ev;
     uint64_t tick;
     tagstate_t tag[GM_TAGS_MAX + 1];
@@ -156,10 +159,9 @@ void gm__offload_fini(gm_pool_t *root)
     if (!o) return;
     int rc;
     for (unsigned i = 0; i < o->n_streams; i++) GM_BK(rc, root, stream_destroy, (root->bk, o->stream[i]));
-    if (o->have_ev)
-        for (int w = 0; w < 2; w++)
-            for (unsigned i = 0; i < OFFL_STREAMS; i++)
-                if (o->ev[w][i]) GM_BK(rc, root, event_destroy, (root->bk, o->ev[w][i]));
+    if (o->start) GM_BK(rc, root, event_destroy, (root->bk, o->start));
+    for (unsigned i = 0; i < OFFL_MARKS; i++)
+        if (o->mark[i]) GM_BK(rc, root, event_destroy, (root->bk, o->mark[i]));
     (void)rc;
     pthread_mutex_destroy(&o->mu);
     gm__free(o);
@@ -176,12 +178,15 @@ static int streams_ready(gm_pool_t *root, struct gm__offload *o)
         o->n_streams++;
     }
     if (!o->have_ev) {
-        for (int w = 0; w < 2; w++)
-            for (unsigned i = 0; i < OFFL_STREAMS; i++)
-                if (!o->ev[w][i]) {
-                    GM_BK(rc, root, event_create, (root->bk, &o->ev[w][i]));
-                    if (rc != GM_OK) return rc;
-                }
+        if (!o->start) {
+            GM_BK(rc, root, event_create, (root->bk, &o->start));
+            if (rc != GM_OK) return rc;
+        }
+        for (unsigned i = 0; i < OFFL_MARKS; i++)
+            if (!o->mark[i]) {
+                GM_BK(rc, root, event_create, (root->bk, &o->mark[i]));
+                if (rc != GM_OK) return rc;
+            }
         o->have_ev = true;
     }
     return GM_OK;
@@ -355,27 +360,6 @@ static int copy_pieces(gm_pool_t *root, struct gm__offload *o, uintptr_t dst, ui
     return GM_OK;
 }
 
-/* Record window w's events on the copy streams / wait for them. */
-static int window_mark(gm_pool_t *root, struct gm__offload *o, int w)
-{
-    int rc;
-    for (unsigned i = 0; i < o->n_streams; i++) {
-        GM_BK(rc, root, event_record, (root->bk, o->ev[w][i], o->stream[i]));
-        if (rc != GM_OK) return rc;
-    }
-    return GM_OK;
-}
-
-static int window_wait(gm_pool_t *root, struct gm__offload *o, int w)
-{
-    int rc;
-    for (unsigned i = 0; i < o->n_streams; i++) {
-        GM_BK(rc, root, event_sync, (root->bk, o->ev[w][i]));
-        if (rc != GM_OK) return rc;
-    }
-    return GM_OK;
-}
-
 /* Every copy stream idle (after a failure: nothing of ours in flight).
  * Best effort: the first error is returned, each stream is tried. */
 static int streams_idle(gm_pool_t *root, struct gm__offload *o)
@@ -468,12 +452,234 @@ static bool tag_shared(gm_pool_t *h, gm_tag_t tag, void **which)
     return found;
 }
 
+/* A point in an offload's copies: every byte before byte `off` of block
+ * `blk` (in the call's address order) is copied once its event has passed. */
+typedef struct mark {
+    size_t blk, off;
+} mark_t;
+
+/* One offload's copies in one heap (offload_heap).  Host copies are placed
+ * window by window: the blocks [win_end[w-1], win_end[w]) share segment w.
+ * The segments are made by a thread of the call's own (segmaker_main), in
+ * window order, while this thread queues copies and gives pages back: on
+ * a cold host pool, touching and registering new pinned memory is the
+ * larger cost, and it overlaps the copies that way. */
+typedef struct ocopy {
+    gm_pool_t *root, *h;
+    struct gm__offload *o;
+    const blist_t *bl;
+    result_t *res;
+    void **copies;             /* per block: its host copy */
+    offseg_t **segs;           /* per block: the segment it lies in */
+    size_t n_win, *win_end, *win_bytes;
+    offseg_t **wseg;           /* per window: made (mu) */
+    size_t piece;              /* bytes between marks */
+    size_t fin, fin_off;       /* blocks [0, fin) offloaded; bytes of bl->b[fin] given back */
+    size_t qb, qoff;           /* copies queued: blocks [0, qb) and qoff bytes of bl->b[qb] */
+    mark_t ring[OFFL_MARKS];
+    unsigned r_head, r_n;
+    /* The segment maker. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t th;
+    bool started, stop;        /* stop: mu */
+    size_t made;               /* windows [0, made) done, made or failed (mu) */
+    int mk_rc;                 /* its failure, at window made - 1 (mu) */
+    char mk_msg[256];
+} ocopy_t;
+
+static void *segmaker_main(void *arg)
+{
+    ocopy_t *c = arg;
+    for (size_t w = 0; w < c->n_win; w++) {
+        pthread_mutex_lock(&c->mu);
+        bool stop = c->stop;
+        pthread_mutex_unlock(&c->mu);
+        if (stop) break;
+        int rc = GM_OK;
+        offseg_t *g = seg_new(c->root, c->win_bytes[w], &rc);
+        pthread_mutex_lock(&c->mu);
+        c->wseg[w] = g;
+        if (!g) {
+            c->mk_rc = rc;
+            snprintf(c->mk_msg, sizeof c->mk_msg, "%s", gm_last_error());
+            gm__clear_error();
+        }
+        c->made = w + 1;
+        pthread_cond_signal(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        if (!g) break;
+    }
+    return NULL;
+}
+
+/* Is window w's segment there yet (or its failure)? */
+static bool seg_ready(ocopy_t *c, size_t w)
+{
+    if (!c->started) return true;
+    pthread_mutex_lock(&c->mu);
+    bool r = c->made > w;
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+/* Window w's segment, waited for (made here when no thread makes them);
+ * NULL with the error set on failure. */
+static offseg_t *seg_take(ocopy_t *c, size_t w, int *rc)
+{
+    if (!c->started) {
+        c->wseg[w] = seg_new(c->root, c->win_bytes[w], rc);
+        return c->wseg[w];
+    }
+    pthread_mutex_lock(&c->mu);
+    while (c->made <= w) pthread_cond_wait(&c->cv, &c->mu);
+    offseg_t *g = c->wseg[w];
+    if (!g) *rc = gm__set_error(c->mk_rc, "%s", c->mk_msg);
+    pthread_mutex_unlock(&c->mu);
+    return g;
+}
+
+/* The maker stopped; the segments no offloaded block uses go back. */
+static void segmaker_end(ocopy_t *c)
+{
+    if (c->started) {
+        pthread_mutex_lock(&c->mu);
+        c->stop = true;
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->th, NULL);
+    }
+    for (size_t w = 0; w < c->n_win; w++) seg_drop(c->root, c->wseg[w]);
+}
+
+/* The copies up to mark m are done: the blocks before it are offloaded
+ * (fin moves on) and their pages given back; of block m.blk, when its copy
+ * is all queued, the pages up to m.off go back now. */
+static void finish_upto_locked(ocopy_t *c, mark_t m)
+{
+    gm_pool_t *h = c->h;
+    for (; c->fin < m.blk; c->fin++, c->fin_off = 0) {
+        offloaded_locked(h, c->bl->b[c->fin], c->copies[c->fin], c->segs[c->fin], c->res);
+        if (evict_range_locked(h, c->bl->b, c->fin, c->fin + 1, c->res) != GM_OK)
+            gm__clear_error(); /* tried again at the end */
+    }
+    if (c->fin == m.blk && c->fin < c->qb && m.off > c->fin_off) {
+        size_t rel = 0;
+        if (gm__pages_evict_span_locked(h, c->bl->b[c->fin], c->fin_off, m.off, &rel) != GM_OK) {
+            gm__clear_error(); /* what stays goes back with the whole block */
+            h->offl_dirty = true;
+        }
+        c->res->released += rel;
+        c->fin_off = m.off;
+    }
+}
+
+/* Wait for the oldest mark in flight and finish what lies before it. */
+static int mark_pop_locked(ocopy_t *c)
+{
+    int rc;
+    GM_BK(rc, c->root, event_sync, (c->root->bk, c->o->mark[c->r_head]));
+    if (rc != GM_OK) return rc;
+    finish_upto_locked(c, c->ring[c->r_head]);
+    c->r_head = (c->r_head + 1) % OFFL_MARKS;
+    c->r_n--;
+    return GM_OK;
+}
+
+/* Place the windows: blocks in address order, at most OFFL_WINDOW bytes of
+ * them per window (a larger block has one of its own). */
+static int plan_windows(ocopy_t *c)
+{
+    const blist_t *bl = c->bl;
+    c->win_end = calloc(bl->n, sizeof *c->win_end);
+    c->win_bytes = calloc(bl->n, sizeof *c->win_bytes);
+    c->wseg = calloc(bl->n, sizeof *c->wseg);
+    c->copies = calloc(bl->n, sizeof *c->copies);
+    c->segs = calloc(bl->n, sizeof *c->segs);
+    if (!c->win_end || !c->win_bytes || !c->wseg || !c->copies || !c->segs)
+        return gm__set_error(GM_NO_HOST_MEMORY, "gm_offload: out of host memory");
+    size_t total = 0;
+    for (size_t i = 0; i < bl->n;) {
+        size_t bytes = 0;
+        while (i < bl->n) {
+            size_t n = GM_ALIGN_UP(bl->b[i]->requested, GM_ALIGNMENT);
+            if (bytes && bytes + n > OFFL_WINDOW) break;
+            bytes += n;
+            total += bl->b[i]->requested;
+            i++;
+        }
+        c->win_bytes[c->n_win] = bytes;
+        c->win_end[c->n_win++] = i;
+    }
+    /* Pieces: a sixteenth of the tag's bytes, from one page to OFFL_MARK. */
+    c->piece = GM_ALIGN_UP(total / 16, c->h->page);
+    if (c->piece < c->h->page) c->piece = c->h->page;
+    if (c->piece > OFFL_MARK) c->piece = OFFL_MARK;
+    return GM_OK;
+}
+
+/* Copy the blocks of c->bl to host memory and give their pages back (h's
+ * lock held).  The copies go in order on one copy stream (one stream
+ * reaches the copy engine's line rate), in pieces of c->piece bytes with an
+ * event after each, at most OFFL_MARKS of them ahead.  Each mark passed
+ * finishes what lies before it: whole blocks are offloaded and their pages
+ * given back, and of a block whose copy is all queued, the pages copied so
+ * far go back at once (gm__pages_evict_span_locked), so that device memory
+ * comes back while the copy goes on, even within one large block.
+ * Returns the first error; c->fin: the blocks offloaded. */
+static int copy_out_locked(ocopy_t *c)
+{
+    gm_pool_t *root = c->root;
+    const blist_t *bl = c->bl;
+    GM_CHECK(plan_windows(c));
+    GM_CHECK(streams_ready(root, c->o));
+    if (c->n_win > 1)
+        c->started = pthread_create(&c->th, NULL, segmaker_main, c) == 0;
+    gm_stream_t cs = c->o->stream[0];
+    size_t since_mark = 0, w = 0;
+    int rc = GM_OK;
+    while (c->qb < bl->n) {
+        if (c->qb == (w ? c->win_end[w - 1] : 0)) {
+            /* A new window: while its segment is being made, finish the
+             * copies in flight (their pages go back meanwhile). */
+            if (!seg_ready(c, w))
+                while (c->r_n) GM_CHECK(mark_pop_locked(c));
+            offseg_t *g = seg_take(c, w, &rc);
+            if (!g) return rc;
+            size_t off = 0;
+            for (size_t i = c->qb; i < c->win_end[w]; i++) {
+                c->copies[i] = (char *)g->base + off;
+                c->segs[i] = g;
+                off += GM_ALIGN_UP(bl->b[i]->requested, GM_ALIGNMENT);
+            }
+            w++;
+        }
+        gm__block_t *b = bl->b[c->qb];
+        size_t len = b->requested - c->qoff;
+        if (len > c->piece - since_mark) len = c->piece - since_mark;
+        GM_BK(rc, root, memcpy,
+              (root->bk, (uintptr_t)c->copies[c->qb] + c->qoff, b->addr + c->qoff, len, cs));
+        if (rc != GM_OK) return rc;
+        c->qoff += len;
+        since_mark += len;
+        if (c->qoff == b->requested) c->qb++, c->qoff = 0;
+        if (since_mark < c->piece && c->qb < bl->n) continue;
+        if (c->r_n == OFFL_MARKS) GM_CHECK(mark_pop_locked(c));
+        unsigned slot = (c->r_head + c->r_n) % OFFL_MARKS;
+        GM_BK(rc, root, event_record, (root->bk, c->o->mark[slot], cs));
+        if (rc != GM_OK) return rc;
+        c->ring[slot] = (mark_t){c->qb, c->qoff};
+        c->r_n++;
+        since_mark = 0;
+    }
+    while (c->r_n) GM_CHECK(mark_pop_locked(c));
+    return GM_OK;
+}
+
 /* Offload the resident blocks of tag in heap h (offl->mu held, h's lock
  * taken here). */
 static int offload_heap(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, bool discard,
                         gm_stream_t stream, result_t *res)
 {
-    struct gm__offload *o = root->offl;
     blist_t bl = {0}, old = {0};
     int rc = GM_OK;
     gm__lock(&h->lock);
@@ -486,96 +692,42 @@ static int offload_heap(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, bool discar
     gm__drain_streams_locked(h); /* free neighbours: past their frees */
     for (size_t i = 0; i < bl.n; i++) gm__block_drop_recorded_locked(h, bl.b[i]);
 
-    /* Windows of copies: queue window w (its blocks' copies in one host
-     * segment), then finish window w-1. */
-    size_t done = 0;      /* blocks offloaded */
-    size_t queued = 0;    /* blocks whose copies are all queued */
-    size_t win_start[2] = {0, 0}, win_end[2] = {0, 0};
-    void **copies = NULL;
-    offseg_t **segs = NULL, **made = NULL; /* per block; per window made here */
-    size_t n_made = 0;
-    int w = 0;
-    bool pending_win = false; /* window 1-w is in flight */
-    unsigned next = 0;
+    ocopy_t c = {.root = root, .h = h, .o = root->offl, .bl = &bl, .res = res};
+    pthread_mutex_init(&c.mu, NULL);
+    pthread_cond_init(&c.cv, NULL);
     if (discard) {
         for (size_t i = 0; i < bl.n; i++) offloaded_locked(h, bl.b[i], NULL, NULL, res);
-        done = queued = bl.n;
+        c.fin = bl.n;
     } else if (bl.n) {
-        copies = calloc(bl.n, sizeof *copies);
-        segs = calloc(bl.n, sizeof *segs);
-        made = calloc(bl.n, sizeof *made);
-        if (!copies || !segs || !made) {
-            free(copies);
-            free(segs);
-            free(made);
-            rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_offload: out of host memory");
-            goto out;
-        }
-        rc = streams_ready(root, o);
-    }
-    while (rc == GM_OK && (queued < bl.n || pending_win)) {
-        size_t start = queued, end = queued, bytes = 0;
-        while (end < bl.n) {
-            size_t n = GM_ALIGN_UP(bl.b[end]->requested, GM_ALIGNMENT);
-            if (bytes && bytes + n > OFFL_WINDOW) break;
-            bytes += n;
-            end++;
-        }
-        if (end > start) {
-            offseg_t *g = seg_new(root, bytes, &rc);
-            if (!g) break;
-            made[n_made++] = g;
-            size_t off = 0;
-            for (; queued < end; queued++) {
-                gm__block_t *b = bl.b[queued];
-                copies[queued] = (char *)g->base + off;
-                segs[queued] = g;
-                rc = copy_pieces(root, o, (uintptr_t)copies[queued], b->addr, b->requested, &next);
-                if (rc != GM_OK) break;
-                off += GM_ALIGN_UP(b->requested, GM_ALIGNMENT);
-            }
-        }
-        bool queued_any = queued > start;
-        if (rc == GM_OK && queued_any) rc = window_mark(root, o, w);
-        if (rc != GM_OK) break;
-        win_start[w] = start;
-        win_end[w] = queued;
-        if (pending_win) {
-            /* The window before is copied: offloaded, its pages released. */
-            int pw = 1 - w;
-            rc = window_wait(root, o, pw);
-            if (rc != GM_OK) break;
-            for (size_t i = win_start[pw]; i < win_end[pw]; i++)
-                offloaded_locked(h, bl.b[i], copies[i], segs[i], res);
-            done = win_end[pw];
-            if (evict_range_locked(h, bl.b, win_start[pw], win_end[pw], res) != GM_OK)
-                gm__clear_error(); /* tried again below */
-        }
-        pending_win = queued_any;
-        w = 1 - w;
+        rc = copy_out_locked(&c);
     }
     if (rc != GM_OK) {
         /* Once no copy of ours runs, the blocks whose copies were all
-         * queued are offloaded; the others stay resident. */
+         * queued are offloaded; the others stay resident.  Should the copy
+         * stream itself fail, a block some of whose pages went back already
+         * is offloaded all the same: its host copy is what is left of it. */
         char msg[256];
         snprintf(msg, sizeof msg, "%s", gm_last_error());
-        if (copies && streams_idle(root, o) == GM_OK) {
-            for (size_t i = done; i < queued; i++) offloaded_locked(h, bl.b[i], copies[i], segs[i], res);
-            done = queued;
-        }
+        size_t upto = c.fin_off ? c.fin + 1 : c.fin;
+        if (c.copies && streams_idle(root, c.o) == GM_OK) upto = c.qb;
+        for (size_t i = c.fin; i < upto; i++) offloaded_locked(h, bl.b[i], c.copies[i], c.segs[i], res);
+        c.fin = upto;
         gm__clear_error();
         gm__set_error(rc, "gm_offload: %s; %zu of %zu blocks of tag '%s' offloaded, the others "
-                      "still on the device, nothing lost", msg, done, bl.n, tag_names[tag]);
+                      "still on the device, nothing lost", msg, c.fin, bl.n, tag_names[tag]);
     }
-    /* Segments no offloaded block uses (a failure) go back. */
-    for (size_t i = 0; i < n_made; i++) seg_drop(root, made[i]);
-    free(copies);
-    free(segs);
-    free(made);
+    segmaker_end(&c);
+    pthread_cond_destroy(&c.cv);
+    pthread_mutex_destroy(&c.mu);
+    free(c.copies);
+    free(c.segs);
+    free(c.win_end);
+    free(c.win_bytes);
+    free(c.wseg);
     /* Pages shared by neighbouring blocks of the tag, and those left by an
      * earlier call. */
     {
-        int erc = evict_range_locked(h, bl.b, 0, done, res);
+        int erc = evict_range_locked(h, bl.b, 0, c.fin, res);
         int erc2 = evict_range_locked(h, old.b, 0, old.n, res);
         if (rc == GM_OK) rc = erc != GM_OK ? erc : erc2;
     }
@@ -680,9 +832,9 @@ static int restore_map(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, gm_stream_t 
     for (size_t i = 0; i < bl.n; i++) any_copy |= bl.b[i]->host_copy != NULL;
     if (any_copy) {
         rc = streams_ready(root, o);
-        if (rc == GM_OK) GM_BK(rc, root, event_record, (root->bk, o->ev[1][0], stream));
+        if (rc == GM_OK) GM_BK(rc, root, event_record, (root->bk, o->start, stream));
         for (unsigned i = 0; rc == GM_OK && i < o->n_streams; i++)
-            GM_BK(rc, root, stream_wait_event, (root->bk, o->stream[i], o->ev[1][0]));
+            GM_BK(rc, root, stream_wait_event, (root->bk, o->stream[i], o->start));
         if (rc != GM_OK) goto out;
     }
     size_t mapped = 0;

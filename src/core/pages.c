@@ -832,6 +832,38 @@ static bool page_evictable(gm_pool_t *pool, const gm__arena_t *a, size_t p, cons
     return true;
 }
 
+/* Give back VA page p of a (mapped; evictable): its data is in host memory
+ * now.  An owned page becomes free with no fence (the offload waited for
+ * the blocks' streams); its physical page is released everywhere it is
+ * mapped, once the work of the streams that freed those other places has
+ * passed. */
+static int evict_page(gm_pool_t *pool, gm__arena_t *a, size_t p, size_t *released)
+{
+    uint32_t id = a->pid[p];
+    gm__ppage_t *pp = &pool->phys[id];
+    if (bit_get(a->owned, p)) {
+        bit_clear(a->owned, p);
+        pp->owner = GM_NONE;
+        pp->last_va = GM_NONE;
+        a->fence_s[p] = NULL;
+        lru_push(pool, id);
+    } else if (pp->owner != GM_NONE) {
+        return GM_OK; /* another range's page mapped here too: it stays there */
+    }
+    bool fenced = false;
+    for (uint32_t g = pp->first_va; g != GM_NONE && !fenced;) {
+        size_t q;
+        gm__arena_t *o = arena_of(pool, g, &q);
+        if (!fence_wait(pool, o, q)) fenced = true;
+        g = o->alias_next[q];
+    }
+    int rc = fenced ? gm__set_error(GM_NOT_READY, "gm_offload: a page stays cached: work "
+                                    "still queued on another stream may use it")
+                    : phys_release(pool, id);
+    if (rc == GM_OK && released) *released += pool->page;
+    return rc;
+}
+
 int gm__pages_evict_locked(gm_pool_t *pool, gm__block_t *b, size_t *released, size_t *kept)
 {
     gm__arena_t *a = b->arena;
@@ -845,32 +877,26 @@ int gm__pages_evict_locked(gm_pool_t *pool, gm__block_t *b, size_t *released, si
             if (kept && bit_get(a->owned, p)) (*kept)++;
             continue;
         }
-        uint32_t id = a->pid[p];
-        gm__ppage_t *pp = &pool->phys[id];
-        if (bit_get(a->owned, p)) {
-            /* Its data is in host memory now: the page is free, with no
-             * fence (the offload waited for the blocks' streams). */
-            bit_clear(a->owned, p);
-            pp->owner = GM_NONE;
-            pp->last_va = GM_NONE;
-            a->fence_s[p] = NULL;
-            lru_push(pool, id);
-        } else if (pp->owner != GM_NONE) {
-            continue; /* another range's page mapped here too: it stays there */
-        }
-        /* Released everywhere it is mapped, once the work of the streams
-         * that freed those other places has passed. */
-        bool fenced = false;
-        for (uint32_t g = pp->first_va; g != GM_NONE && !fenced;) {
-            size_t q;
-            gm__arena_t *o = arena_of(pool, g, &q);
-            if (!fence_wait(pool, o, q)) fenced = true;
-            g = o->alias_next[q];
-        }
-        int rc = fenced ? gm__set_error(GM_NOT_READY, "gm_offload: a page stays cached: work "
-                                        "still queued on another stream may use it")
-                        : phys_release(pool, id);
-        if (rc == GM_OK && released) *released += pool->page;
+        int rc = evict_page(pool, a, p, released);
+        if (rc != GM_OK && first == GM_OK) first = rc;
+    }
+    return first;
+}
+
+int gm__pages_evict_span_locked(gm_pool_t *pool, gm__block_t *b, size_t lo, size_t hi,
+                                size_t *released)
+{
+    gm__arena_t *a = b->arena;
+    size_t shift = pool->page_shift;
+    uintptr_t s = GM_ALIGN_UP(b->addr + lo, pool->page);
+    uintptr_t e = (b->addr + (hi < b->size ? hi : b->size)) & ~(uintptr_t)(pool->page - 1);
+    int first = GM_OK;
+    for (uintptr_t va = s; va < e; va += pool->page) {
+        size_t p = (va - a->base) >> shift;
+        /* Wholly inside b: no other block lies in it, so b's own page
+         * (owned, as b is live) holds nothing else. */
+        if (!bit_get(a->mapped, p) || !bit_get(a->owned, p)) continue;
+        int rc = evict_page(pool, a, p, released);
         if (rc != GM_OK && first == GM_OK) first = rc;
     }
     return first;

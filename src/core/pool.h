@@ -435,6 +435,13 @@ void gm__pages_fini(gm_pool_t *pool);
  * marked used (the block is live): gm__pages_ensure_mapped_locked maps
  * them again.  Lock held. */
 int gm__pages_evict_locked(gm_pool_t *pool, gm__block_t *b, size_t *released, size_t *kept);
+/* The same for the pages wholly inside [b->addr + lo, b->addr + hi) of a
+ * block b still resident, whose bytes there the caller has copied (an
+ * offload's copy of a large block, piece by piece): they lose their owner
+ * and go back.  b must be marked offloaded, or those pages mapped again,
+ * before the lock is let go.  Lock held. */
+int gm__pages_evict_span_locked(gm_pool_t *pool, gm__block_t *b, size_t lo, size_t hi,
+                                size_t *released);
 
 /* ---- defined in src/core/alloc.c -------------------------------------------- */
 

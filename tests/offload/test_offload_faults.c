@@ -102,12 +102,12 @@ static int check_others(gm_tag_t tag)
 static void setup_blocks(void)
 {
     static const size_t tsz_full[] = {256, 5000, 64 * KiB + 8, MiB - 256, MiB + 300,
-                                      2 * MiB, 3 * MiB + 5, 5 * MiB, 700};
+                                      2 * MiB, 3 * MiB + 5, 5 * MiB, 700, 12 * MiB + 4099};
     static const size_t usz_full[] = {1000, 2 * MiB + 77, 300000, 512};
     /* Slow builds: the same kinds of blocks (below, at and above 1 and 2
      * MiB, odd sizes), less data to copy and check per attempt. */
     static const size_t tsz_small[] = {256, 5000, 64 * KiB + 8, MiB - 256, MiB + 300,
-                                       2 * MiB + 5, 700};
+                                       2 * MiB + 5, 700, 12 * MiB + 4099};
     static const size_t usz_small[] = {1000, 600000, 300000, 512};
     int small = slow_factor() > 1;
     const size_t *tsz = small ? tsz_small : tsz_full, *usz = small ? usz_small : usz_full;

@@ -1,0 +1,291 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * vmm_probe.c — what the driver charges for the steps of an offload, each
+ * alone and side by side: giving back 2 MiB pages (unmap + release, page by
+ * page or one unmap over a run of pages), growing pinned host memory
+ * (touching with N threads, registering), and whether those steps slow each
+ * other or a device-to-host copy down.  Not part of the build: the offload
+ * design reads its figures (docs/offload.md, bench/results/).
+ *
+ *   cc -O2 -o vmm_probe bench/vmm_probe.c -I$CUDA/include -lcuda -lpthread
+ *   ./vmm_probe            # one line of JSON per measurement
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#define CK(x)                                                                              \
+    do {                                                                                   \
+        CUresult r_ = (x);                                                                 \
+        if (r_ != CUDA_SUCCESS) {                                                          \
+            const char *s_ = NULL;                                                         \
+            cuGetErrorString(r_, &s_);                                                     \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?");      \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static CUdevice dev;
+static size_t gran;
+
+typedef struct run {
+    CUdeviceptr va;
+    size_t n;
+    CUmemGenericAllocationHandle h[1024];
+} run_t;
+
+static double make_run(run_t *r, size_t n)
+{
+    CUmemAllocationProp p = {0};
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = (int)dev;
+    r->n = n;
+    CK(cuMemAddressReserve(&r->va, n * gran, 0, 0, 0));
+    double t0 = now_ms();
+    for (size_t i = 0; i < n; i++) {
+        CK(cuMemCreate(&r->h[i], gran, &p, 0));
+        CK(cuMemMap(r->va + i * gran, gran, 0, r->h[i], 0));
+    }
+    CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, (int)dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CK(cuMemSetAccess(r->va, n * gran, &d, 1));
+    CK(cuMemsetD8(r->va, 1, n * gran));
+    CK(cuCtxSynchronize());
+    return now_ms() - t0;
+}
+
+/* mode 0: unmap+release page by page; 1: all unmaps then all releases;
+ * 2: one unmap over the run, then the releases; 3: release first, then one unmap. */
+static double drop_run(run_t *r, int mode, double *t_unmap, int *ranged_rc)
+{
+    double t0 = now_ms(), t1;
+    *ranged_rc = 0;
+    if (mode == 0) {
+        for (size_t i = 0; i < r->n; i++) {
+            CK(cuMemUnmap(r->va + i * gran, gran));
+            CK(cuMemRelease(r->h[i]));
+        }
+        t1 = now_ms();
+    } else if (mode == 1) {
+        for (size_t i = 0; i < r->n; i++) CK(cuMemUnmap(r->va + i * gran, gran));
+        t1 = now_ms();
+        for (size_t i = 0; i < r->n; i++) CK(cuMemRelease(r->h[i]));
+    } else if (mode == 2) {
+        CUresult rc = cuMemUnmap(r->va, r->n * gran);
+        *ranged_rc = (int)rc;
+        if (rc != CUDA_SUCCESS)
+            for (size_t i = 0; i < r->n; i++) CK(cuMemUnmap(r->va + i * gran, gran));
+        t1 = now_ms();
+        for (size_t i = 0; i < r->n; i++) CK(cuMemRelease(r->h[i]));
+    } else {
+        for (size_t i = 0; i < r->n; i++) CK(cuMemRelease(r->h[i]));
+        t1 = now_ms();
+        CUresult rc = cuMemUnmap(r->va, r->n * gran);
+        *ranged_rc = (int)rc;
+        if (rc != CUDA_SUCCESS)
+            for (size_t i = 0; i < r->n; i++) CK(cuMemUnmap(r->va + i * gran, gran));
+    }
+    double t2 = now_ms();
+    *t_unmap = t1 - t0;
+    CK(cuMemAddressFree(r->va, r->n * gran));
+    return t2 - t0;
+}
+
+typedef struct tjob {
+    char *p;
+    size_t n;
+} tjob_t;
+
+static void *touch_main(void *a)
+{
+    tjob_t *j = a;
+    for (size_t o = 0; o < j->n; o += 4096) j->p[o] = 1;
+    return NULL;
+}
+
+static void touch(char *p, size_t n, int threads)
+{
+    pthread_t th[64];
+    tjob_t j[64];
+    size_t per = (n / (size_t)threads + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+    int k = 0;
+    for (size_t o = 0; o < n && k < threads; o += per, k++) {
+        j[k] = (tjob_t){p + o, o + per > n ? n - o : per};
+        pthread_create(&th[k], NULL, touch_main, &j[k]);
+    }
+    for (int i = 0; i < k; i++) pthread_join(th[i], NULL);
+}
+
+static char *host_map(size_t n)
+{
+    char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        perror("mmap");
+        exit(1);
+    }
+    (void)madvise(p, n, MADV_HUGEPAGE);
+    return p;
+}
+
+/* A thread that registers a touched buffer while the main thread works. */
+typedef struct regjob {
+    char *p;
+    size_t n;
+    double ms;
+    CUcontext ctx;
+} regjob_t;
+
+static void *reg_main(void *a)
+{
+    regjob_t *j = a;
+    CK(cuCtxSetCurrent(j->ctx));
+    double t0 = now_ms();
+    CK(cuMemHostRegister(j->p, j->n, CU_MEMHOSTREGISTER_DEVICEMAP));
+    j->ms = now_ms() - t0;
+    return NULL;
+}
+
+typedef struct touchjob {
+    char *p;
+    size_t n;
+    int threads;
+    double ms;
+} touchjob_t;
+
+static void *touch_bg(void *a)
+{
+    touchjob_t *j = a;
+    double t0 = now_ms();
+    touch(j->p, j->n, j->threads);
+    j->ms = now_ms() - t0;
+    return NULL;
+}
+
+int main(void)
+{
+    CK(cuInit(0));
+    CK(cuDeviceGet(&dev, 0));
+    CUcontext ctx;
+    CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CK(cuCtxSetCurrent(ctx));
+    char name[128];
+    CK(cuDeviceGetName(name, sizeof name, dev));
+    CUmemAllocationProp p = {0};
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = (int)dev;
+    CK(cuMemGetAllocationGranularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    printf("{\"probe\":\"device\",\"name\":\"%s\",\"granularity\":%zu}\n", name, gran);
+
+    /* A. Giving back 128 pages (256 MiB), each way, three times. */
+    static const char *mode_name[4] = {"unmap+release per page", "all unmaps, then releases",
+                                       "one ranged unmap, then releases", "releases, then one ranged unmap"};
+    for (int rep = 0; rep < 3; rep++)
+        for (int mode = 0; mode < 4; mode++) {
+            run_t r;
+            double mk = make_run(&r, 128), first;
+            int rrc;
+            double all = drop_run(&r, mode, &first, &rrc);
+            printf("{\"probe\":\"give_back\",\"pages\":128,\"mode\":\"%s\",\"make_ms\":%.2f,\"first_step_ms\":%.2f,"
+                   "\"total_ms\":%.2f,\"ranged_unmap_rc\":%d}\n", mode_name[mode], mk, first, all, rrc);
+        }
+
+    /* B. Pinned host growth: touch with N threads, register, unregister. */
+    size_t sizes[2] = {(size_t)256 << 20, (size_t)1 << 30};
+    int thr[4] = {1, 4, 8, 16};
+    for (int s = 0; s < 2; s++)
+        for (int t = 0; t < 4; t++) {
+            char *h = host_map(sizes[s]);
+            double t0 = now_ms();
+            touch(h, sizes[s], thr[t]);
+            double t1 = now_ms();
+            CK(cuMemHostRegister(h, sizes[s], CU_MEMHOSTREGISTER_DEVICEMAP));
+            double t2 = now_ms();
+            CK(cuMemHostUnregister(h));
+            double t3 = now_ms();
+            munmap(h, sizes[s]);
+            double t4 = now_ms();
+            printf("{\"probe\":\"host_grow\",\"bytes\":%zu,\"threads\":%d,\"touch_ms\":%.2f,\"register_ms\":%.2f,"
+                   "\"unregister_ms\":%.2f,\"munmap_ms\":%.2f}\n", sizes[s], thr[t], t1 - t0, t2 - t1, t3 - t2,
+                   t4 - t3);
+        }
+    {   /* register untouched */
+        char *h = host_map(sizes[0]);
+        double t0 = now_ms();
+        CK(cuMemHostRegister(h, sizes[0], CU_MEMHOSTREGISTER_DEVICEMAP));
+        printf("{\"probe\":\"host_register_untouched\",\"bytes\":%zu,\"register_ms\":%.2f}\n", sizes[0],
+               now_ms() - t0);
+        CK(cuMemHostUnregister(h));
+        munmap(h, sizes[0]);
+    }
+
+    /* C. Side by side. */
+    CUstream st;
+    CK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    size_t cb = (size_t)256 << 20;
+    char *pin = host_map(cb);
+    touch(pin, cb, 16);
+    CK(cuMemHostRegister(pin, cb, CU_MEMHOSTREGISTER_DEVICEMAP));
+    CUdeviceptr d;
+    CK(cuMemAlloc(&d, cb));
+    for (int rep = 0; rep < 3; rep++) {
+        /* C1: copy alone. */
+        double t0 = now_ms();
+        CK(cuMemcpyDtoHAsync(pin, d, cb, st));
+        CK(cuStreamSynchronize(st));
+        double alone = now_ms() - t0;
+        /* C2: copy while 16 threads touch a fresh 256 MiB. */
+        char *h = host_map(cb);
+        touchjob_t tj = {h, cb, 16, 0};
+        pthread_t th;
+        t0 = now_ms();
+        CK(cuMemcpyDtoHAsync(pin, d, cb, st));
+        pthread_create(&th, NULL, touch_bg, &tj);
+        CK(cuStreamSynchronize(st));
+        double with_touch = now_ms() - t0;
+        pthread_join(th, NULL);
+        /* C3: give back 128 pages while another thread registers h. */
+        run_t r;
+        make_run(&r, 128);
+        regjob_t rj = {h, cb, 0, ctx};
+        pthread_create(&th, NULL, reg_main, &rj);
+        int rrc;
+        double first, gb = drop_run(&r, 0, &first, &rrc);
+        pthread_join(th, NULL);
+        /* C4: copy while registering (a second fresh buffer). */
+        char *h2 = host_map(cb);
+        touch(h2, cb, 16);
+        regjob_t rj2 = {h2, cb, 0, ctx};
+        t0 = now_ms();
+        CK(cuMemcpyDtoHAsync(pin, d, cb, st));
+        pthread_create(&th, NULL, reg_main, &rj2);
+        CK(cuStreamSynchronize(st));
+        double with_reg = now_ms() - t0;
+        pthread_join(th, NULL);
+        printf("{\"probe\":\"side_by_side\",\"copy_alone_ms\":%.2f,\"copy_GBps\":%.1f,\"copy_with_touch_ms\":%.2f,"
+               "\"touch_during_copy_ms\":%.2f,\"give_back_128_during_register_ms\":%.2f,\"register_ms\":%.2f,"
+               "\"copy_with_register_ms\":%.2f,\"register2_ms\":%.2f}\n", alone, cb / alone / 1e6, with_touch,
+               tj.ms, gb, rj.ms, with_reg, rj2.ms);
+        CK(cuMemHostUnregister(h));
+        CK(cuMemHostUnregister(h2));
+        munmap(h, cb);
+        munmap(h2, cb);
+    }
+    CK(cuMemHostUnregister(pin));
+    munmap(pin, cb);
+    CK(cuMemFree(d));
+    return 0;
+}
