@@ -483,11 +483,24 @@ typedef struct ocopy {
     pthread_cond_t cv;
     pthread_t th;
     bool started, stop;        /* stop: mu */
-    bool registering;          /* the maker is in the driver (mu) */
     size_t made;               /* windows [0, made) done, made or failed (mu) */
     int mk_rc;                 /* its failure, at window made - 1 (mu) */
     char mk_msg[256];
 } ocopy_t;
+
+/* Touching the next window's new memory (CPU work) goes on while this
+ * one's is registered (the driver's). */
+typedef struct prep_job {
+    gm_pool_t *root;
+    size_t bytes;
+} prep_job_t;
+
+static void *prep_main(void *arg)
+{
+    prep_job_t *j = arg;
+    gm__host_prepare(j->root, j->bytes);
+    return NULL;
+}
 
 static void *segmaker_main(void *arg)
 {
@@ -497,17 +510,13 @@ static void *segmaker_main(void *arg)
         bool stop = c->stop;
         pthread_mutex_unlock(&c->mu);
         if (stop) break;
-        /* New memory is touched first (the kernel's work: the other thread
-         * may give pages back meanwhile), then registered (the driver's,
-         * which makes other driver calls wait). */
-        gm__host_prepare(c->root, c->win_bytes[w]);
-        pthread_mutex_lock(&c->mu);
-        c->registering = true;
-        pthread_mutex_unlock(&c->mu);
+        prep_job_t job = {c->root, w + 1 < c->n_win ? c->win_bytes[w + 1] : 0};
+        pthread_t th;
+        bool prep = job.bytes && pthread_create(&th, NULL, prep_main, &job) == 0;
         int rc = GM_OK;
         offseg_t *g = seg_new(c->root, c->win_bytes[w], &rc);
+        if (prep) pthread_join(th, NULL);
         pthread_mutex_lock(&c->mu);
-        c->registering = false;
         c->wseg[w] = g;
         if (!g) {
             c->mk_rc = rc;
@@ -515,11 +524,21 @@ static void *segmaker_main(void *arg)
             gm__clear_error();
         }
         c->made = w + 1;
-        pthread_cond_broadcast(&c->cv);
+        pthread_cond_signal(&c->cv);
         pthread_mutex_unlock(&c->mu);
         if (!g) break;
     }
     return NULL;
+}
+
+/* Is window w's segment there yet (or its failure)? */
+static bool seg_ready(ocopy_t *c, size_t w)
+{
+    if (!c->started) return true;
+    pthread_mutex_lock(&c->mu);
+    bool r = c->made > w;
+    pthread_mutex_unlock(&c->mu);
+    return r;
 }
 
 /* Window w's segment, waited for (made here when no thread makes them);
@@ -531,7 +550,8 @@ static offseg_t *seg_take(ocopy_t *c, size_t w, int *rc)
         return c->wseg[w];
     }
     pthread_mutex_lock(&c->mu);
-    offseg_t *g = c->wseg[w]; /* made: seg_wait_locked */
+    while (c->made <= w) pthread_cond_wait(&c->cv, &c->mu);
+    offseg_t *g = c->wseg[w];
     if (!g) *rc = gm__set_error(c->mk_rc, "%s", c->mk_msg);
     pthread_mutex_unlock(&c->mu);
     return g;
@@ -581,27 +601,6 @@ static int mark_pop_locked(ocopy_t *c)
     finish_upto_locked(c, c->ring[c->r_head]);
     c->r_head = (c->r_head + 1) % OFFL_MARKS;
     c->r_n--;
-    return GM_OK;
-}
-
-/* Until window w's segment is made (or failed): finish the copies in
- * flight meanwhile, giving their pages back while the maker is not
- * registering memory (the driver runs the two one after the other). */
-static int seg_wait_locked(ocopy_t *c, size_t w)
-{
-    if (!c->started) return GM_OK;
-    pthread_mutex_lock(&c->mu);
-    while (c->made <= w) {
-        if (c->r_n && !c->registering) {
-            pthread_mutex_unlock(&c->mu);
-            int rc = mark_pop_locked(c);
-            if (rc != GM_OK) return rc;
-            pthread_mutex_lock(&c->mu);
-        } else {
-            pthread_cond_wait(&c->cv, &c->mu);
-        }
-    }
-    pthread_mutex_unlock(&c->mu);
     return GM_OK;
 }
 
@@ -661,7 +660,8 @@ static int copy_out_locked(ocopy_t *c)
         if (c->qb == (w ? c->win_end[w - 1] : 0)) {
             /* A new window: while its segment is being made, finish the
              * copies in flight (their pages go back meanwhile). */
-            GM_CHECK(seg_wait_locked(c, w));
+            if (!seg_ready(c, w))
+                while (c->r_n) GM_CHECK(mark_pop_locked(c));
             offseg_t *g = seg_take(c, w, &rc);
             if (!g) return rc;
             size_t off = 0;
