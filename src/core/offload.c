@@ -488,20 +488,6 @@ typedef struct ocopy {
     char mk_msg[256];
 } ocopy_t;
 
-/* Touching the next window's new memory (CPU work) goes on while this
- * one's is registered (the driver's). */
-typedef struct prep_job {
-    gm_pool_t *root;
-    size_t bytes;
-} prep_job_t;
-
-static void *prep_main(void *arg)
-{
-    prep_job_t *j = arg;
-    gm__host_prepare(j->root, j->bytes);
-    return NULL;
-}
-
 static void *segmaker_main(void *arg)
 {
     ocopy_t *c = arg;
@@ -510,12 +496,8 @@ static void *segmaker_main(void *arg)
         bool stop = c->stop;
         pthread_mutex_unlock(&c->mu);
         if (stop) break;
-        prep_job_t job = {c->root, w + 1 < c->n_win ? c->win_bytes[w + 1] : 0};
-        pthread_t th;
-        bool prep = job.bytes && pthread_create(&th, NULL, prep_main, &job) == 0;
         int rc = GM_OK;
         offseg_t *g = seg_new(c->root, c->win_bytes[w], &rc);
-        if (prep) pthread_join(th, NULL);
         pthread_mutex_lock(&c->mu);
         c->wseg[w] = g;
         if (!g) {
@@ -567,7 +549,6 @@ static void segmaker_end(ocopy_t *c)
         pthread_join(c->th, NULL);
     }
     for (size_t w = 0; w < c->n_win; w++) seg_drop(c->root, c->wseg[w]);
-    if (c->started) gm__host_prepared_drop(c->root);
 }
 
 /* The copies up to mark m are done: the blocks before it are offloaded

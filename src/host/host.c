@@ -58,7 +58,6 @@
 #define HOST_UNUSED_DIV 40                      /* growth keeps unused <= in_use / 40 */
 #define HOST_LARGE_FIT 32                       /* a large block serves requests within 1/32 */
 #define HOST_SL_BITS 3                          /* second-level buckets: 8 per power of two */
-#define HOST_PREP_MAX 4                         /* regions prepared ahead at most */
 #define SLAB_BLOCKS 256
 
 #ifndef MPOL_PREFERRED
@@ -87,13 +86,6 @@ struct gm__host {
     int numa_nodes;              /* online nodes */
     uint64_t reserved, reserved_peak, allocated, allocated_peak, alloc_count;
     uint64_t in_use;             /* sum of live block sizes */
-    /* Memory mapped and touched ahead of a chunk (gm__host_prepare),
-     * registered by the chunk_grow_locked that asks for its size. */
-    struct prepared {
-        void *p;
-        size_t size;
-    } prep[HOST_PREP_MAX];
-    unsigned n_prep;
 };
 
 static const gm__fm_policy_t HOST = {
@@ -313,13 +305,7 @@ static int chunk_grow_locked(gm_pool_t *pool, size_t need, int cls, gm__block_t 
         if (b) gm__slab_release(&h->blocks, b);
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: out of host memory for bookkeeping");
     }
-    void *p = NULL;
-    for (unsigned i = 0; i < h->n_prep && !p; i++)
-        if (h->prep[i].size == size) {
-            p = h->prep[i].p;
-            h->prep[i] = h->prep[--h->n_prep];
-        }
-    if (!p) p = chunk_map(h, size);
+    void *p = chunk_map(h, size);
     if (!p) {
         gm__free(c);
         gm__slab_release(&h->blocks, b);
@@ -387,7 +373,6 @@ void gm__host_fini(gm_pool_t *pool)
         munmap((void *)c->base, c->size);
         gm__free(c);
     }
-    for (unsigned i = 0; i < h->n_prep; i++) munmap(h->prep[i].p, h->prep[i].size);
     gm__streams_fini(pool, &h->streams);
     gm__slab_fini(&h->blocks);
     gm__hash_fini(&h->live);
@@ -510,43 +495,6 @@ out:
     HOST_CHECK(h);
     gm__unlock(&h->lock);
     return rc;
-}
-
-void gm__host_prepare(gm_pool_t *pool, size_t size)
-{
-    struct gm__host *h = pool->host;
-    if (size == 0 || size > GM_MAX_REQUEST) return;
-    int cls = size >= HOST_LARGE ? GM_CLASS_LARGE : GM_CLASS_SMALL;
-    size_t u = (cls == GM_CLASS_LARGE ? GM_ALIGN_UP(size, HOST_LARGE_ALIGN) : GM_ALIGN_UP(size, HOST_UNIT)) /
-               HOST_UNIT;
-    size_t csize = cls == GM_CLASS_LARGE ? u * HOST_UNIT : HOST_CHUNK_MIN;
-    gm__lock(&h->lock);
-    bool need = h->n_prep < HOST_PREP_MAX && !find_locked(&h->global, cls, u);
-    for (size_t i = 0; need && i < h->streams.n; i++)
-        if (find_locked(h->streams.all[i], cls, u)) need = false;
-    gm__unlock(&h->lock);
-    if (!need) return;
-    void *p = chunk_map(h, csize); /* the long part, with no lock held */
-    if (!p) return;               /* the chunk's own mmap will say why */
-    gm__lock(&h->lock);
-    if (h->n_prep < HOST_PREP_MAX) {
-        h->prep[h->n_prep++] = (struct prepared){p, csize};
-        p = NULL;
-    }
-    gm__unlock(&h->lock);
-    if (p) munmap(p, csize);
-}
-
-void gm__host_prepared_drop(gm_pool_t *pool)
-{
-    struct gm__host *h = pool->host;
-    gm__lock(&h->lock);
-    unsigned n = h->n_prep;
-    struct prepared prep[HOST_PREP_MAX];
-    memcpy(prep, h->prep, sizeof prep);
-    h->n_prep = 0;
-    gm__unlock(&h->lock);
-    for (unsigned i = 0; i < n; i++) munmap(prep[i].p, prep[i].size);
 }
 
 /* What a block of `kind` is, in gm__owner_name's words. */

@@ -29,15 +29,6 @@ enum { GM__HOST_NONE = -1, GM__HOST_USER = 0, GM__HOST_STAGING = 1, GM__HOST_SYS
 int gm__host_alloc_kind(gm_pool_t *pool, int kind, size_t size, gm_stream_t stream, void **ptr,
                         uintptr_t *dptr);
 int gm__host_free_kind(gm_pool_t *pool, int kind, void *ptr, gm_stream_t stream);
-/* Map and touch, with no lock held, the memory a gm__host_alloc_kind of
- * `size` bytes would need for a new chunk, when no free block would serve
- * it: that allocation (or any other needing a chunk of the same size) then
- * only registers it.  Best effort, silent: a failure leaves the chunk to be
- * made as usual.  At most a few regions wait; gm__host_prepared_drop (and
- * gm__host_fini) give back those no chunk took.  For an offload, which
- * prepares window w+1 while window w is registered. */
-void gm__host_prepare(gm_pool_t *pool, size_t size);
-void gm__host_prepared_drop(gm_pool_t *pool);
 /* The kind of the live block starting at ptr, or GM__HOST_NONE.  Takes the
  * host lock. */
 int gm__host_kind(gm_pool_t *pool, const void *ptr);
