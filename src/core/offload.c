@@ -513,16 +513,6 @@ static void *segmaker_main(void *arg)
     return NULL;
 }
 
-/* Is window w's segment there yet (or its failure)? */
-static bool seg_ready(ocopy_t *c, size_t w)
-{
-    if (!c->started) return true;
-    pthread_mutex_lock(&c->mu);
-    bool r = c->made > w;
-    pthread_mutex_unlock(&c->mu);
-    return r;
-}
-
 /* Window w's segment, waited for (made here when no thread makes them);
  * NULL with the error set on failure. */
 static offseg_t *seg_take(ocopy_t *c, size_t w, int *rc)
@@ -573,15 +563,33 @@ static void finish_upto_locked(ocopy_t *c, mark_t m)
     }
 }
 
-/* Wait for the oldest mark in flight and finish what lies before it. */
-static int mark_pop_locked(ocopy_t *c)
+/* Finish the oldest mark in flight once its copies are done: waited for,
+ * or (wait false) only if done already (GM_NOT_READY if not). */
+static int mark_pop_locked(ocopy_t *c, bool wait)
 {
     int rc;
-    GM_BK(rc, c->root, event_sync, (c->root->bk, c->o->mark[c->r_head]));
+    if (wait)
+        GM_BK(rc, c->root, event_sync, (c->root->bk, c->o->mark[c->r_head]));
+    else
+        GM_BK(rc, c->root, event_query, (c->root->bk, c->o->mark[c->r_head]));
     if (rc != GM_OK) return rc;
     finish_upto_locked(c, c->ring[c->r_head]);
     c->r_head = (c->r_head + 1) % OFFL_MARKS;
     c->r_n--;
+    return GM_OK;
+}
+
+/* Finish the marks whose copies are done, waiting for none. */
+static int marks_done_locked(ocopy_t *c)
+{
+    while (c->r_n) {
+        int rc = mark_pop_locked(c, false);
+        if (rc == GM_NOT_READY) {
+            gm__clear_error();
+            return GM_OK;
+        }
+        if (rc != GM_OK) return rc;
+    }
     return GM_OK;
 }
 
@@ -639,10 +647,11 @@ static int copy_out_locked(ocopy_t *c)
     int rc = GM_OK;
     while (c->qb < bl->n) {
         if (c->qb == (w ? c->win_end[w - 1] : 0)) {
-            /* A new window: while its segment is being made, finish the
-             * copies in flight (their pages go back meanwhile). */
-            if (!seg_ready(c, w))
-                while (c->r_n) GM_CHECK(mark_pop_locked(c));
+            /* A new window.  Its segment may still be being made (touching
+             * new memory keeps every core busy): the copies done so far are
+             * finished, and this thread sleeps until the segment is there
+             * rather than spin in an event wait. */
+            GM_CHECK(marks_done_locked(c));
             offseg_t *g = seg_take(c, w, &rc);
             if (!g) return rc;
             size_t off = 0;
@@ -663,7 +672,7 @@ static int copy_out_locked(ocopy_t *c)
         since_mark += len;
         if (c->qoff == b->requested) c->qb++, c->qoff = 0;
         if (since_mark < c->piece && c->qb < bl->n) continue;
-        if (c->r_n == OFFL_MARKS) GM_CHECK(mark_pop_locked(c));
+        if (c->r_n == OFFL_MARKS) GM_CHECK(mark_pop_locked(c, true));
         unsigned slot = (c->r_head + c->r_n) % OFFL_MARKS;
         GM_BK(rc, root, event_record, (root->bk, c->o->mark[slot], cs));
         if (rc != GM_OK) return rc;
@@ -671,7 +680,7 @@ static int copy_out_locked(ocopy_t *c)
         c->r_n++;
         since_mark = 0;
     }
-    while (c->r_n) GM_CHECK(mark_pop_locked(c));
+    while (c->r_n) GM_CHECK(mark_pop_locked(c, true));
     return GM_OK;
 }
 

@@ -187,8 +187,11 @@ static void *touch_main(void *arg)
 
 static void touch_all(char *p, size_t size)
 {
+    /* One core is left to the caller's other threads (an offload's copies
+     * go on meanwhile): a thread sharing a core would finish its slice
+     * last, and every touch waits for the slowest. */
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    size_t t = cpus > 1 ? (size_t)cpus : 1;
+    size_t t = cpus > 2 ? (size_t)cpus - 1 : cpus > 1 ? (size_t)cpus : 1;
     if (t > TOUCH_THREADS_MAX) t = TOUCH_THREADS_MAX;
     if (size < TOUCH_PARALLEL_MIN || t == 1) {
         touch_range(p, size);
