@@ -14,15 +14,23 @@
  * therefore stay valid, and a page shared with a block of another tag is
  * simply not given back.
  *
- * Copies: pieces of OFFL_PIECE bytes on OFFL_STREAMS streams of the pool's
- * own, between the device and pinned host segments (one block of the host
- * pool, kind GM__HOST_OFFLOAD, per window of OFFL_WINDOW bytes of blocks):
- * while window w is in flight, window w-1 is waited for and its pages
- * released, so device memory comes back while the copy goes on, and the
- * host pool grows (touching and registering, the cold cost) while the DMA
- * engine works.  A segment goes back to the host pool with the last block
- * copied into it (restored or freed); the host pool keeps the registered
- * memory for the next offload (warm) until gm_host_trim.
+ * Offload copies (copy_out_locked): in address order on one copy stream of
+ * the pool's own (one stream reaches the copy engine's line rate), in
+ * pieces of a sixteenth of the tag (one page to OFFL_MARK bytes) with an
+ * event after each, into pinned host segments (one block of the host pool,
+ * kind GM__HOST_OFFLOAD, per window of OFFL_WINDOW bytes of blocks; a
+ * larger block has one of its own).  Each piece passed gives back the pages
+ * it emptied, within a large block too, so device memory comes back while
+ * the copy goes on and the last block does not give all its pages back
+ * after its copy (that tail was the gap to line rate: about 26 us per 2 MiB
+ * page, bench/results/...-vmm-probe.jsonl).  The segments are made by a
+ * thread of the call's own, window after window: on a cold host pool,
+ * touching and registering new pinned memory costs more than the copy, and
+ * it overlaps the copies that way.  Restores copy in pieces of OFFL_PIECE
+ * bytes on OFFL_STREAMS streams, a piece's pages mapped before its copy is
+ * queued.  A segment goes back to the host pool with the last block copied
+ * into it (restored or freed); the host pool keeps the registered memory
+ * for the next offload (warm) until gm_host_trim.
  *
  * Order: an offload first waits for the given stream and for every stream
  * its blocks were allocated or recorded on, and drains the streams holding
