@@ -140,38 +140,40 @@ static char *host_map(size_t n)
     return p;
 }
 
-/* A thread that registers a touched buffer while the main thread works. */
-typedef struct regjob {
+/* Work timed on a thread of its own while the main thread does other work:
+ * touching a buffer with `threads` threads, or (threads 0) registering it. */
+typedef struct bgjob {
     char *p;
     size_t n;
-    double ms;
+    int threads;
     CUcontext ctx;
-} regjob_t;
+    double ms;
+} bgjob_t;
 
-static void *reg_main(void *a)
+static void *bg_main(void *a)
 {
-    regjob_t *j = a;
+    bgjob_t *j = a;
     CK(cuCtxSetCurrent(j->ctx));
     double t0 = now_ms();
-    CK(cuMemHostRegister(j->p, j->n, CU_MEMHOSTREGISTER_DEVICEMAP));
+    if (j->threads)
+        touch(j->p, j->n, j->threads);
+    else
+        CK(cuMemHostRegister(j->p, j->n, CU_MEMHOSTREGISTER_DEVICEMAP));
     j->ms = now_ms() - t0;
     return NULL;
 }
 
-typedef struct touchjob {
-    char *p;
-    size_t n;
-    int threads;
-    double ms;
-} touchjob_t;
-
-static void *touch_bg(void *a)
+/* A device-to-host copy of n bytes while job j runs on a thread: its ms. */
+static double copy_during(char *dst, CUdeviceptr src, size_t n, CUstream st, bgjob_t *j)
 {
-    touchjob_t *j = a;
+    pthread_t th;
     double t0 = now_ms();
-    touch(j->p, j->n, j->threads);
-    j->ms = now_ms() - t0;
-    return NULL;
+    CK(cuMemcpyDtoHAsync(dst, src, n, st));
+    pthread_create(&th, NULL, bg_main, j);
+    CK(cuStreamSynchronize(st));
+    double ms = now_ms() - t0;
+    pthread_join(th, NULL);
+    return ms;
 }
 
 int main(void)
@@ -249,32 +251,22 @@ int main(void)
         double alone = now_ms() - t0;
         /* C2: copy while 16 threads touch a fresh 256 MiB. */
         char *h = host_map(cb);
-        touchjob_t tj = {h, cb, 16, 0};
+        bgjob_t tj = {h, cb, 16, ctx, 0};
+        double with_touch = copy_during(pin, d, cb, st, &tj);
         pthread_t th;
-        t0 = now_ms();
-        CK(cuMemcpyDtoHAsync(pin, d, cb, st));
-        pthread_create(&th, NULL, touch_bg, &tj);
-        CK(cuStreamSynchronize(st));
-        double with_touch = now_ms() - t0;
-        pthread_join(th, NULL);
         /* C3: give back 128 pages while another thread registers h. */
         run_t r;
         make_run(&r, 128);
-        regjob_t rj = {h, cb, 0, ctx};
-        pthread_create(&th, NULL, reg_main, &rj);
+        bgjob_t rj = {h, cb, 0, ctx, 0};
+        pthread_create(&th, NULL, bg_main, &rj);
         int rrc;
         double first, gb = drop_run(&r, 0, &first, &rrc);
         pthread_join(th, NULL);
         /* C4: copy while registering (a second fresh buffer). */
         char *h2 = host_map(cb);
         touch(h2, cb, 16);
-        regjob_t rj2 = {h2, cb, 0, ctx};
-        t0 = now_ms();
-        CK(cuMemcpyDtoHAsync(pin, d, cb, st));
-        pthread_create(&th, NULL, reg_main, &rj2);
-        CK(cuStreamSynchronize(st));
-        double with_reg = now_ms() - t0;
-        pthread_join(th, NULL);
+        bgjob_t rj2 = {h2, cb, 0, ctx, 0};
+        double with_reg = copy_during(pin, d, cb, st, &rj2);
         printf("{\"probe\":\"side_by_side\",\"copy_alone_ms\":%.2f,\"copy_GBps\":%.1f,\"copy_with_touch_ms\":%.2f,"
                "\"touch_during_copy_ms\":%.2f,\"give_back_128_during_register_ms\":%.2f,\"register_ms\":%.2f,"
                "\"copy_with_register_ms\":%.2f,\"register2_ms\":%.2f}\n", alone, cb / alone / 1e6, with_touch,

@@ -147,7 +147,6 @@ struct gm__offload {
     unsigned n_streams;
     gm__event_t start;                       /* a restore's copies wait for its stream */
     gm__event_t mark[OFFL_MARKS];            /* an offload's copies, piece by piece */
-    bool have_ev;
     uint64_t tick;
     tagstate_t tag[GM_TAGS_MAX + 1];
 };
@@ -176,7 +175,7 @@ void gm__offload_fini(gm_pool_t *root)
     root->offl = NULL;
 }
 
-/* The copy streams and their events, made on first use (offl->mu held). */
+/* The copy streams and events that are missing, made (offl->mu held). */
 static int streams_ready(gm_pool_t *root, struct gm__offload *o)
 {
     int rc;
@@ -185,18 +184,15 @@ static int streams_ready(gm_pool_t *root, struct gm__offload *o)
         if (rc != GM_OK) return rc;
         o->n_streams++;
     }
-    if (!o->have_ev) {
-        if (!o->start) {
-            GM_BK(rc, root, event_create, (root->bk, &o->start));
+    if (!o->start) {
+        GM_BK(rc, root, event_create, (root->bk, &o->start));
+        if (rc != GM_OK) return rc;
+    }
+    for (unsigned i = 0; i < OFFL_MARKS; i++)
+        if (!o->mark[i]) {
+            GM_BK(rc, root, event_create, (root->bk, &o->mark[i]));
             if (rc != GM_OK) return rc;
         }
-        for (unsigned i = 0; i < OFFL_MARKS; i++)
-            if (!o->mark[i]) {
-                GM_BK(rc, root, event_create, (root->bk, &o->mark[i]));
-                if (rc != GM_OK) return rc;
-            }
-        o->have_ev = true;
-    }
     return GM_OK;
 }
 
@@ -486,7 +482,7 @@ typedef struct ocopy {
     size_t qb, qoff;           /* copies queued: blocks [0, qb) and qoff bytes of bl->b[qb] */
     mark_t ring[OFFL_MARKS];
     unsigned r_head, r_n;
-    /* The segment maker. */
+    /* The segment maker (mu and cv live while it is started). */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t th;
@@ -545,6 +541,8 @@ static void segmaker_end(ocopy_t *c)
         c->stop = true;
         pthread_mutex_unlock(&c->mu);
         pthread_join(c->th, NULL);
+        pthread_cond_destroy(&c->cv);
+        pthread_mutex_destroy(&c->mu);
     }
     for (size_t w = 0; w < c->n_win; w++) seg_drop(c->root, c->wseg[w]);
 }
@@ -648,8 +646,15 @@ static int copy_out_locked(ocopy_t *c)
     const blist_t *bl = c->bl;
     GM_CHECK(plan_windows(c));
     GM_CHECK(streams_ready(root, c->o));
-    if (c->n_win > 1)
+    if (c->n_win > 1) {
+        pthread_mutex_init(&c->mu, NULL);
+        pthread_cond_init(&c->cv, NULL);
         c->started = pthread_create(&c->th, NULL, segmaker_main, c) == 0;
+        if (!c->started) {
+            pthread_cond_destroy(&c->cv);
+            pthread_mutex_destroy(&c->mu);
+        }
+    }
     gm_stream_t cs = c->o->stream[0];
     size_t since_mark = 0, w = 0;
     int rc = GM_OK;
@@ -710,8 +715,6 @@ static int offload_heap(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, bool discar
     for (size_t i = 0; i < bl.n; i++) gm__block_drop_recorded_locked(h, bl.b[i]);
 
     ocopy_t c = {.root = root, .h = h, .o = root->offl, .bl = &bl, .res = res};
-    pthread_mutex_init(&c.mu, NULL);
-    pthread_cond_init(&c.cv, NULL);
     if (discard) {
         for (size_t i = 0; i < bl.n; i++) offloaded_locked(h, bl.b[i], NULL, NULL, res);
         c.fin = bl.n;
@@ -734,8 +737,6 @@ static int offload_heap(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, bool discar
                       "still on the device, nothing lost", msg, c.fin, bl.n, tag_names[tag]);
     }
     segmaker_end(&c);
-    pthread_cond_destroy(&c.cv);
-    pthread_mutex_destroy(&c.mu);
     free(c.copies);
     free(c.segs);
     free(c.win_end);
