@@ -203,9 +203,12 @@ def _wheel_file(tag, purelib):
 def _package_files(version):
     pkg = os.path.join(HERE, NAME)
     for fn in sorted(os.listdir(pkg)):
-        if fn.endswith(".py") and fn != "_version.py":
+        if (fn.endswith(".py") or fn.endswith(".cpp")) and fn != "_version.py":
             with open(os.path.join(pkg, fn), "rb") as f:
                 yield "%s/%s" % (NAME, fn), f.read()
+    # gpumem.torch compiles torch_allocator.cpp against this header.
+    with open(os.path.join(source_root(), "include", "gpumem.h"), "rb") as f:
+        yield "%s/include/gpumem.h" % NAME, f.read()
     yield "%s/_version.py" % NAME, ('"""Written by the build backend from GM_VERSION_STRING of '
                                     'include/gpumem.h."""\n__version__ = %r\n' % version).encode()
 

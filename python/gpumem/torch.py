@@ -1,29 +1,44 @@
 # SPDX-License-Identifier: Apache-2.0
 """gpumem.torch — gpumem as PyTorch's CUDA allocator.
 
-enable() hands PyTorch the two functions of libgpumem.so that
-torch.cuda.memory.CUDAPluggableAllocator loads (gm_torch_alloc, gm_torch_free)
-and wires the hooks PyTorch lets a plugged allocator set:
+enable() makes gpumem the allocator of every CUDA tensor, in one of two ways:
 
-  torch.cuda.empty_cache()                   -> gm_trim of every gpumem pool
-  Tensor.record_stream(s)                    -> gm_record_stream
-  torch.cuda.set_per_process_memory_fraction -> the pool's limit
+  "native"    a C++ allocator class (torch_allocator.cpp beside this file)
+              compiled on first use against the imported PyTorch and cached;
+              PyTorch's own features keep working on gpumem: memory_stats /
+              memory_summary / memory_allocated, cudnn.benchmark, CUDA graphs
+              and torch.compile(mode="reduce-overhead") (private graph pools),
+              torch.cuda.MemPool, OOM observers and torch.cuda.OutOfMemoryError.
+  "pluggable" PyTorch's CUDAPluggableAllocator over two C functions of
+              libgpumem.so (gm_torch_alloc, gm_torch_free) and the hooks it
+              lets a plugged allocator set (empty_cache, record_stream,
+              memory fraction).  Needs no compiler; PyTorch refuses the
+              features above for a plugged allocator (docs/python.md).
 
-PyTorch's own caching layer is then out of the way: every tensor is one
-allocation from the pool of its device, on its stream.  What a plugged
-allocator cannot do in PyTorch (torch.cuda.memory_allocated/memory_stats/
-memory_snapshot raise; use gpumem.torch.memory_stats), and how an out-of-memory
-error surfaces, is in docs/python.md.  PyTorch is imported only by enable().
+The default, "auto", is native when a C++ compiler builds the class and
+pluggable otherwise (with a warning saying why).  GPUMEM_TORCH_ALLOCATOR
+(auto, native, pluggable) chooses when enable() is given no choice.  Either
+way PyTorch's own caching layer is out of the way: every tensor is one
+allocation from the pool of its device, on its stream.  PyTorch is imported
+only by enable().
 """
 import ctypes
+import ctypes.util
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
 
 import gpumem as _gm
 
-__all__ = ["enable", "is_enabled", "hooks", "memory_stats", "memory_allocated", "max_memory_allocated",
+__all__ = ["enable", "is_enabled", "hooks", "allocator_kind", "build_native", "memory_stats", "memory_allocated", "max_memory_allocated",
            "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "torch_memory_stats",
            "nccl_mem_pool", "TorchError"]
 
-_state = {"enabled": False, "allocator": None, "hooks": ()}
+_state = {"enabled": False, "allocator": None, "hooks": (), "kind": None, "native": None}
 
 # (method of PyTorch's allocator object, our function)
 _HOOKS = (
@@ -52,12 +67,23 @@ def _too_late():
         "after `import torch`, at the top of the program")
 
 
-def enable():
+_KINDS = ("auto", "native", "pluggable")
+
+
+def enable(allocator=None):
     """Make gpumem PyTorch's CUDA allocator (once per process; a second call
-    is a no-op).  Raises TorchError when CUDA is already initialized, when
-    PyTorch has no CUDA, or when PyTorch refuses the allocator."""
+    is a no-op).  allocator: "auto" (the default; GPUMEM_TORCH_ALLOCATOR when
+    None), "native" or "pluggable" (see the module's text).  Raises
+    TorchError when CUDA is already initialized, when PyTorch has no CUDA,
+    when PyTorch refuses the allocator, or when "native" was asked for and
+    cannot be built; gpumem.InvalidArgumentError for an unknown choice."""
     if _state["enabled"]:
         return
+    if allocator is None:
+        allocator = os.environ.get("GPUMEM_TORCH_ALLOCATOR", "") or "auto"
+    if allocator not in _KINDS:
+        raise _gm.InvalidArgumentError("gpumem.torch.enable(allocator=%r): choose one of %s "
+                                       "(GPUMEM_TORCH_ALLOCATOR too)" % (allocator, ", ".join(_KINDS)))
     torch = _import_torch()
     lib, path = _gm._library()
     cuda = torch.cuda
@@ -66,7 +92,24 @@ def enable():
                          "(torch.cuda.is_available() is False)")
     if cuda.is_initialized():
         raise _too_late()
-    memory = cuda.memory
+    if allocator in ("auto", "native"):
+        try:
+            so = build_native()
+        except TorchError as e:
+            if allocator == "native":
+                raise
+            warnings.warn("gpumem.torch.enable(): the native allocator cannot be built (%s); "
+                          "using PyTorch's CUDAPluggableAllocator, which lacks memory_stats, "
+                          "cudnn.benchmark, torch.compile(mode='reduce-overhead') and MemPool "
+                          "(docs/python.md)" % e, RuntimeWarning, stacklevel=2)
+        else:
+            _install_native(lib, path, so)
+            return
+    _install_pluggable(torch, lib, path)
+
+
+def _install_pluggable(torch, lib, path):
+    memory = torch.cuda.memory
     allocator = memory.CUDAPluggableAllocator(path, "gm_torch_alloc", "gm_torch_free")
     obj = allocator.allocator()
     wired = []
@@ -80,7 +123,122 @@ def enable():
         memory.change_current_allocator(allocator)
     except RuntimeError as e:
         raise _too_late() from e
-    _state.update(enabled=True, allocator=allocator, hooks=tuple(wired))
+    _state.update(enabled=True, allocator=allocator, hooks=tuple(wired), kind="pluggable")
+
+
+def _install_native(lib, path, so):
+    # The class calls gm_* functions it leaves undefined: libgpumem.so (this
+    # process's copy, already loaded) provides them once made global.
+    ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+    native = ctypes.CDLL(so, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+    native.gm_torch_native_install.argtypes = (ctypes.c_char_p, ctypes.c_size_t)
+    native.gm_torch_native_install.restype = ctypes.c_int
+    err = ctypes.create_string_buffer(1024)
+    rc = native.gm_torch_native_install(err, len(err))
+    if rc == 1:
+        raise _too_late()
+    if rc != 0:
+        raise TorchError("gpumem.torch.enable(): PyTorch refused the native allocator: %s"
+                         % err.value.decode(errors="replace"))
+    _state.update(enabled=True, allocator=native, hooks=(), kind="native", native=so)
+
+
+def allocator_kind():
+    """"native" or "pluggable" once enable() has run; None before."""
+    return _state["kind"]
+
+
+def _cache_dir():
+    d = os.environ.get("GPUMEM_CACHE_DIR")
+    if not d:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        d = os.path.join(base, "gpumem")
+    return d
+
+
+def _header_dir():
+    """The directory holding gpumem.h: the package's copy (a wheel carries
+    one), else the checkout's include/."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (os.path.join(here, "include"), os.path.join(here, os.pardir, os.pardir, "include")):
+        if os.path.exists(os.path.join(d, "gpumem.h")):
+            return os.path.normpath(d)
+    raise TorchError("gpumem.h is found neither in the package nor in a checkout beside it")
+
+
+def _build_command(torch, src, out):
+    try:
+        from torch.utils import cpp_extension
+    except ImportError as e:
+        raise TorchError("torch.utils.cpp_extension cannot be imported: %s" % e) from e
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        raise TorchError("no C++ compiler found (set CXX, or install g++)")
+    cuda_home = cpp_extension.CUDA_HOME
+    if not cuda_home:
+        raise TorchError("the CUDA toolkit is not found (torch.utils.cpp_extension.CUDA_HOME is unset; "
+                         "set CUDA_HOME)")
+    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    cmd = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",
+           "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi, "-I", _header_dir()]
+    for inc in cpp_extension.include_paths():
+        cmd += ["-isystem", inc]
+    cmd += ["-isystem", os.path.join(cuda_home, "include"), src, "-o", out]
+    for libdir in cpp_extension.library_paths():
+        cmd += ["-L", libdir, "-Wl,-rpath," + libdir]
+    cmd += ["-L", os.path.join(cuda_home, "lib64"), "-lc10", "-lc10_cuda", "-ltorch_cuda", "-lcudart"]
+    # The C++ runtime PyTorch uses, by its shared object's name: where the
+    # compiler's development link (libstdc++.so) is missing, a plain -lstdc++
+    # would link the static archive, whose second copy of the library's
+    # globals (locales) crashes the first time a message is formatted.
+    runtime = ctypes.util.find_library("stdc++")
+    if runtime:
+        cmd.append("-l:" + runtime)
+    return cmd
+
+
+def build_native(force=False):
+    """Compile the native allocator for the imported PyTorch (once; cached in
+    GPUMEM_CACHE_DIR, else ~/.cache/gpumem, keyed by PyTorch's version, the
+    source, the header and the command) and return the library's path.
+    TorchError, with the compiler's output, when it cannot be built."""
+    torch = _import_torch()
+    here = os.path.dirname(os.path.abspath(__file__))
+    src = os.path.join(here, "torch_allocator.cpp")
+    if not os.path.exists(src):
+        raise TorchError("%s is missing from the package" % src)
+    cmd = _build_command(torch, src, "OUT")
+    key = hashlib.sha256()
+    for part in (torch.__version__, sys.version, " ".join(cmd)):
+        key.update(part.encode())
+    for f in (src, os.path.join(_header_dir(), "gpumem.h")):
+        with open(f, "rb") as fh:
+            key.update(fh.read())
+    d = os.path.join(_cache_dir(), "torch-%s-%s" % (torch.__version__.replace("+", "_"), key.hexdigest()[:16]))
+    so = os.path.join(d, "libgpumem_torch.so")
+    if os.path.exists(so) and not force:
+        return so
+    try:
+        os.makedirs(d, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=d)
+        os.close(fd)
+    except OSError as e:
+        raise TorchError("cannot write the native allocator's cache %s: %s" % (d, e)) from e
+    try:
+        cmd = _build_command(torch, src, tmp)
+        try:
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise TorchError("compiling %s failed: %s" % (src, e)) from e
+        if r.returncode != 0:
+            tail = r.stdout.decode(errors="replace")[-3000:]
+            raise TorchError("compiling %s failed (exit %d): %s\n%s"
+                             % (src, r.returncode, " ".join(cmd), tail))
+        os.replace(tmp, so)  # atomic: a concurrent build leaves one whole file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return so
 
 
 def nccl_mem_pool():

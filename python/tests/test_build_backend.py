@@ -74,7 +74,7 @@ class TestSdist(unittest.TestCase):
             names = set(t.getnames())
             for need in ("pyproject.toml", "build_backend/gpumem_build.py", "gpumem/__init__.py",
                          "PKG-INFO", "native/include/gpumem.h", "native/gpumem.map", "native/src/core/pool.c",
-                         "native/src/backend/sim.c"):
+                         "native/src/backend/sim.c", "gpumem/torch_allocator.cpp", "gpumem/include/gpumem.h"):
                 self.assertIn("gpumem-%s/%s" % (version, need), names)
             t.extractall(tmp)
         if os.environ.get("GM_UNDER_VALGRIND") or not (shutil.which(os.environ.get("CC", "cc").split()[0])):
@@ -89,10 +89,15 @@ class TestSdist(unittest.TestCase):
         self.assertEqual(wheel, "gpumem-%s-py3-none-%s.whl" % (version, gpumem_build.platform_tag()))
         with zipfile.ZipFile(os.path.join(out, wheel)) as z:
             self.assertEqual(z.read("gpumem/libgpumem.so")[:4], b"\x7fELF")
+            # What gpumem.torch compiles its native allocator from.
+            self.assertIn(b"gm_torch_native_install", z.read("gpumem/torch_allocator.cpp"))
+            self.assertIn(b"GM_VERSION_STRING", z.read("gpumem/include/gpumem.h"))
             z.extractall(os.path.join(tmp, "site"))
         code = ("import gpumem, os; assert gpumem.library_path() == os.path.join(os.path.dirname("
                 "gpumem.__file__), 'libgpumem.so'); assert gpumem.__version__ == gpumem.version(); "
-                "a = gpumem.alloc(4096); a.memset(1); a.free(); print('ok')")
+                "a = gpumem.alloc(4096); a.memset(1); a.free(); import gpumem.torch as t; "
+                "assert t._header_dir() == os.path.join(os.path.dirname(gpumem.__file__), 'include'); "
+                "print('ok')")
         env = dict(os.environ, PYTHONPATH=os.path.join(tmp, "site"), GPUMEM_BACKEND="sim")
         env.pop("GPUMEM_LIBRARY", None)
         r = subprocess.run([sys.executable, "-c", code], cwd=tmp, env=env, stdout=subprocess.PIPE,

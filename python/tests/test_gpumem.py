@@ -10,8 +10,10 @@ by scripts/device/plugins.sh on a GPU machine.
 """
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import types
 import unittest
 import warnings
@@ -288,20 +290,27 @@ def fake_torch(initialized=False, available=True, refuse=False):
 class TestTorchAdapter(unittest.TestCase):
     def setUp(self):
         self.saved = sys.modules.get("torch")
-        gpumem.torch._state.update(enabled=False, allocator=None, hooks=())
+        self.saved_env = os.environ.pop("GPUMEM_TORCH_ALLOCATOR", None)
+        gpumem.torch._state.update(enabled=False, allocator=None, hooks=(), kind=None)
 
     def tearDown(self):
         if self.saved is None:
             sys.modules.pop("torch", None)
         else:
             sys.modules["torch"] = self.saved
-        gpumem.torch._state.update(enabled=False, allocator=None, hooks=())
+        for name in ("torch.utils", "torch.utils.cpp_extension"):
+            sys.modules.pop(name, None)
+        os.environ.pop("GPUMEM_TORCH_ALLOCATOR", None)
+        if self.saved_env is not None:
+            os.environ["GPUMEM_TORCH_ALLOCATOR"] = self.saved_env
+        gpumem.torch._state.update(enabled=False, allocator=None, hooks=(), kind=None)
 
     def test_enable_plugs_the_library_and_its_hooks(self):
         torch, rec = fake_torch()
         sys.modules["torch"] = torch
-        gpumem.torch.enable()
+        gpumem.torch.enable(allocator="pluggable")
         self.assertTrue(gpumem.torch.is_enabled())
+        self.assertEqual(gpumem.torch.allocator_kind(), "pluggable")
         self.assertEqual(rec["plug"], (gpumem.library_path(), "gm_torch_alloc", "gm_torch_free"))
         self.assertIn("changed", rec)
         addr = lambda sym: ctypes.cast(getattr(lib(), sym), ctypes.c_void_p).value  # noqa: E731
@@ -312,11 +321,96 @@ class TestTorchAdapter(unittest.TestCase):
         gpumem.torch.enable()  # second call: nothing happens
         self.assertIn("allocated", gpumem.torch.memory_stats())
 
+    def test_auto_falls_back_to_pluggable_with_a_warning(self):
+        # A PyTorch without torch.utils.cpp_extension: the native allocator
+        # cannot be built, "auto" says why and plugs the pluggable one.
+        torch, rec = fake_torch()
+        sys.modules["torch"] = torch
+        with self.assertWarnsRegex(RuntimeWarning, "cpp_extension cannot be imported.*CUDAPluggableAllocator"):
+            gpumem.torch.enable()
+        self.assertEqual(gpumem.torch.allocator_kind(), "pluggable")
+        self.assertIn("changed", rec)
+
+    def test_native_that_cannot_be_built_is_a_clear_error(self):
+        torch, rec = fake_torch()
+        sys.modules["torch"] = torch
+        os.environ["GPUMEM_TORCH_ALLOCATOR"] = "native"
+        with self.assertRaisesRegex(gpumem.torch.TorchError, "cpp_extension cannot be imported"):
+            gpumem.torch.enable()
+        self.assertNotIn("changed", rec)
+        self.assertIsNone(gpumem.torch.allocator_kind())
+
+    def test_unknown_allocator_choice(self):
+        torch, rec = fake_torch()
+        sys.modules["torch"] = torch
+        for bad in ("cuda", "", "NATIVE"):
+            with self.assertRaisesRegex(gpumem.InvalidArgumentError, "choose one of auto, native, pluggable"):
+                gpumem.torch.enable(allocator=bad)
+        os.environ["GPUMEM_TORCH_ALLOCATOR"] = "bogus"
+        with self.assertRaisesRegex(gpumem.InvalidArgumentError, "'bogus'"):
+            gpumem.torch.enable()
+        self.assertNotIn("changed", rec)
+
+    def fake_build_env(self, script):
+        """A fake torch.utils.cpp_extension and a fake compiler (a shell
+        script given as text; $LOG gets one line per run)."""
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        cxx = os.path.join(tmp, "fakecxx")
+        with open(cxx, "w") as f:
+            f.write("#!/bin/sh\necho run >> %s/log\n%s\n" % (tmp, script))
+        os.chmod(cxx, 0o755)
+        torch, _ = fake_torch()
+        torch.__version__ = "9.9.9+fake"
+        torch._C = types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=True)
+        ext = types.ModuleType("torch.utils.cpp_extension")
+        ext.CUDA_HOME = tmp
+        ext.include_paths = lambda: [os.path.join(tmp, "inc")]
+        ext.library_paths = lambda: [os.path.join(tmp, "lib")]
+        utils = types.ModuleType("torch.utils")
+        utils.cpp_extension = ext
+        torch.utils = utils
+        sys.modules.update({"torch": torch, "torch.utils": utils, "torch.utils.cpp_extension": ext})
+        env = {"CXX": cxx, "GPUMEM_CACHE_DIR": os.path.join(tmp, "cache")}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+
+        def restore():
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.addCleanup(restore)
+        return tmp
+
+    def test_build_native_compiles_once_and_caches(self):
+        # The fake compiler writes its output file (the argument after -o).
+        tmp = self.fake_build_env('while [ $# -gt 0 ]; do [ "$1" = -o ] && echo lib > "$2"; shift; done')
+        so = gpumem.torch.build_native()
+        self.assertTrue(so.startswith(os.path.join(tmp, "cache", "torch-9.9.9_fake-")), so)
+        self.assertTrue(so.endswith("libgpumem_torch.so"))
+        self.assertEqual(gpumem.torch.build_native(), so)  # cached: no second compile
+        with open(os.path.join(tmp, "log")) as f:
+            self.assertEqual(f.read().count("run"), 1)
+        self.assertEqual(os.listdir(os.path.dirname(so)), ["libgpumem_torch.so"])  # no temp left
+        gpumem.torch.build_native(force=True)
+        with open(os.path.join(tmp, "log")) as f:
+            self.assertEqual(f.read().count("run"), 2)
+
+    def test_build_native_failure_carries_the_compiler_output(self):
+        tmp = self.fake_build_env("echo 'torch_allocator.cpp:1: error: boom' >&2; exit 3")
+        with self.assertRaisesRegex(gpumem.torch.TorchError, "(?s)exit 3.*error: boom"):
+            gpumem.torch.build_native()
+        cache = os.path.join(tmp, "cache")
+        for d in os.listdir(cache):
+            self.assertEqual(os.listdir(os.path.join(cache, d)), [])  # nothing half-written kept
+
     def test_enable_after_cuda_init_is_a_clear_error(self):
         torch, rec = fake_torch(initialized=True)
         sys.modules["torch"] = torch
         with self.assertRaisesRegex(gpumem.torch.TorchError, "before PyTorch initializes CUDA"):
-            gpumem.torch.enable()
+            gpumem.torch.enable(allocator="pluggable")
         self.assertNotIn("changed", rec)
         self.assertFalse(gpumem.torch.is_enabled())
 
@@ -324,7 +418,7 @@ class TestTorchAdapter(unittest.TestCase):
         torch, _ = fake_torch(refuse=True)
         sys.modules["torch"] = torch
         with self.assertRaisesRegex(gpumem.torch.TorchError, "right after `import torch`"):
-            gpumem.torch.enable()
+            gpumem.torch.enable(allocator="pluggable")
         self.assertFalse(gpumem.torch.is_enabled())
 
     def test_no_cuda(self):

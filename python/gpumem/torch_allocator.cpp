@@ -1,0 +1,921 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// torch_allocator.cpp — gpumem as a full PyTorch CUDA allocator: a class
+// implementing c10::cuda::CUDACachingAllocator::CUDAAllocator that forwards
+// memory to gpumem's device pools, so that everything PyTorch asks of its
+// own allocator has an answer (device stats, cudnn's cacheInfo, CUDA graph
+// pools, torch.compile's live-allocation checks and pool checkpoints,
+// torch.cuda.MemPool, OOM observers and a genuine torch.cuda.OutOfMemoryError).
+//
+// gpumem.torch compiles this file on first use against the PyTorch that is
+// imported (its headers and libraries, the flags its extensions use), caches
+// the library, and installs the allocator with one C call,
+// gm_torch_native_install(), before CUDA is initialized.  Without a C++
+// compiler, gpumem.torch falls back to PyTorch's CUDAPluggableAllocator.
+//
+// The one idea: gpumem is already a caching allocator with a stream rule, so
+// this layer keeps only what PyTorch needs and gpumem does not know: which
+// stream and pool each pointer belongs to, and the private pools.
+//
+// Private pools (CUDA graph capture, torch.cuda.MemPool, torch.compile's
+// cudagraph trees).  A graph replays the addresses it captured, including
+// those of blocks freed during capture, for as long as its pool lives.  So a
+// block of a private pool stays live in gpumem (gpumem never moves the pages
+// of a live block: not on trim, not on page stealing, not on offload) and a
+// free inside the pool only puts it on the pool's own free list, where later
+// allocations of the same pool and stream take it again.  When the pool's
+// use count falls to zero its cached blocks go back to gpumem; blocks still
+// live then go back when freed.
+//
+// Frees while a capture is under way on the device are deferred until the
+// capture ends, so that gpumem records no event on a capturing stream (an
+// event recorded there belongs to the graph and cannot be queried), as
+// PyTorch's own allocator does.  Driver calls made during a capture run with
+// the thread's capture mode relaxed.
+//
+// Locking: one mutex (mu_) guards the block table, the private pools, the
+// capture list and the deferred frees.  gpumem calls that may block on the
+// driver (gm_alloc, gm_free) run outside it where the block's state allows;
+// gm_* functions are thread-safe.  Stats counters are atomics per device.
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+extern "C" {
+#include "gpumem.h"
+}
+
+namespace {
+
+namespace CA = c10::cuda::CUDACachingAllocator;
+using c10::DeviceIndex;
+using c10::MempoolId_t;
+
+constexpr int kMaxDevices = 64;
+
+struct MempoolHash {
+    size_t operator()(const MempoolId_t &id) const noexcept
+    {
+        return std::hash<unsigned long long>()(id.first) * 31u ^ std::hash<unsigned long long>()(id.second);
+    }
+};
+
+struct PrivatePool;
+
+// One allocation PyTorch holds (or a private pool caches).
+// size: what PyTorch asked for; held: the bytes of the gpumem block behind it
+// (a cached block of a private pool is taken again for any size up to held).
+struct Block {
+    void *ptr = nullptr;
+    size_t size = 0;
+    size_t held = 0;
+    DeviceIndex device = 0;
+    cudaStream_t stream = nullptr;
+    PrivatePool *pool = nullptr; // null: an ordinary gpumem block
+};
+
+// A private pool: live + cached blocks; the pool is dropped when its use
+// count is 0 and nothing of it is live.
+struct PrivatePool {
+    MempoolId_t id{0, 0};
+    DeviceIndex device = 0;
+    int use_count = 0;
+    std::shared_ptr<CA::CUDAAllocator> custom; // torch.cuda.MemPool(allocator=...)
+    std::unordered_map<void *, Block> live;
+    std::multimap<size_t, Block> cached; // held bytes -> free block
+    bool use_on_oom = false;
+};
+
+// One counter of PyTorch's Stat: current, peak, allocated (total), freed.
+struct AtomicStat {
+    std::atomic<int64_t> current{0}, peak{0}, allocated{0}, freed{0};
+    void add(int64_t n)
+    {
+        int64_t now = current.fetch_add(n, std::memory_order_relaxed) + n;
+        int64_t p = peak.load(std::memory_order_relaxed);
+        while (now > p && !peak.compare_exchange_weak(p, now, std::memory_order_relaxed)) {
+        }
+        allocated.fetch_add(n, std::memory_order_relaxed);
+    }
+    void sub(int64_t n)
+    {
+        current.fetch_sub(n, std::memory_order_relaxed);
+        freed.fetch_add(n, std::memory_order_relaxed);
+    }
+    c10::CachingAllocator::Stat get() const
+    {
+        c10::CachingAllocator::Stat s;
+        s.current = current.load(std::memory_order_relaxed);
+        s.peak = std::max(peak.load(std::memory_order_relaxed), s.current);
+        s.allocated = allocated.load(std::memory_order_relaxed);
+        s.freed = freed.load(std::memory_order_relaxed);
+        return s;
+    }
+    void reset_peak() { peak.store(current.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+    void reset_totals()
+    {
+        allocated.store(0, std::memory_order_relaxed);
+        freed.store(0, std::memory_order_relaxed);
+    }
+};
+
+struct DeviceCounters {
+    AtomicStat count;  // allocations PyTorch holds
+    AtomicStat bytes;  // their requested bytes
+    std::atomic<int64_t> ooms{0};
+    std::atomic<double> fraction{1.0};
+};
+
+// Checkpoint of a private pool (torch.compile's cudagraph trees): the blocks
+// live in it at the time.
+struct PoolState : CA::AllocatorState {
+    MempoolId_t id{0, 0};
+    std::vector<Block> live;
+};
+
+void delete_block(void *ptr);
+
+class GpumemAllocator final : public CA::CUDAAllocator {
+  public:
+    // ---- memory ------------------------------------------------------------
+
+    c10::DataPtr allocate(size_t n) override
+    {
+        DeviceIndex device = c10::cuda::current_device();
+        cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+        void *p = malloc_on(n, device, stream);
+        return {p, p, &delete_block, c10::Device(c10::DeviceType::CUDA, device)};
+    }
+
+    c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
+
+    void copy_data(void *dest, const void *src, std::size_t count) const override
+    {
+        C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+    }
+
+    void *raw_alloc(size_t n) override
+    {
+        DeviceIndex device = c10::cuda::current_device();
+        return malloc_on(n, device, c10::cuda::getCurrentCUDAStream(device).stream());
+    }
+
+    void *raw_alloc_with_stream(size_t n, cudaStream_t stream) override
+    {
+        return malloc_on(n, c10::cuda::current_device(), stream);
+    }
+
+    void raw_delete(void *ptr) override { free_ptr(ptr); }
+
+    void init(int device_count) override
+    {
+        device_count_ = device_count;
+        initialized_.store(true);
+    }
+
+    bool initialized() override { return initialized_.load(); }
+
+    double getMemoryFraction(DeviceIndex device) override
+    {
+        check_device(device);
+        return counters_[device].fraction.load();
+    }
+
+    void setMemoryFraction(double fraction, DeviceIndex device) override
+    {
+        check_device(device);
+        TORCH_CHECK(fraction >= 0 && fraction <= 1, "gpumem: memory fraction ", fraction,
+                    " must lie in [0, 1]");
+        gm_torch_set_memory_fraction(fraction, device);
+        counters_[device].fraction.store(fraction);
+    }
+
+    std::vector<CA::StreamSegmentSize> getExpandableSegmentSizes(DeviceIndex) override { return {}; }
+
+    void enable(bool value) override { enabled_.store(value); }
+    bool isEnabled() const override { return enabled_.load(); }
+
+    // cudnn's benchmark mode sizes its workspace trials by the largest block
+    // the allocator could hand out at once; the caller starts from the
+    // device's free memory and we raise it to what gpumem holds cached.
+    void cacheInfo(DeviceIndex device, size_t *largestBlock) override
+    {
+        gm_stats_t s = pool_stats(device);
+        if (largestBlock && s.cached > *largestBlock) *largestBlock = s.cached;
+    }
+
+    void *getBaseAllocation(void *ptr, size_t *size) override
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = blocks_.find(ptr);
+        TORCH_CHECK(it != blocks_.end(), "gpumem: getBaseAllocation(", ptr,
+                    "): not the start of a live gpumem block");
+        if (size) *size = it->second.held;
+        return ptr;
+    }
+
+    void recordStream(const c10::DataPtr &dp, c10::cuda::CUDAStream stream) override
+    {
+        void *ptr = dp.get();
+        if (!ptr) return;
+        Block b;
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            auto it = blocks_.find(ptr);
+            if (it == blocks_.end()) return; // not ours (e.g. a view's foreign storage)
+            b = it->second;
+        }
+        if (b.pool) return; // private pools keep their blocks; streams are the graph's
+        if (b.stream == stream.stream()) return;
+        gm_pool_t *gp = pool_of(b.device);
+        if (gm_record_stream(gp, ptr, stream.stream()) != GM_OK)
+            TORCH_WARN("gpumem: record_stream(", ptr, "): ", gm_last_error());
+    }
+
+    // ---- stats ---------------------------------------------------------------
+
+    CA::DeviceStats getDeviceStats(DeviceIndex device) override
+    {
+        check_device(device);
+        gm_stats_t s = pool_stats(device);
+        DeviceCounters &c = counters_[device];
+        CA::DeviceStats d;
+        auto fill = [](c10::CachingAllocator::StatArray &a, c10::CachingAllocator::Stat v) {
+            a[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)] = v;
+            a[static_cast<size_t>(c10::CachingAllocator::StatType::LARGE_POOL)] = v;
+        };
+        c10::CachingAllocator::Stat count = c.count.get(), bytes = c.bytes.get();
+        fill(d.allocation, count);
+        fill(d.active, count);
+        fill(d.allocated_bytes, bytes);
+        fill(d.active_bytes, bytes);
+        fill(d.requested_bytes, bytes);
+        c10::CachingAllocator::Stat reserved;
+        reserved.current = static_cast<int64_t>(s.reserved);
+        reserved.peak = static_cast<int64_t>(std::max(s.reserved_peak, s.reserved));
+        fill(d.reserved_bytes, reserved);
+        c10::CachingAllocator::Stat split;
+        split.current = static_cast<int64_t>(s.inactive_split);
+        split.peak = split.current;
+        fill(d.inactive_split_bytes, split);
+        // gpumem has no cudaMalloc segments: its reserved memory is 2 MiB
+        // pages mapped into one address space; report the page count.
+        c10::CachingAllocator::Stat seg;
+        seg.current = s.reserved ? 1 : 0;
+        seg.peak = seg.current;
+        fill(d.segment, seg);
+        d.num_alloc_retries = static_cast<int64_t>(s.retries);
+        d.num_ooms = c.ooms.load();
+        uint64_t maps = 0, unmaps = 0;
+        for (int k = 0; k < GM_CALL_COUNT; k++) {
+            const char *name = gm_call_name(k);
+            if (!name) continue;
+            if (!std::strcmp(name, "mem_create") || !std::strcmp(name, "map")) maps += s.backend_calls[k];
+            if (!std::strcmp(name, "mem_release") || !std::strcmp(name, "unmap")) unmaps += s.backend_calls[k];
+        }
+        d.num_device_alloc = static_cast<int64_t>(maps);
+        d.num_device_free = static_cast<int64_t>(unmaps);
+        d.max_split_size = -1;
+        return d;
+    }
+
+    void resetAccumulatedStats(DeviceIndex device) override
+    {
+        check_device(device);
+        counters_[device].count.reset_totals();
+        counters_[device].bytes.reset_totals();
+        counters_[device].ooms.store(0);
+    }
+
+    void resetPeakStats(DeviceIndex device) override
+    {
+        check_device(device);
+        counters_[device].count.reset_peak();
+        counters_[device].bytes.reset_peak();
+        (void)gm_pool_reset_peaks(pool_of(device));
+    }
+
+    // One segment per live allocation (gpumem blocks are not carved out of
+    // segments), with one block each.  No traces: gpumem's own trace
+    // (GPUMEM_TRACE, `gpumem trace`) records them.
+    CA::SnapshotInfo snapshot(MempoolId_t mempool_id, bool /*include_traces*/) override
+    {
+        CA::SnapshotInfo info;
+        bool all = mempool_id.first == 0 && mempool_id.second == 0;
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            for (auto &kv : blocks_) {
+                const Block &b = kv.second;
+                if (!all && (!b.pool || b.pool->id != mempool_id)) continue;
+                info.segments.push_back(segment_of(b, true));
+            }
+            for (auto &kv : pools_)
+                for (auto &cb : kv.second->cached)
+                    if (all || kv.first == mempool_id) info.segments.push_back(segment_of(cb.second, false));
+        }
+        info.device_traces.resize(static_cast<size_t>(std::max(device_count_, 1)));
+        info.config_metadata.garbage_collection_threshold = 0;
+        info.config_metadata.max_split_size = SIZE_MAX;
+        info.config_metadata.pinned_num_register_threads = 0;
+        info.config_metadata.expandable_segments = false;
+        info.config_metadata.release_lock_on_malloc = false;
+        info.config_metadata.pinned_use_host_register = false;
+        info.config_metadata.graph_capture_record_stream_reuse = false;
+        info.config_metadata.last_allocator_settings = "gpumem";
+        return info;
+    }
+
+    void emptyCache(MempoolId_t mempool_id) override
+    {
+        std::vector<Block> release;
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            bool all = mempool_id.first == 0 && mempool_id.second == 0;
+            for (auto it = pools_.begin(); it != pools_.end();) {
+                PrivatePool *pp = it->second.get();
+                // A pool still in use keeps its cache: a graph replays it.
+                if ((all || it->first == mempool_id) && pp->use_count == 0) {
+                    for (auto &cb : pp->cached) release.push_back(cb.second);
+                    pp->cached.clear();
+                }
+                if (pp->use_count == 0 && pp->live.empty() && pp->cached.empty())
+                    it = pools_.erase(it);
+                else
+                    ++it;
+            }
+            take_deferred_locked(release);
+        }
+        give_back(release);
+        if (mempool_id.first == 0 && mempool_id.second == 0) gm_torch_empty_cache();
+    }
+
+    // ---- private pools -------------------------------------------------------
+
+    void beginAllocateToPool(DeviceIndex device, MempoolId_t mempool_id,
+                             std::function<bool(cudaStream_t)> filter) override
+    {
+        check_device(device);
+        std::lock_guard<std::mutex> g(mu_);
+        for (auto &c : captures_)
+            TORCH_CHECK(!(c.device == device && c.id == mempool_id),
+                        "gpumem: beginAllocateToPool: already allocating to pool (", mempool_id.first, ", ",
+                        mempool_id.second, ")");
+        PrivatePool *pp = incref_locked(device, mempool_id, nullptr);
+        captures_.push_back(Capture{device, mempool_id, std::move(filter), pp});
+        capturing_.store(static_cast<int>(captures_.size()));
+    }
+
+    void endAllocateToPool(DeviceIndex device, MempoolId_t mempool_id) override
+    {
+        std::vector<Block> release;
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            for (auto it = captures_.begin(); it != captures_.end(); ++it)
+                if (it->device == device && it->id == mempool_id) {
+                    captures_.erase(it);
+                    break;
+                }
+            capturing_.store(static_cast<int>(captures_.size()));
+            take_deferred_locked(release);
+        }
+        give_back(release);
+    }
+
+    void releasePool(DeviceIndex device, MempoolId_t mempool_id) override
+    {
+        (void)device;
+        std::vector<Block> release;
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            auto it = pools_.find(mempool_id);
+            if (it == pools_.end()) return;
+            PrivatePool *pp = it->second.get();
+            if (pp->use_count > 0) pp->use_count--;
+            if (pp->use_count == 0) {
+                for (auto &cb : pp->cached) release.push_back(cb.second);
+                pp->cached.clear();
+                if (pp->live.empty()) pools_.erase(it);
+            }
+        }
+        give_back(release);
+    }
+
+    int getPoolUseCount(DeviceIndex, MempoolId_t mempool_id) override
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = pools_.find(mempool_id);
+        return it == pools_.end() ? 0 : it->second->use_count;
+    }
+
+    void createOrIncrefPool(DeviceIndex device, MempoolId_t mempool_id,
+                            std::shared_ptr<CA::CUDAAllocator> allocator) override
+    {
+        check_device(device);
+        std::lock_guard<std::mutex> g(mu_);
+        incref_locked(device, mempool_id, std::move(allocator));
+    }
+
+    void setUseOnOOM(DeviceIndex, MempoolId_t mempool_id, bool use_on_oom) override
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = pools_.find(mempool_id);
+        if (it != pools_.end()) it->second->use_on_oom = use_on_oom;
+    }
+
+    // gpumem never splits a private pool's blocks: every request is a block
+    // of its own, so "no split" is what it does anyway.
+    void setNoSplit(DeviceIndex, MempoolId_t) override {}
+
+    bool checkPoolLiveAllocations(DeviceIndex, MempoolId_t mempool_id,
+                                  const std::unordered_set<void *> &expected) override
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = pools_.find(mempool_id);
+        if (it == pools_.end()) return expected.empty();
+        const auto &live = it->second->live;
+        if (live.size() != expected.size()) return false;
+        for (void *p : expected)
+            if (!live.count(p)) return false;
+        return true;
+    }
+
+    std::shared_ptr<CA::AllocatorState> getCheckpointState(DeviceIndex, MempoolId_t id) override
+    {
+        auto st = std::make_shared<PoolState>();
+        st->id = id;
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = pools_.find(id);
+        if (it != pools_.end())
+            for (auto &kv : it->second->live) st->live.push_back(kv.second);
+        return st;
+    }
+
+    // Back to a checkpoint: every block of the pool that is live now is
+    // freed (into the pool), then every block live at the checkpoint is
+    // allocated again at its address; PyTorch gets the new DataPtrs.
+    CA::CheckpointDelta setCheckpointPoolState(DeviceIndex device,
+                                               std::shared_ptr<CA::AllocatorState> pps) override
+    {
+        auto st = std::dynamic_pointer_cast<PoolState>(pps);
+        TORCH_CHECK(st, "gpumem: setCheckpointPoolState: not a gpumem checkpoint");
+        CA::CheckpointDelta delta;
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = pools_.find(st->id);
+        TORCH_CHECK(it != pools_.end(), "gpumem: setCheckpointPoolState: pool (", st->id.first, ", ",
+                    st->id.second, ") no longer exists");
+        PrivatePool *pp = it->second.get();
+        for (auto &kv : pp->live) {
+            delta.ptrs_freed.push_back(kv.first);
+            blocks_.erase(kv.first);
+            count_free(kv.second);
+            pp->cached.emplace(kv.second.held, kv.second);
+        }
+        pp->live.clear();
+        for (const Block &want : st->live) {
+            auto cit = pp->cached.end();
+            for (auto c = pp->cached.lower_bound(want.held); c != pp->cached.end() && c->first == want.held; ++c)
+                if (c->second.ptr == want.ptr) {
+                    cit = c;
+                    break;
+                }
+            TORCH_CHECK(cit != pp->cached.end(), "gpumem: setCheckpointPoolState: block ", want.ptr,
+                        " of the checkpoint is no longer in its pool");
+            Block b = cit->second;
+            pp->cached.erase(cit);
+            b.size = want.size;
+            b.stream = want.stream;
+            pp->live.emplace(b.ptr, b);
+            blocks_.emplace(b.ptr, b);
+            count_alloc(b);
+            delta.dataptrs_allocd.emplace_back(b.ptr, b.ptr, &delete_block,
+                                               c10::Device(c10::DeviceType::CUDA, device));
+        }
+        return delta;
+    }
+
+    // ---- sharing between processes ---------------------------------------------
+
+    CA::ShareableHandle shareIpcHandle(void *ptr) override
+    {
+        TORCH_CHECK(false, "gpumem: sharing a CUDA tensor of gpumem memory through torch.multiprocessing "
+                    "(CUDA IPC) is not offered; cudaIpcGetMemHandle does not work on virtual-memory "
+                    "pages. Share it with gpumem.share (docs/python.md), or turn gpumem off in the "
+                    "producer (pointer ", ptr, ")");
+    }
+
+    std::shared_ptr<void> getIpcDevPtr(std::string) override
+    {
+        TORCH_CHECK(false, "gpumem: opening a CUDA IPC handle from another process is not offered under "
+                    "gpumem.torch.enable(); see gpumem.share (docs/python.md)");
+    }
+
+    // ---- history, observers --------------------------------------------------
+
+    bool isHistoryEnabled() override { return false; }
+
+    void recordHistory(bool enabled, CA::CreateContextFn, size_t, CA::RecordContext, bool,
+                       const std::vector<std::string> &) override
+    {
+        TORCH_CHECK(!enabled, "gpumem: torch.cuda.memory._record_memory_history is not offered under "
+                    "gpumem.torch.enable(); record a trace with GPUMEM_TRACE=FILE and read it with "
+                    "`gpumem report` / `gpumem trace` (docs/observe.md)");
+    }
+
+    void attachOutOfMemoryObserver(CA::OutOfMemoryObserver observer) override
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        oom_observers_.push_back(std::move(observer));
+    }
+
+    // Called by PyTorch's NCCL process group and memory history to follow
+    // segment events; gpumem has no such events to give, so trackers are
+    // kept and never called.
+    void attachAllocatorTraceTracker(CA::AllocatorTraceTracker tracker) override
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        trackers_.push_back(std::move(tracker));
+    }
+
+    void enablePeerAccess(DeviceIndex dev, DeviceIndex dev_to_access) override
+    {
+        c10::cuda::CUDAGuard guard(dev);
+        cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+        if (err == cudaErrorPeerAccessAlreadyEnabled)
+            (void)cudaGetLastError();
+        else
+            C10_CUDA_CHECK(err);
+    }
+
+    // gpumem's pages are virtual-memory mappings: without peer access a
+    // plain cudaMemcpyAsync between devices fails, the Peer copy works.
+    cudaError_t memcpyAsync(void *dst, int dstDevice, const void *src, int srcDevice, size_t count,
+                            cudaStream_t stream, bool p2p_enabled) override
+    {
+        if (p2p_enabled || dstDevice == srcDevice)
+            return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+        return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
+    }
+
+    std::string name() override { return "gpumem"; }
+
+    // ---- the two paths every tensor takes --------------------------------------
+
+    void *malloc_on(size_t n, DeviceIndex device, cudaStream_t stream)
+    {
+        check_device(device);
+        if (n == 0) return nullptr;
+        if (C10_UNLIKELY(capturing_.load(std::memory_order_relaxed) > 0)) {
+            PrivatePool *pp = nullptr;
+            std::shared_ptr<CA::CUDAAllocator> custom;
+            {
+                std::lock_guard<std::mutex> g(mu_);
+                pp = route_locked(device, stream);
+                if (pp) {
+                    void *hit = take_cached_locked(pp, n, stream);
+                    if (hit) return hit;
+                    custom = pp->custom;
+                }
+            }
+            if (pp) return malloc_in_pool(pp, custom, n, device, stream);
+            c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
+            return malloc_plain(n, device, stream);
+        }
+        return malloc_plain(n, device, stream);
+    }
+
+    void free_ptr(void *ptr)
+    {
+        if (!ptr) return;
+        Block b;
+        std::shared_ptr<CA::CUDAAllocator> custom;
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            auto it = blocks_.find(ptr);
+            TORCH_CHECK(it != blocks_.end(), "gpumem: free of ", ptr, ", which is not a live gpumem block");
+            b = it->second;
+            blocks_.erase(it);
+            count_free(b);
+            if (b.pool) {
+                PrivatePool *pp = b.pool;
+                pp->live.erase(ptr);
+                if (pp->custom) {
+                    custom = pp->custom;
+                    if (pp->use_count == 0 && pp->live.empty()) drop_pool_locked(pp);
+                } else if (pp->use_count > 0) {
+                    pp->cached.emplace(b.held, b);
+                    return;
+                } else if (pp->live.empty()) {
+                    drop_pool_locked(pp);
+                }
+            } else if (capturing_.load(std::memory_order_relaxed) > 0) {
+                deferred_.push_back(b);
+                return;
+            }
+        }
+        if (custom) {
+            custom->raw_delete(ptr);
+            return;
+        }
+        give_back_one(b);
+    }
+
+  private:
+    struct Capture {
+        DeviceIndex device;
+        MempoolId_t id;
+        std::function<bool(cudaStream_t)> filter;
+        PrivatePool *pool;
+    };
+
+    static void check_device(DeviceIndex device)
+    {
+        TORCH_CHECK(device >= 0 && device < kMaxDevices, "gpumem: device ", static_cast<int>(device),
+                    " is out of range");
+    }
+
+    gm_pool_t *pool_of(DeviceIndex device)
+    {
+        gm_pool_t *p = pools_by_device_[device].load(std::memory_order_acquire);
+        if (C10_LIKELY(p)) return p;
+        int rc = gm_device_pool(device, &p);
+        TORCH_CHECK(rc == GM_OK, "gpumem: the pool of device ", static_cast<int>(device), ": ",
+                    gm_last_error());
+        pools_by_device_[device].store(p, std::memory_order_release);
+        return p;
+    }
+
+    gm_stats_t pool_stats(DeviceIndex device)
+    {
+        check_device(device);
+        gm_stats_t s;
+        std::memset(&s, 0, sizeof s);
+        s.size = sizeof s;
+        s.version = GM_STATS_VERSION;
+        int rc = gm_pool_stats(pool_of(device), &s);
+        TORCH_CHECK(rc == GM_OK, "gpumem: stats of device ", static_cast<int>(device), ": ", gm_last_error());
+        return s;
+    }
+
+    void count_alloc(const Block &b)
+    {
+        counters_[b.device].count.add(1);
+        counters_[b.device].bytes.add(static_cast<int64_t>(b.size));
+    }
+
+    void count_free(const Block &b)
+    {
+        counters_[b.device].count.sub(1);
+        counters_[b.device].bytes.sub(static_cast<int64_t>(b.size));
+    }
+
+    static CA::SegmentInfo segment_of(const Block &b, bool live)
+    {
+        CA::SegmentInfo s;
+        s.device = b.device;
+        s.address = reinterpret_cast<size_t>(b.ptr);
+        s.total_size = b.held;
+        s.requested_size = live ? b.size : 0;
+        s.allocated_size = live ? b.held : 0;
+        s.active_size = s.allocated_size;
+        s.stream = b.stream;
+        s.is_large = b.held > (1u << 20);
+        s.is_expandable = false;
+        if (b.pool) s.owner_private_pool_id = b.pool->id;
+        c10::CachingDeviceAllocator::BlockInfo bi;
+        bi.size = b.held;
+        bi.requested_size = live ? b.size : 0;
+        bi.allocated = live;
+        bi.active = live;
+        s.blocks.push_back(bi);
+        return s;
+    }
+
+    PrivatePool *incref_locked(DeviceIndex device, MempoolId_t id, std::shared_ptr<CA::CUDAAllocator> custom)
+    {
+        auto &slot = pools_[id];
+        if (!slot) {
+            slot = std::make_unique<PrivatePool>();
+            slot->id = id;
+            slot->device = device;
+        }
+        if (custom) {
+            TORCH_CHECK(!slot->custom || slot->custom == custom,
+                        "gpumem: pool (", id.first, ", ", id.second, ") already has another allocator");
+            slot->custom = std::move(custom);
+        }
+        slot->use_count++;
+        return slot.get();
+    }
+
+    void drop_pool_locked(PrivatePool *pp)
+    {
+        for (auto &c : captures_)
+            if (c.pool == pp) return; // still routed to: kept until the capture ends
+        pools_.erase(pp->id);
+    }
+
+    PrivatePool *route_locked(DeviceIndex device, cudaStream_t stream)
+    {
+        for (auto &c : captures_)
+            if (c.device == device && c.filter(stream)) return c.pool;
+        return nullptr;
+    }
+
+    // A cached block of the pool for n bytes on this stream: the smallest
+    // that fits and wastes at most half of itself.
+    void *take_cached_locked(PrivatePool *pp, size_t n, cudaStream_t stream)
+    {
+        for (auto it = pp->cached.lower_bound(n); it != pp->cached.end() && it->first / 2 <= n; ++it) {
+            if (it->second.stream != stream) continue;
+            Block b = it->second;
+            pp->cached.erase(it);
+            b.size = n;
+            pp->live.emplace(b.ptr, b);
+            blocks_.emplace(b.ptr, b);
+            count_alloc(b);
+            return b.ptr;
+        }
+        return nullptr;
+    }
+
+    void *malloc_in_pool(PrivatePool *pp, const std::shared_ptr<CA::CUDAAllocator> &custom, size_t n,
+                         DeviceIndex device, cudaStream_t stream)
+    {
+        void *p = nullptr;
+        size_t held = n;
+        if (custom) {
+            p = custom->raw_alloc_with_stream(n, stream);
+            TORCH_CHECK(p, "gpumem: the allocator of pool (", pp->id.first, ", ", pp->id.second,
+                        ") returned NULL for ", n, " bytes");
+        } else {
+            c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
+            p = gm_malloc_or_throw(n, device, stream);
+            size_t sz = n;
+            (void)gm_block_size(pool_of(device), p, &sz);
+            held = sz;
+        }
+        Block b;
+        b.ptr = p;
+        b.size = n;
+        b.held = held;
+        b.device = device;
+        b.stream = stream;
+        b.pool = pp;
+        std::lock_guard<std::mutex> g(mu_);
+        pp->live.emplace(p, b);
+        blocks_.emplace(p, b);
+        count_alloc(b);
+        return p;
+    }
+
+    void *malloc_plain(size_t n, DeviceIndex device, cudaStream_t stream)
+    {
+        void *p = gm_malloc_or_throw(n, device, stream);
+        Block b;
+        b.ptr = p;
+        b.size = n;
+        b.held = n;
+        b.device = device;
+        b.stream = stream;
+        std::lock_guard<std::mutex> g(mu_);
+        blocks_.emplace(p, b);
+        count_alloc(b);
+        return p;
+    }
+
+    // gm_alloc; on a shortage, the caches of unused private pools and the
+    // deferred frees go back first and the allocation is tried once more;
+    // then the OOM observers are told and torch.cuda.OutOfMemoryError raised.
+    void *gm_malloc_or_throw(size_t n, DeviceIndex device, cudaStream_t stream)
+    {
+        gm_pool_t *gp = pool_of(device);
+        void *p = nullptr;
+        int rc = gm_alloc(gp, n, stream, &p);
+        if (C10_LIKELY(rc == GM_OK)) return p;
+        if (rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT) {
+            std::vector<Block> release;
+            {
+                std::lock_guard<std::mutex> g(mu_);
+                for (auto &kv : pools_) {
+                    PrivatePool *pp = kv.second.get();
+                    if (pp->use_count != 0) continue;
+                    for (auto &cb : pp->cached) release.push_back(cb.second);
+                    pp->cached.clear();
+                }
+                if (capturing_.load() == 0) take_deferred_locked(release);
+            }
+            if (!release.empty()) {
+                give_back(release);
+                rc = gm_alloc(gp, n, stream, &p);
+                if (rc == GM_OK) return p;
+            }
+        }
+        std::string why = gm_last_error();
+        if (rc != GM_OUT_OF_MEMORY && rc != GM_LIMIT)
+            TORCH_CHECK(false, "gpumem: allocating ", n, " bytes on device ", static_cast<int>(device), " failed: ",
+                        gm_errname(rc), ": ", why);
+        counters_[device].ooms.fetch_add(1);
+        size_t free_b = 0, total_b = 0;
+        {
+            c10::cuda::CUDAGuard guard(device);
+            if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+        }
+        std::vector<CA::OutOfMemoryObserver> observers;
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            observers = oom_observers_;
+        }
+        size_t allocated = static_cast<size_t>(counters_[device].bytes.current.load());
+        for (auto &o : observers) o(device, allocated, total_b, free_b);
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (gpumem). Tried to allocate ",
+                         c10::CachingAllocator::format_size(n), ". GPU ", static_cast<int>(device), " has a total capacity of ",
+                         c10::CachingAllocator::format_size(total_b), " of which ", c10::CachingAllocator::format_size(free_b),
+                         " is free. PyTorch holds ", c10::CachingAllocator::format_size(allocated), " in tensors. ",
+                         gm_errname(rc), ": ", why);
+        return nullptr;
+    }
+
+    void take_deferred_locked(std::vector<Block> &out)
+    {
+        if (capturing_.load() > 0 || deferred_.empty()) return;
+        out.insert(out.end(), deferred_.begin(), deferred_.end());
+        deferred_.clear();
+    }
+
+    void give_back_one(const Block &b)
+    {
+        int rc = gm_free(pool_of(b.device), b.ptr, b.stream);
+        if (C10_UNLIKELY(rc != GM_OK)) {
+            // Called from destructors: warn, never throw.
+            TORCH_WARN("gpumem: freeing ", b.ptr, " on device ", static_cast<int>(b.device), ": ",
+                       gm_last_error());
+        }
+    }
+
+    void give_back(const std::vector<Block> &blocks)
+    {
+        for (const Block &b : blocks) give_back_one(b);
+    }
+
+    std::mutex mu_;
+    std::unordered_map<void *, Block> blocks_;
+    std::unordered_map<MempoolId_t, std::unique_ptr<PrivatePool>, MempoolHash> pools_;
+    std::vector<Capture> captures_;
+    std::vector<Block> deferred_;
+    std::vector<CA::OutOfMemoryObserver> oom_observers_;
+    std::vector<CA::AllocatorTraceTracker> trackers_;
+    std::atomic<int> capturing_{0};
+    std::atomic<bool> initialized_{false};
+    std::atomic<bool> enabled_{true};
+    int device_count_ = 0;
+    std::atomic<gm_pool_t *> pools_by_device_[kMaxDevices] = {};
+    DeviceCounters counters_[kMaxDevices];
+};
+
+std::shared_ptr<GpumemAllocator> g_allocator;
+
+void delete_block(void *ptr)
+{
+    g_allocator->free_ptr(ptr);
+}
+
+} // namespace
+
+extern "C" {
+
+// Makes gpumem PyTorch's CUDA allocator.  0 on success; otherwise the reason
+// is written into err (NUL-terminated) and nonzero returned: 1 PyTorch
+// refused (CUDA already initialized), 2 anything else.
+__attribute__((visibility("default"))) int gm_torch_native_install(char *err, size_t cap)
+{
+    try {
+        if (!g_allocator) g_allocator = std::make_shared<GpumemAllocator>();
+        torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(g_allocator);
+        return 0;
+    } catch (const std::exception &e) {
+        if (err && cap) std::snprintf(err, cap, "%s", e.what());
+        return std::strstr(e.what(), "initialized") ? 1 : 2;
+    }
+}
+
+} // extern "C"
