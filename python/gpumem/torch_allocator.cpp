@@ -611,7 +611,11 @@ class GpumemAllocator final : public CA::CUDAAllocator {
         {
             std::lock_guard<std::mutex> g(mu_);
             auto it = blocks_.find(ptr);
-            TORCH_CHECK(it != blocks_.end(), "gpumem: free of ", ptr, ", which is not a live gpumem block");
+            if (C10_UNLIKELY(it == blocks_.end())) {
+                // Reached from destructors (noexcept): say so, never throw.
+                TORCH_WARN("gpumem: free of ", ptr, ", which is not a live gpumem block; ignored");
+                return;
+            }
             b = it->second;
             blocks_.erase(it);
             count_free(b);
@@ -892,7 +896,9 @@ class GpumemAllocator final : public CA::CUDAAllocator {
     DeviceCounters counters_[kMaxDevices];
 };
 
-std::shared_ptr<GpumemAllocator> g_allocator;
+// Never destroyed: tensors held by C++ statics are freed during the
+// process's exit, after this library's static destructors would have run.
+GpumemAllocator *g_allocator;
 
 void delete_block(void *ptr)
 {
@@ -909,8 +915,10 @@ extern "C" {
 __attribute__((visibility("default"))) int gm_torch_native_install(char *err, size_t cap)
 {
     try {
-        if (!g_allocator) g_allocator = std::make_shared<GpumemAllocator>();
-        torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(g_allocator);
+        if (!g_allocator) g_allocator = new GpumemAllocator();
+        // PyTorch keeps the shared_ptr; its no-op deleter keeps the object.
+        std::shared_ptr<CA::CUDAAllocator> handle(g_allocator, [](CA::CUDAAllocator *) {});
+        torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(handle);
         return 0;
     } catch (const std::exception &e) {
         if (err && cap) std::snprintf(err, cap, "%s", e.what());
