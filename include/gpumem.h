@@ -884,6 +884,36 @@ GM_API void gm_torch_record_stream(void *ptr, gm_stream_t stream);
 GM_API void gm_torch_set_memory_fraction(double fraction, int device);
 
 /* ------------------------------------------------------------------------ */
+/* CuPy allocator without Python (cupy.cuda.memory.CFunctionAllocator)      */
+/* ------------------------------------------------------------------------ */
+
+/* What gm_cupy_malloc needs from the process, filled by gpumem.cupy:
+ * CuPy's current stream, and the Python C API calls that raise an exception
+ * into CuPy (which checks for one when the allocation returns (void *)-1).
+ * The functions are called with the GIL held, as CuPy calls the allocator. */
+#define GM_CUPY_HOOKS_VERSION 1
+typedef struct gm_cupy_hooks {
+    size_t size;                                   /* sizeof(gm_cupy_hooks_t) */
+    unsigned version;                              /* GM_CUPY_HOOKS_VERSION */
+    intptr_t (*current_stream)(void);              /* cupy.cuda.stream's get_current_stream_ptr */
+    void *(*build_value)(const char *format, ...); /* Py_BuildValue */
+    void (*set_object)(void *type, void *value);   /* PyErr_SetObject */
+    void (*decref)(void *object);                  /* Py_DecRef */
+    void *oom_type;    /* raised as oom_type(size, reserved) when memory is short:
+                          cupy.cuda.memory.OutOfMemoryError */
+    void *error_type;  /* raised as error_type(message) otherwise */
+} gm_cupy_hooks_t;
+
+/* CuPy's malloc and free (CFunctionAllocator(hooks, gm_cupy_malloc,
+ * gm_cupy_free, owner)): gm_alloc on the pool of `device` and CuPy's current
+ * stream; the free goes to the stream the block was allocated on.  On
+ * failure gm_cupy_malloc sets the Python exception through the hooks and
+ * returns (void *)-1.  Size 0 returns NULL.  A free of a pointer it did not
+ * hand out is reported on stderr and ignored (CuPy frees from destructors). */
+GM_API void *gm_cupy_malloc(void *hooks, size_t size, int device);
+GM_API void gm_cupy_free(void *hooks, void *ptr, int device);
+
+/* ------------------------------------------------------------------------ */
 /* Sim backend controls (testing); GM_NOT_SUPPORTED on other backends       */
 /* ------------------------------------------------------------------------ */
 

@@ -499,6 +499,120 @@ class TestCupyAdapter(unittest.TestCase):
             gpumem.cupy.enable()
 
 
+class TestCupyCPath(unittest.TestCase):
+    """gpumem.cupy's C path: CFunctionAllocator over gm_cupy_malloc /
+    gm_cupy_free, driven by a fake CuPy whose cupy.cuda.stream exports a C
+    get_current_stream_ptr (a ctypes callback) the way Cython does."""
+    DEV = 13
+    S1, S2 = 0x5100, 0x5200
+
+    def setUp(self):
+        self.saved = {k: sys.modules.get(k) for k in ("cupy", "cupy.cuda.stream")}
+        gpumem.cupy._state.update(enabled=False, previous=None, path=None)
+        self.current = [self.S1]
+        self.fn = ctypes.CFUNCTYPE(ctypes.c_ssize_t)(lambda: self.current[0])
+        api = ctypes.pythonapi
+        api.PyCapsule_New.restype = ctypes.py_object
+        api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        self.name = ctypes.c_char_p(b"intptr_t (void)")  # the capsule keeps the pointer
+        capsule = api.PyCapsule_New(ctypes.cast(self.fn, ctypes.c_void_p), self.name, None)
+        stream = types.ModuleType("cupy.cuda.stream")
+        stream.__pyx_capi__ = {"get_current_stream_ptr": capsule}
+        self.cupy, self.rec = fake_cupy()
+        pydll = ctypes.PyDLL(gpumem.library_path())  # holds the GIL, raises what C sets
+        malloc, free = pydll.gm_cupy_malloc, pydll.gm_cupy_free
+        malloc.argtypes, malloc.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_void_p
+        free.argtypes, free.restype = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int), None
+        rec, dev = self.rec, self.DEV
+
+        class CFunctionAllocator:
+            def __init__(self, param, malloc_func, free_func, owner):
+                rec["c"] = (param, malloc_func, free_func, owner)
+
+            def malloc(self, size):  # what CuPy's Cython does, through ctypes
+                param, m, f, _ = rec["c"]
+                assert m == ctypes.cast(malloc, ctypes.c_void_p).value
+                assert f == ctypes.cast(free, ctypes.c_void_p).value
+                return malloc(param, size, dev)
+
+            def free(self, ptr):
+                free(rec["c"][0], ptr, dev)
+
+        self.cupy.cuda.memory.CFunctionAllocator = CFunctionAllocator
+        self.cupy.cuda.stream = stream
+        sys.modules.update({"cupy": self.cupy, "cupy.cuda.stream": stream})
+
+    def tearDown(self):
+        for k, v in self.saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+        gpumem.cupy._state.update(enabled=False, previous=None, path=None)
+        gpumem.set_limit(0, device=self.DEV)
+        self.assertEqual(gpumem.stats(self.DEV)["allocated"], 0, "a test left memory allocated")
+
+    def test_c_path_is_taken_and_frees_on_the_allocation_stream(self):
+        gpumem.cupy.enable()
+        self.assertEqual(gpumem.cupy.path(), "c")
+        alloc = self.rec["c"]
+        self.assertEqual(self.rec["allocator"].__self__.__class__.__name__, "CFunctionAllocator")
+        self.assertIsNotNone(alloc[3])  # the owner keeps the hooks alive
+        a = self.rec["allocator"](3 * MiB)
+        self.assertTrue(a)
+        self.assertEqual(gpumem.stats(self.DEV)["allocated"], 3 * MiB)
+        pool = gpumem._pool(self.DEV)
+        lib().gm_sim_hold_stream(pool, ctypes.c_void_p(self.S2), 1)  # S2's work stays in flight
+        try:
+            self.current[0] = self.S2  # CuPy's current stream changed since
+            self.assertEqual(lib().gm_memset(pool, ctypes.c_void_p(a), 0, 3 * MiB, ctypes.c_void_p(self.S2)), 0)
+            self.rec["allocator"].__self__.free(a)
+            self.assertEqual(gpumem.stats(self.DEV)["allocated"], 0)
+            # Freed on S1 (where it was made), not on S2: S1 takes the block
+            # back at once, while S2's work on it is still in flight (a block
+            # freed on S2 would wait for that work).
+            self.current[0] = self.S1
+            c = self.rec["allocator"](3 * MiB)
+            self.assertEqual(c, a)
+            self.rec["allocator"].__self__.free(c)
+        finally:
+            lib().gm_sim_hold_stream(pool, ctypes.c_void_p(self.S2), 0)
+        self.assertIsNone(self.rec["allocator"](0))
+
+    def test_c_path_raises_cupys_out_of_memory_error(self):
+        gpumem.cupy.enable(path="c")
+        gpumem.set_limit(4 * MiB, device=self.DEV)
+        with self.assertRaises(self.cupy.cuda.memory.OutOfMemoryError) as cm:
+            self.rec["allocator"](64 * MiB)
+        self.assertEqual(cm.exception.size, 64 * MiB)
+        self.assertEqual(gpumem.stats(self.DEV)["allocated"], 0)
+
+    def test_bad_hooks_raise_gpumem_error(self):
+        gpumem.cupy.enable(path="c")
+        hooks = gpumem.cupy._state["keep"][1][0]
+        hooks.version = 99
+        try:
+            with self.assertRaisesRegex(gpumem.GpumemError, "hooks missing, of another version"):
+                self.rec["allocator"](MiB)
+        finally:
+            hooks.version = 1
+
+    def test_signature_mismatch_falls_back_to_python(self):
+        api = ctypes.pythonapi
+        other = ctypes.c_char_p(b"intptr_t (int __pyx_skip_dispatch)")
+        self.cupy.cuda.stream.__pyx_capi__["get_current_stream_ptr"] = api.PyCapsule_New(
+            ctypes.cast(self.fn, ctypes.c_void_p), other, None)
+        self.keep_name = other
+        with self.assertRaisesRegex(RuntimeError, "signature"):
+            gpumem.cupy.enable(path="c")
+        gpumem.cupy.enable()
+        self.assertEqual(gpumem.cupy.path(), "python")
+
+    def test_unknown_path(self):
+        with self.assertRaisesRegex(gpumem.InvalidArgumentError, "choose one of auto, c, python"):
+            gpumem.cupy.enable(path="fast")
+
+
 def read_device(dev, ptr, n):
     """n bytes at device address ptr of the pool of dev (sim: unified addressing)."""
     buf = ctypes.create_string_buffer(n)
