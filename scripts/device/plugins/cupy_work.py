@@ -9,7 +9,7 @@ import cupy as cp
 import gpumem
 import gpumem.cupy
 
-gpumem.cupy.enable()
+gpumem.cupy.enable()  # GPUMEM_CUPY_ALLOCATOR picks the path (auto: c where CuPy allows)
 rng = np.random.default_rng(7)
 checks = []
 for n in (1000, 4096, 12345, 1 << 20):
@@ -37,4 +37,4 @@ finally:
 checks.append(("OutOfMemoryError over a 1 GiB limit", oom == "OutOfMemoryError"))
 print(json.dumps({"pass": all(ok for _, ok in checks), "checks": checks,
                   "allocated_peak": s["allocated_peak"], "reserved_peak": s["reserved_peak"],
-                  "alloc_count": s["alloc_count"], "cupy": cp.__version__}))
+                  "alloc_count": s["alloc_count"], "cupy": cp.__version__, "path": gpumem.cupy.path()}))
