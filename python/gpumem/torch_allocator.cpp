@@ -704,6 +704,9 @@ class GpumemAllocator final : public CA::CUDAAllocator {
         s.stream = b.stream;
         s.is_large = b.held > (1u << 20);
         s.is_expandable = false;
+        // PyTorch's NCCL process group (register_mem_pool) asserts the
+        // counter was set; gpumem keeps no registration history: 0.
+        s.registration_counter = 0;
         if (b.pool) s.owner_private_pool_id = b.pool->id;
         c10::CachingDeviceAllocator::BlockInfo bi;
         bi.size = b.held;
