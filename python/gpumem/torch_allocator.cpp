@@ -27,11 +27,12 @@
 // use count falls to zero its cached blocks go back to gpumem; blocks still
 // live then go back when freed.
 //
-// Frees while a capture is under way on the device are deferred until the
-// capture ends, so that gpumem records no event on a capturing stream (an
-// event recorded there belongs to the graph and cannot be queried), as
-// PyTorch's own allocator does.  Driver calls made during a capture run with
-// the thread's capture mode relaxed.
+// While a capture (or a MemPool context) is under way, a free that could make
+// gpumem record an event on a capturing stream (an event recorded there
+// belongs to the graph and cannot be queried) is deferred until it ends:
+// blocks other streams used (record_stream) and blocks of a capturing stream
+// (must_defer).  Driver calls made during a capture run with the thread's
+// capture mode relaxed.
 //
 // Locking: one mutex (mu_) guards the block table, the private pools, the
 // capture list and the deferred frees.  gpumem calls that may block on the
@@ -92,6 +93,7 @@ struct Block {
     DeviceIndex device = 0;
     cudaStream_t stream = nullptr;
     PrivatePool *pool = nullptr; // null: an ordinary gpumem block
+    bool recorded = false;       // record_stream named other streams (gm_record_stream)
 };
 
 // A private pool: live + cached blocks; the pool is dropped when its use
@@ -248,8 +250,13 @@ class GpumemAllocator final : public CA::CUDAAllocator {
         if (b.pool) return; // private pools keep their blocks; streams are the graph's
         if (b.stream == stream.stream()) return;
         gm_pool_t *gp = pool_of(b.device);
-        if (gm_record_stream(gp, ptr, stream.stream()) != GM_OK)
+        if (gm_record_stream(gp, ptr, stream.stream()) != GM_OK) {
             TORCH_WARN("gpumem: record_stream(", ptr, "): ", gm_last_error());
+            return;
+        }
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = blocks_.find(ptr);
+        if (it != blocks_.end()) it->second.recorded = true;
     }
 
     // ---- stats ---------------------------------------------------------------
@@ -631,7 +638,7 @@ class GpumemAllocator final : public CA::CUDAAllocator {
                 } else if (pp->live.empty()) {
                     drop_pool_locked(pp);
                 }
-            } else if (capturing_.load(std::memory_order_relaxed) > 0) {
+            } else if (capturing_.load(std::memory_order_relaxed) > 0 && must_defer(b)) {
                 deferred_.push_back(b);
                 return;
             }
@@ -650,6 +657,24 @@ class GpumemAllocator final : public CA::CUDAAllocator {
         std::function<bool(cudaStream_t)> filter;
         PrivatePool *pool;
     };
+
+    // While a capture or a MemPool context is under way: a free that could
+    // make gpumem record an event on a capturing stream waits for its end.
+    // That is a free of a block other streams used (record_stream: gm_free
+    // records events on them), or one freed on a stream that is capturing
+    // (gpumem records its fence there when another stream wants the block).
+    // Every other free goes to gpumem at once, so a long use_mem_pool context
+    // does not hold back the frees of the rest of the program.
+    static bool must_defer(const Block &b)
+    {
+        if (b.recorded) return true;
+        cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(b.stream, &st) != cudaSuccess) {
+            (void)cudaGetLastError(); // e.g. the legacy stream during a global capture
+            return true;
+        }
+        return st != cudaStreamCaptureStatusNone;
+    }
 
     static void check_device(DeviceIndex device)
     {

@@ -120,6 +120,22 @@ PROBES = {
             x = torch.empty(1 << 20, device="cuda")
         del x
     """,
+    "mem_pool_context_frees": """
+        # A free made inside a use_mem_pool context, of a tensor from outside
+        # it, gives the memory back at once (not at the context's end).
+        x = torch.empty(1 << 28, device="cuda", dtype=torch.uint8)
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            before = torch.cuda.memory_allocated()
+            del x
+            assert torch.cuda.memory_allocated() <= before - (1 << 28)
+            import gpumem.torch
+            if gpumem.torch.is_enabled():
+                import gpumem
+                assert gpumem.stats(0)["allocated"] < 1 << 28, gpumem.stats(0)["allocated"]
+            y = torch.empty(1 << 20, device="cuda")
+        del y, pool
+    """,
     "amp": """
         m = torch.nn.Linear(256, 256).cuda(); opt = torch.optim.SGD(m.parameters(), lr=0.1)
         scaler = torch.amp.GradScaler("cuda")
