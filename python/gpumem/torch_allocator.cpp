@@ -84,8 +84,8 @@ struct MempoolHash {
 struct PrivatePool;
 
 // One allocation PyTorch holds (or a private pool caches).
-// size: what PyTorch asked for; held: the bytes of the gpumem block behind it
-// (a cached block of a private pool is taken again for any size up to held).
+// size: what PyTorch asks for now; held: what the block was made for (a
+// cached block of a private pool is taken again for any size up to held).
 struct Block {
     void *ptr = nullptr;
     size_t size = 0;
@@ -794,7 +794,6 @@ class GpumemAllocator final : public CA::CUDAAllocator {
                          DeviceIndex device, cudaStream_t stream)
     {
         void *p = nullptr;
-        size_t held = n;
         if (custom) {
             p = custom->raw_alloc_with_stream(n, stream);
             TORCH_CHECK(p, "gpumem: the allocator of pool (", pp->id.first, ", ", pp->id.second,
@@ -802,17 +801,8 @@ class GpumemAllocator final : public CA::CUDAAllocator {
         } else {
             c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
             p = gm_malloc_or_throw(n, device, stream);
-            size_t sz = n;
-            (void)gm_block_size(pool_of(device), p, &sz);
-            held = sz;
         }
-        Block b;
-        b.ptr = p;
-        b.size = n;
-        b.held = held;
-        b.device = device;
-        b.stream = stream;
-        b.pool = pp;
+        Block b = new_block(p, n, device, stream, pp);
         std::lock_guard<std::mutex> g(mu_);
         pp->live.emplace(p, b);
         blocks_.emplace(p, b);
@@ -820,15 +810,24 @@ class GpumemAllocator final : public CA::CUDAAllocator {
         return p;
     }
 
-    void *malloc_plain(size_t n, DeviceIndex device, cudaStream_t stream)
+    // A block of n bytes; a private pool's cached block is later taken for
+    // any request up to n (held).
+    static Block new_block(void *p, size_t n, DeviceIndex device, cudaStream_t stream, PrivatePool *pool)
     {
-        void *p = gm_malloc_or_throw(n, device, stream);
         Block b;
         b.ptr = p;
         b.size = n;
         b.held = n;
         b.device = device;
         b.stream = stream;
+        b.pool = pool;
+        return b;
+    }
+
+    void *malloc_plain(size_t n, DeviceIndex device, cudaStream_t stream)
+    {
+        void *p = gm_malloc_or_throw(n, device, stream);
+        Block b = new_block(p, n, device, stream, nullptr);
         std::lock_guard<std::mutex> g(mu_);
         blocks_.emplace(p, b);
         count_alloc(b);
