@@ -58,6 +58,16 @@ PROBES = {
         except torch.cuda.OutOfMemoryError:
             pass
     """,
+    "oom_observer": """
+        seen = []
+        torch.cuda.init()
+        torch._C._cuda_attach_out_of_memory_observer(lambda *args: seen.append(args))
+        try:
+            torch.empty(1 << 50, device="cuda", dtype=torch.uint8)
+        except torch.cuda.OutOfMemoryError:
+            pass
+        assert len(seen) == 1 and seen[0][0] == 0, seen
+    """,
     "cudnn_benchmark": """
         torch.backends.cudnn.benchmark = True
         m = torch.nn.Conv2d(3, 16, 3).cuda(); x = torch.randn(8, 3, 64, 64, device="cuda")
