@@ -29,8 +29,6 @@ NOT_YET = {
 def classify(name, row):
     native, plug, default = row.get("native", ""), row.get("pluggable", ""), row.get("default", "")
     if default != "works":
-        if native == "works":
-            return "gpumem", "works under the native allocator, beyond PyTorch's own (which: " + default + ")"
         return "n/a", "fails with PyTorch's own allocator too: " + default
     if native == "works" and plug == "works":
         return "works", "works under both of gpumem's allocators"

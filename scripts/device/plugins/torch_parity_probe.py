@@ -176,33 +176,6 @@ PROBES = {
         t = q.get(timeout=30); v = float(t.sum()); del t
         p.join(60); assert v == 1024.0, v
     """,
-    "multiprocessing_shareable": """
-        # GPUMEM_TORCH_SHAREABLE=1 (PROBE_ENV): the same as the row above.
-        import torch.multiprocessing as mp
-        ctx = mp.get_context("spawn"); q = ctx.Queue()
-        p = ctx.Process(target=_child, args=(q,)); p.start()
-        t = q.get(timeout=30); v = float(t.sum()); del t
-        p.join(60); assert v == 1024.0, v
-    """,
-    "multiprocessing_producer_exits": """
-        # The consumer keeps using (reading and writing) the tensor after the
-        # producer process has exited.
-        import torch.multiprocessing as mp
-        ctx = mp.get_context("spawn"); q = ctx.Queue(); ack = ctx.Event()
-        p = ctx.Process(target=_child_exits, args=(q, ack)); p.start()
-        t = q.get(timeout=30); ack.set(); p.join(60)
-        assert p.exitcode == 0, p.exitcode
-        torch.cuda.synchronize()
-        assert float(t.sum()) == 1024.0
-        t.add_(1); torch.cuda.synchronize(); assert float(t.sum()) == 2048.0
-        del t
-    """,
-}
-
-# Environment of a row's processes (set before gpumem.torch.enable()).
-PROBE_ENV = {
-    "multiprocessing_shareable": {"GPUMEM_TORCH_SHAREABLE": "1"},
-    "multiprocessing_producer_exits": {"GPUMEM_TORCH_SHAREABLE": "1"},
 }
 
 CHILD_HELPERS = """
@@ -211,14 +184,6 @@ def _child(q):
     t = torch.ones(1024, device="cuda")
     q.put(t)
     import time; time.sleep(3)
-
-
-def _child_exits(q, ack):
-    import torch
-    t = torch.ones(1024, device="cuda")
-    torch.cuda.synchronize()
-    q.put(t)
-    ack.wait(60)
 """
 
 
@@ -235,8 +200,7 @@ def run_one(name, allocator, timeout):
     with os.fdopen(fd, "w") as f:
         f.write(code)
     try:
-        env = dict(os.environ, **PROBE_ENV.get(name, {}))
-        p = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=timeout, env=env)
+        p = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return "fails: timed out after %d s" % timeout
     finally:
