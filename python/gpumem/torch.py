@@ -148,12 +148,29 @@ def allocator_kind():
     return _state["kind"]
 
 
-def _cache_dir():
+def _cache_dirs():
+    """(directory, check it is private) where the compiled allocator may be
+    kept, in order: GPUMEM_CACHE_DIR alone when set; else
+    $XDG_CACHE_HOME/gpumem (~/.cache/gpumem), then, for a home that cannot
+    be written (a read-only container), a directory of this user's own in
+    the temporary directory."""
     d = os.environ.get("GPUMEM_CACHE_DIR")
-    if not d:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        d = os.path.join(base, "gpumem")
-    return d
+    if d:
+        return [(d, False)]  # the user's choice: not second-guessed
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return [(os.path.join(base, "gpumem"), True),
+            (os.path.join(tempfile.gettempdir(), "gpumem-%d" % os.getuid()), True)]
+
+
+def _private_dir(d):
+    """d exists, is a directory (not a link) of this user that no one else
+    may write; made so (mode 0700) when missing.  OSError otherwise: a
+    library found in a directory others can write could be anybody's."""
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    st = os.lstat(d)
+    import stat
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise OSError("%s is not a directory of this user's that only it may write" % d)
 
 
 def _header_dir():
@@ -199,8 +216,9 @@ def _build_command(torch, src, out):
 
 def build_native(force=False):
     """Compile the native allocator for the imported PyTorch (once; cached in
-    GPUMEM_CACHE_DIR, else ~/.cache/gpumem, keyed by PyTorch's version, the
-    source, the header and the command) and return the library's path.
+    GPUMEM_CACHE_DIR, else ~/.cache/gpumem, else a private directory in the
+    temporary directory; keyed by PyTorch's version, the source, the header
+    and the command) and return the library's path.
     TorchError, with the compiler's output, when it cannot be built."""
     torch = _import_torch()
     here = os.path.dirname(os.path.abspath(__file__))
@@ -214,16 +232,25 @@ def build_native(force=False):
     for f in (src, os.path.join(_header_dir(), "gpumem.h")):
         with open(f, "rb") as fh:
             key.update(fh.read())
-    d = os.path.join(_cache_dir(), "torch-%s-%s" % (torch.__version__.replace("+", "_"), key.hexdigest()[:16]))
-    so = os.path.join(d, "libgpumem_torch.so")
-    if os.path.exists(so) and not force:
-        return so
-    try:
-        os.makedirs(d, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=d)
-        os.close(fd)
-    except OSError as e:
-        raise TorchError("cannot write the native allocator's cache %s: %s" % (d, e)) from e
+    leaf = "torch-%s-%s" % (torch.__version__.replace("+", "_"), key.hexdigest()[:16])
+    tried = []
+    for top, check in _cache_dirs():
+        d = os.path.join(top, leaf)
+        so = os.path.join(d, "libgpumem_torch.so")
+        try:
+            if check:
+                _private_dir(top)
+            if os.path.exists(so) and not force:
+                return so
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=d)
+            os.close(fd)
+            break
+        except OSError as e:
+            tried.append("%s (%s)" % (top, e))
+    else:
+        raise TorchError("no place to keep the native allocator: %s; set GPUMEM_CACHE_DIR"
+                         % "; ".join(tried))
     try:
         cmd = _build_command(torch, src, tmp)
         try:

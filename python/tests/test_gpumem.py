@@ -398,6 +398,29 @@ class TestTorchAdapter(unittest.TestCase):
         with open(os.path.join(tmp, "log")) as f:
             self.assertEqual(f.read().count("run"), 2)
 
+    def test_build_native_falls_back_to_a_private_temporary_directory(self):
+        tmp = self.fake_build_env('while [ $# -gt 0 ]; do [ "$1" = -o ] && echo lib > "$2"; shift; done')
+        os.environ.pop("GPUMEM_CACHE_DIR")
+        blocker = os.path.join(tmp, "not-a-dir")
+        with open(blocker, "w") as f:
+            f.write("x")
+        saved = {k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "TMPDIR")}
+        self.addCleanup(lambda: [os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+                                 for k, v in saved.items()])
+        os.environ["XDG_CACHE_HOME"] = blocker  # ~/.cache cannot be made
+        os.environ["TMPDIR"] = os.path.join(tmp, "t")
+        os.mkdir(os.environ["TMPDIR"])
+        tempfile.tempdir = None  # read TMPDIR again
+        self.addCleanup(setattr, tempfile, "tempdir", None)
+        so = gpumem.torch.build_native()
+        private = os.path.join(tmp, "t", "gpumem-%d" % os.getuid())
+        self.assertTrue(so.startswith(private + os.sep), so)
+        self.assertEqual(os.stat(private).st_mode & 0o777, 0o700)
+        # A fallback directory others may write is refused, never used.
+        os.chmod(private, 0o777)
+        with self.assertRaisesRegex(gpumem.torch.TorchError, "only it may write"):
+            gpumem.torch.build_native(force=True)
+
     def test_build_native_failure_carries_the_compiler_output(self):
         tmp = self.fake_build_env("echo 'torch_allocator.cpp:1: error: boom' >&2; exit 3")
         with self.assertRaisesRegex(gpumem.torch.TorchError, "(?s)exit 3.*error: boom"):
