@@ -96,8 +96,10 @@ struct Block {
     bool recorded = false;       // record_stream named other streams (gm_record_stream)
 };
 
-// A private pool: live + cached blocks; the pool is dropped when its use
-// count is 0 and nothing of it is live.
+// A private pool: live + cached blocks.  Invariants: a pool whose use count
+// is 0 caches nothing (releasePool gives its cache back, free_ptr gives its
+// blocks back), and it is dropped once nothing of it is live and no capture
+// routes to it (drop_pool_locked).
 struct PrivatePool {
     MempoolId_t id{0, 0};
     DeviceIndex device = 0;
@@ -105,7 +107,6 @@ struct PrivatePool {
     std::shared_ptr<CA::CUDAAllocator> custom; // torch.cuda.MemPool(allocator=...)
     std::unordered_map<void *, Block> live;
     std::multimap<size_t, Block> cached; // held bytes -> free block
-    bool use_on_oom = false;
 };
 
 // One counter of PyTorch's Stat: current, peak, allocated (total), freed.
@@ -352,27 +353,11 @@ class GpumemAllocator final : public CA::CUDAAllocator {
         return info;
     }
 
+    // A pool still in use keeps its cache (a graph replays it); one no
+    // longer in use has none (PrivatePool's invariants).  So what is left to
+    // empty is gpumem's own cache, for the whole device.
     void emptyCache(MempoolId_t mempool_id) override
     {
-        std::vector<Block> release;
-        {
-            std::lock_guard<std::mutex> g(mu_);
-            bool all = mempool_id.first == 0 && mempool_id.second == 0;
-            for (auto it = pools_.begin(); it != pools_.end();) {
-                PrivatePool *pp = it->second.get();
-                // A pool still in use keeps its cache: a graph replays it.
-                if ((all || it->first == mempool_id) && pp->use_count == 0) {
-                    for (auto &cb : pp->cached) release.push_back(cb.second);
-                    pp->cached.clear();
-                }
-                if (pp->use_count == 0 && pp->live.empty() && pp->cached.empty())
-                    it = pools_.erase(it);
-                else
-                    ++it;
-            }
-            take_deferred_locked(release);
-        }
-        give_back(release);
         if (mempool_id.first == 0 && mempool_id.second == 0) gm_torch_empty_cache();
     }
 
@@ -404,6 +389,9 @@ class GpumemAllocator final : public CA::CUDAAllocator {
                 }
             capturing_.store(static_cast<int>(captures_.size()));
             take_deferred_locked(release);
+            auto it = pools_.find(mempool_id);
+            if (it != pools_.end() && it->second->use_count == 0 && it->second->live.empty())
+                drop_pool_locked(it->second.get());
         }
         give_back(release);
     }
@@ -421,7 +409,7 @@ class GpumemAllocator final : public CA::CUDAAllocator {
             if (pp->use_count == 0) {
                 for (auto &cb : pp->cached) release.push_back(cb.second);
                 pp->cached.clear();
-                if (pp->live.empty()) pools_.erase(it);
+                if (pp->live.empty()) drop_pool_locked(pp);
             }
         }
         give_back(release);
@@ -442,12 +430,10 @@ class GpumemAllocator final : public CA::CUDAAllocator {
         incref_locked(device, mempool_id, std::move(allocator));
     }
 
-    void setUseOnOOM(DeviceIndex, MempoolId_t mempool_id, bool use_on_oom) override
-    {
-        std::lock_guard<std::mutex> g(mu_);
-        auto it = pools_.find(mempool_id);
-        if (it != pools_.end()) it->second->use_on_oom = use_on_oom;
-    }
+    // A pool as the last resort of a failed allocation: gpumem serves every
+    // allocation from its one device pool, so there is nothing to fall back
+    // into; accepted and ignored.
+    void setUseOnOOM(DeviceIndex, MempoolId_t, bool) override {}
 
     // gpumem never splits a private pool's blocks: every request is a block
     // of its own, so "no split" is what it does anyway.
@@ -555,13 +541,8 @@ class GpumemAllocator final : public CA::CUDAAllocator {
     }
 
     // Called by PyTorch's NCCL process group and memory history to follow
-    // segment events; gpumem has no such events to give, so trackers are
-    // kept and never called.
-    void attachAllocatorTraceTracker(CA::AllocatorTraceTracker tracker) override
-    {
-        std::lock_guard<std::mutex> g(mu_);
-        trackers_.push_back(std::move(tracker));
-    }
+    // segment events; gpumem has no such events to give: accepted, ignored.
+    void attachAllocatorTraceTracker(CA::AllocatorTraceTracker) override {}
 
     void enablePeerAccess(DeviceIndex dev, DeviceIndex dev_to_access) override
     {
@@ -834,33 +815,16 @@ class GpumemAllocator final : public CA::CUDAAllocator {
         return p;
     }
 
-    // gm_alloc; on a shortage, the caches of unused private pools and the
-    // deferred frees go back first and the allocation is tried once more;
-    // then the OOM observers are told and torch.cuda.OutOfMemoryError raised.
+    // gm_alloc (which trims and retries itself); on a shortage the OOM
+    // observers are told and torch.cuda.OutOfMemoryError raised.  Nothing of
+    // this layer could be given back first: unused private pools cache
+    // nothing, and deferred frees exist only while a capture runs.
     void *gm_malloc_or_throw(size_t n, DeviceIndex device, cudaStream_t stream)
     {
         gm_pool_t *gp = pool_of(device);
         void *p = nullptr;
         int rc = gm_alloc(gp, n, stream, &p);
         if (C10_LIKELY(rc == GM_OK)) return p;
-        if (rc == GM_OUT_OF_MEMORY || rc == GM_LIMIT) {
-            std::vector<Block> release;
-            {
-                std::lock_guard<std::mutex> g(mu_);
-                for (auto &kv : pools_) {
-                    PrivatePool *pp = kv.second.get();
-                    if (pp->use_count != 0) continue;
-                    for (auto &cb : pp->cached) release.push_back(cb.second);
-                    pp->cached.clear();
-                }
-                if (capturing_.load() == 0) take_deferred_locked(release);
-            }
-            if (!release.empty()) {
-                give_back(release);
-                rc = gm_alloc(gp, n, stream, &p);
-                if (rc == GM_OK) return p;
-            }
-        }
         std::string why = gm_last_error();
         if (rc != GM_OUT_OF_MEMORY && rc != GM_LIMIT)
             TORCH_CHECK(false, "gpumem: allocating ", n, " bytes on device ", static_cast<int>(device), " failed: ",
@@ -914,7 +878,6 @@ class GpumemAllocator final : public CA::CUDAAllocator {
     std::vector<Capture> captures_;
     std::vector<Block> deferred_;
     std::vector<CA::OutOfMemoryObserver> oom_observers_;
-    std::vector<CA::AllocatorTraceTracker> trackers_;
     std::atomic<int> capturing_{0};
     std::atomic<bool> initialized_{false};
     std::atomic<bool> enabled_{true};

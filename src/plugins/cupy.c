@@ -23,6 +23,7 @@
 
 #include "base/hash.h"
 #include "core/pool.h"
+#include "plugins/plugins.h"
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 /* live block address -> its stream + 1 (so the legacy stream 0 is not NULL) */
@@ -97,12 +98,7 @@ void gm_cupy_free(void *hooks, void *ptr, int device)
     gm_pool_t *pool = NULL;
     int rc = v ? gm_device_pool(device, &pool) : GM_INVALID_POINTER;
     if (rc == GM_OK) rc = gm_free(pool, ptr, (gm_stream_t)((uintptr_t)v - 1));
-    if (GM_UNLIKELY(rc != GM_OK)) {
-        /* Called from CuPy's destructors: stderr is the only way out; the
-         * first few are printed, the rest counted. */
-        unsigned long n = atomic_fetch_add(&free_errors, 1);
-        if (n < 8)
-            fprintf(stderr, "gpumem: gm_cupy_free(%p, device %d): %s\n", ptr, device,
-                    v ? gm_last_error() : "not a block gm_cupy_malloc handed out");
-    }
+    if (GM_UNLIKELY(rc != GM_OK)) /* called from CuPy's destructors */
+        gm__plugin_free_failed(&free_errors, "gm_cupy_free", ptr, device,
+                               v ? gm_last_error() : "not a block gm_cupy_malloc handed out");
 }

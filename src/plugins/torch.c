@@ -31,6 +31,7 @@
 
 #include "core/options.h"
 #include "core/pool.h"
+#include "plugins/plugins.h"
 
 /* ---- throwing std::runtime_error from C ------------------------------------ */
 
@@ -133,13 +134,8 @@ void gm_torch_free(void *ptr, ssize_t size, int device, gm_stream_t stream)
     gm_pool_t *pool;
     int rc = gm_device_pool(device, &pool);
     if (rc == GM_OK) rc = gm_free(pool, ptr, stream);
-    if (GM_UNLIKELY(rc != GM_OK)) {
-        /* PyTorch calls this from destructors: no way to report but stderr.
-         * The first few are printed, the rest counted. */
-        unsigned long n = atomic_fetch_add(&free_errors, 1);
-        if (n < 8)
-            fprintf(stderr, "gpumem: gm_torch_free(%p, device %d): %s\n", ptr, device, gm_last_error());
-    }
+    if (GM_UNLIKELY(rc != GM_OK)) /* PyTorch calls this from destructors */
+        gm__plugin_free_failed(&free_errors, "gm_torch_free", ptr, device, gm_last_error());
 }
 
 /* Finds the pool holding live block ptr among the created device pools. */
