@@ -294,15 +294,11 @@ class GpumemAllocator final : public CA::CUDAAllocator {
         fill(d.segment, seg);
         d.num_alloc_retries = static_cast<int64_t>(s.retries);
         d.num_ooms = c.ooms.load();
-        uint64_t maps = 0, unmaps = 0;
-        for (int k = 0; k < GM_CALL_COUNT; k++) {
-            const char *name = gm_call_name(k);
-            if (!name) continue;
-            if (!std::strcmp(name, "mem_create") || !std::strcmp(name, "map")) maps += s.backend_calls[k];
-            if (!std::strcmp(name, "mem_release") || !std::strcmp(name, "unmap")) unmaps += s.backend_calls[k];
-        }
-        d.num_device_alloc = static_cast<int64_t>(maps);
-        d.num_device_free = static_cast<int64_t>(unmaps);
+        // PyTorch counts "device memory allocation calls, mapped and
+        // malloced": gpumem's page creations, maps and plain allocations.
+        const uint64_t *calls = s.backend_calls;
+        d.num_device_alloc = static_cast<int64_t>(calls[GM_CALL_phys_create] + calls[GM_CALL_map] + calls[GM_CALL_mem_alloc]);
+        d.num_device_free = static_cast<int64_t>(calls[GM_CALL_phys_release] + calls[GM_CALL_unmap] + calls[GM_CALL_mem_free]);
         d.max_split_size = -1;
         return d;
     }
