@@ -52,6 +52,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -61,6 +62,8 @@
 #include <unordered_set>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 extern "C" {
 #include "gpumem.h"
@@ -94,6 +97,7 @@ struct Block {
     cudaStream_t stream = nullptr;
     PrivatePool *pool = nullptr; // null: an ordinary gpumem block
     bool recorded = false;       // record_stream named other streams (gm_record_stream)
+    bool shareable = false;      // gm_alloc_shareable: whole pages, publishable
 };
 
 // A private pool: live + cached blocks.  Invariants: a pool whose use count
@@ -504,18 +508,89 @@ class GpumemAllocator final : public CA::CUDAAllocator {
 
     // ---- sharing between processes ---------------------------------------------
 
+    // torch.multiprocessing: the producer publishes the block on a gpumem
+    // share server of its own (one per device, started on first use, its
+    // socket private to the user) under a fresh name and a random token; the
+    // handle PyTorch carries to the consumer names the socket, the name and
+    // the token, in CUDA IPC's 64 bytes.  The consumer imports it: its own
+    // mapping of the same pages, which outlives the producer.  Only blocks
+    // made whole-page (gm_alloc_shareable) can be published: the producer
+    // asks for them with GPUMEM_TORCH_SHAREABLE (the smallest size).
+    static constexpr size_t kHandleSize = 64;
+
     CA::ShareableHandle shareIpcHandle(void *ptr) override
     {
-        TORCH_CHECK(false, "gpumem: sharing a CUDA tensor of gpumem memory through torch.multiprocessing "
-                    "(CUDA IPC) is not offered; cudaIpcGetMemHandle does not work on virtual-memory "
-                    "pages. Share it with gpumem.share (docs/python.md), or turn gpumem off in the "
-                    "producer (pointer ", ptr, ")");
+        Block b;
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            auto it = blocks_.find(ptr);
+            TORCH_CHECK(it != blocks_.end(), "gpumem: shareIpcHandle(", ptr, "): not a live gpumem block");
+            b = it->second;
+        }
+        TORCH_CHECK(b.shareable, "gpumem: a CUDA tensor is shared with another process only when its memory "
+                    "was made shareable (whole pages): set GPUMEM_TORCH_SHAREABLE to the smallest tensor size "
+                    "to make so (e.g. 1MiB, or 1 for every tensor) in the producer before "
+                    "gpumem.torch.enable(); this block of ", b.size, " bytes is not (docs/python.md)");
+        std::lock_guard<std::mutex> g(share_mu_);
+        gm_share_server_t *server = share_server_locked(b.device);
+        std::string name;
+        auto pub = published_.find(ptr);
+        if (pub != published_.end()) {
+            name = pub->second.first;
+        } else {
+            name = "t" + std::to_string(++share_seq_);
+            std::string token = random_token();
+            int rc = gm_share_publish(server, name.c_str(), ptr, b.size, GM_SHARE_READ_WRITE, token.c_str(),
+                                      b.stream);
+            TORCH_CHECK(rc == GM_OK, "gpumem: publishing ", ptr, " for another process: ", gm_last_error());
+            published_.emplace(ptr, std::make_pair(name, token));
+            pub = published_.find(ptr);
+        }
+        std::string h = "GMT1\n" + share_path_[b.device] + "\n" + name + "\n" + pub->second.second;
+        TORCH_CHECK(h.size() <= kHandleSize, "gpumem: share handle too long (socket path ",
+                    share_path_[b.device], ")");
+        h.resize(kHandleSize, '\0');
+        return {0, h};
     }
 
-    std::shared_ptr<void> getIpcDevPtr(std::string) override
+    std::shared_ptr<void> getIpcDevPtr(std::string handle) override
     {
-        TORCH_CHECK(false, "gpumem: opening a CUDA IPC handle from another process is not offered under "
-                    "gpumem.torch.enable(); see gpumem.share (docs/python.md)");
+        std::string h(handle.c_str()); // the NUL padding off
+        std::vector<std::string> part;
+        for (size_t at = 0;;) {
+            size_t nl = h.find('\n', at);
+            part.push_back(h.substr(at, nl == std::string::npos ? std::string::npos : nl - at));
+            if (nl == std::string::npos) break;
+            at = nl + 1;
+        }
+        TORCH_CHECK(part.size() == 4 && part[0] == "GMT1",
+                    "gpumem: the CUDA IPC handle did not come from gpumem (a producer needs gpumem.torch.enable() "
+                    "too, with GPUMEM_TORCH_SHAREABLE)");
+        DeviceIndex device = c10::cuda::current_device();
+        gm_share_client_t *client = nullptr;
+        {
+            std::lock_guard<std::mutex> g(share_mu_);
+            auto it = clients_.find(part[1]);
+            if (it == clients_.end()) {
+                int rc = gm_share_connect(pool_of(device), part[1].c_str(), &client);
+                TORCH_CHECK(rc == GM_OK, "gpumem: connecting to the producer's share server ", part[1], ": ",
+                            gm_last_error());
+                clients_.emplace(part[1], client);
+            } else {
+                client = it->second;
+            }
+        }
+        void *p = nullptr;
+        size_t size = 0;
+        int rc = gm_share_import(client, part[2].c_str(), part[3].c_str(), &p, &size, nullptr);
+        TORCH_CHECK(rc == GM_OK, "gpumem: importing ", part[2], " from ", part[1], ": ", gm_last_error());
+        // Unmapped after the work queued on the device's current stream at
+        // release time (gm_share_release waits for it).
+        return std::shared_ptr<void>(p, [client, device](void *q) {
+            cudaStream_t s = c10::cuda::getCurrentCUDAStream(device).stream();
+            if (gm_share_release(client, q, s) != GM_OK)
+                TORCH_WARN("gpumem: releasing the imported ", q, ": ", gm_last_error());
+        });
     }
 
     // ---- history, observers --------------------------------------------------
@@ -624,6 +699,7 @@ class GpumemAllocator final : public CA::CUDAAllocator {
             custom->raw_delete(ptr);
             return;
         }
+        if (b.shareable) unpublish(ptr);
         give_back_one(b);
     }
 
@@ -801,10 +877,31 @@ class GpumemAllocator final : public CA::CUDAAllocator {
         return b;
     }
 
+    // GPUMEM_TORCH_SHAREABLE: tensors of at least this many bytes get
+    // whole pages (gm_alloc_shareable), so torch.multiprocessing can share
+    // them; unset or 0: none.  Sizes take k/M/G suffixes (KiB, MiB, GiB).
+    static size_t shareable_min_from_env()
+    {
+        const char *v = std::getenv("GPUMEM_TORCH_SHAREABLE");
+        if (!v || !*v) return 0;
+        char *end = nullptr;
+        unsigned long long n = std::strtoull(v, &end, 10);
+        std::string unit(end ? end : "");
+        size_t mul = 1;
+        if (unit == "k" || unit == "K" || unit == "KiB") mul = size_t(1) << 10;
+        else if (unit == "M" || unit == "MiB") mul = size_t(1) << 20;
+        else if (unit == "G" || unit == "GiB") mul = size_t(1) << 30;
+        else TORCH_CHECK(unit.empty() && end != v, "gpumem: GPUMEM_TORCH_SHAREABLE=\"", v,
+                         "\" is not a size (e.g. 1MiB, or 1 for every tensor)");
+        return static_cast<size_t>(n) * mul;
+    }
+
     void *malloc_plain(size_t n, DeviceIndex device, cudaStream_t stream)
     {
-        void *p = gm_malloc_or_throw(n, device, stream);
+        bool shareable = shareable_min_ && n >= shareable_min_;
+        void *p = shareable ? shareable_or_throw(n, device, stream) : gm_malloc_or_throw(n, device, stream);
         Block b = new_block(p, n, device, stream, nullptr);
+        b.shareable = shareable;
         std::lock_guard<std::mutex> g(mu_);
         blocks_.emplace(p, b);
         count_alloc(b);
@@ -846,6 +943,67 @@ class GpumemAllocator final : public CA::CUDAAllocator {
         return nullptr;
     }
 
+    // The share server of a device, started on first use; share_mu_ held.
+    gm_share_server_t *share_server_locked(DeviceIndex device)
+    {
+        if (share_server_[device]) return share_server_[device];
+        const char *dir = std::getenv("XDG_RUNTIME_DIR");
+        std::string path = std::string(dir && std::strlen(dir) < 24 ? dir : "/tmp") + "/gmt-" +
+                           std::to_string(getpid()) + "-" + std::to_string(static_cast<int>(device)) + ".sock";
+        gm_share_server_t *srv = nullptr;
+        int rc = gm_share_listen(pool_of(device), path.c_str(), nullptr, &srv);
+        TORCH_CHECK(rc == GM_OK, "gpumem: starting the share server at ", path, ": ", gm_last_error());
+        share_server_[device] = srv;
+        share_path_[device] = path;
+        if (!share_owner_pid_) {
+            // The object lives to the end, its servers too; only the socket
+            // files would stay behind, so they go at exit (in this process
+            // only, not in a forked child).
+            share_owner_pid_ = getpid();
+            std::atexit(unlink_share_sockets);
+        }
+        return srv;
+    }
+
+    static void unlink_share_sockets();
+
+    static std::string random_token()
+    {
+        unsigned char r[8] = {0};
+        FILE *f = std::fopen("/dev/urandom", "rb");
+        size_t got = f ? std::fread(r, 1, sizeof r, f) : 0;
+        if (f) std::fclose(f);
+        TORCH_CHECK(got == sizeof r, "gpumem: no random bytes for a share token");
+        char hex[17];
+        for (int i = 0; i < 8; i++) std::snprintf(hex + 2 * i, 3, "%02x", r[i]);
+        return std::string(hex, 16);
+    }
+
+    // A freed block is no longer importable; importers keep their mappings
+    // (gpumem frees the memory when the last one lets go).
+    void unpublish(void *ptr)
+    {
+        std::lock_guard<std::mutex> g(share_mu_);
+        auto it = published_.find(ptr);
+        if (it == published_.end()) return;
+        for (auto &srv : share_server_)
+            if (srv && gm_share_unpublish(srv, it->second.first.c_str()) == GM_OK) break;
+        published_.erase(it);
+    }
+
+    void *shareable_or_throw(size_t n, DeviceIndex device, cudaStream_t stream)
+    {
+        void *p = nullptr;
+        int rc = gm_alloc_shareable(pool_of(device), n, stream, &p);
+        if (rc == GM_OK) return p;
+        TORCH_CHECK_WITH(OutOfMemoryError, rc != GM_OUT_OF_MEMORY && rc != GM_LIMIT,
+                         "CUDA out of memory (gpumem). Tried to allocate ", c10::CachingAllocator::format_size(n),
+                         " of shareable memory on GPU ", static_cast<int>(device), ": ", gm_last_error());
+        TORCH_CHECK(false, "gpumem: allocating ", n, " shareable bytes on device ", static_cast<int>(device),
+                    ": ", gm_errname(rc), ": ", gm_last_error());
+        return nullptr;
+    }
+
     void take_deferred_locked(std::vector<Block> &out)
     {
         if (capturing_.load() > 0 || deferred_.empty()) return;
@@ -870,6 +1028,15 @@ class GpumemAllocator final : public CA::CUDAAllocator {
 
     std::mutex mu_;
     std::unordered_map<void *, Block> blocks_;
+    // Sharing between processes (share_mu_; taken after mu_, never before).
+    std::mutex share_mu_;
+    gm_share_server_t *share_server_[kMaxDevices] = {};
+    std::string share_path_[kMaxDevices];
+    uint64_t share_seq_ = 0;
+    std::unordered_map<void *, std::pair<std::string, std::string>> published_; // ptr -> name, token
+    std::unordered_map<std::string, gm_share_client_t *> clients_;               // by socket path
+    size_t shareable_min_ = shareable_min_from_env();
+    pid_t share_owner_pid_ = 0;
     std::unordered_map<MempoolId_t, std::unique_ptr<PrivatePool>, MempoolHash> pools_;
     std::vector<Capture> captures_;
     std::vector<Block> deferred_;
@@ -885,6 +1052,14 @@ class GpumemAllocator final : public CA::CUDAAllocator {
 // Never destroyed: tensors held by C++ statics are freed during the
 // process's exit, after this library's static destructors would have run.
 GpumemAllocator *g_allocator;
+
+void GpumemAllocator::unlink_share_sockets()
+{
+    GpumemAllocator *a = g_allocator;
+    if (!a || a->share_owner_pid_ != getpid()) return;
+    for (const std::string &path : a->share_path_)
+        if (!path.empty()) (void)unlink(path.c_str());
+}
 
 void delete_block(void *ptr)
 {

@@ -20,15 +20,27 @@ import statistics
 import sys
 
 NOT_YET = {
-    "multiprocessing_cuda_tensor": "CUDA IPC (cudaIpcGetMemHandle) does not work on virtual-memory pages; "
-                                   "the native allocator says so in its error; share tensors with "
-                                   "gpumem.share instead",
+    "multiprocessing_cuda_tensor": "CUDA IPC (cudaIpcGetMemHandle) does not work on virtual-memory pages, "
+                                   "and gpumem publishes only whole-page blocks; the native allocator's error "
+                                   "says to set GPUMEM_TORCH_SHAREABLE",
+}
+
+# A row that works once the user sets something: its value comes from the
+# row that sets it.
+WITH_SETTING = {
+    "multiprocessing_cuda_tensor": ("multiprocessing_shareable",
+                                    "works under the native allocator when the producer sets "
+                                    "GPUMEM_TORCH_SHAREABLE (tensors of at least that size get whole pages, "
+                                    "published on a gpumem share server); without it the native allocator "
+                                    "refuses with an error that says so"),
 }
 
 
 def classify(name, row):
     native, plug, default = row.get("native", ""), row.get("pluggable", ""), row.get("default", "")
     if default != "works":
+        if native == "works":
+            return "gpumem", "works under the native allocator, beyond PyTorch's own (which: " + default + ")"
         return "n/a", "fails with PyTorch's own allocator too: " + default
     if native == "works" and plug == "works":
         return "works", "works under both of gpumem's allocators"
@@ -64,6 +76,10 @@ def main():
     for name, row in probe["rows"].items():
         value, reason = classify(name, row)
         matrix[name] = {"value": value, "reason": reason, **row}
+    for name, (other, reason) in WITH_SETTING.items():
+        if name in matrix and matrix.get(other, {}).get("value") in ("works", "gpumem") \
+                and matrix[name]["value"] == "not_yet":
+            matrix[name]["value"], matrix[name]["reason"] = "gpumem", reason
     res = {"date": datetime.date.today().isoformat(), "gpu": probe.get("gpu"), "torch": probe.get("torch"),
            "commit": a.commit, "command": a.command, "native_build_s": train.get("native_build_s"),
            "matrix": matrix}

@@ -176,6 +176,46 @@ PROBES = {
         t = q.get(timeout=30); v = float(t.sum()); del t
         p.join(60); assert v == 1024.0, v
     """,
+    "multiprocessing_shareable": """
+        # GPUMEM_TORCH_SHAREABLE=1 (PROBE_ENV): the same as the row above.
+        import torch.multiprocessing as mp
+        ctx = mp.get_context("spawn"); q = ctx.Queue()
+        p = ctx.Process(target=_child, args=(q,)); p.start()
+        t = q.get(timeout=30); v = float(t.sum()); del t
+        p.join(60); assert v == 1024.0, v
+    """,
+    "multiprocessing_producer_exits": """
+        # The consumer keeps using (reading and writing) the tensor after the
+        # producer process has exited.
+        import torch.multiprocessing as mp
+        ctx = mp.get_context("spawn"); q = ctx.Queue(); ack = ctx.Event()
+        p = ctx.Process(target=_child_exits, args=(q, ack)); p.start()
+        t = q.get(timeout=30); ack.set(); p.join(60)
+        assert p.exitcode == 0, p.exitcode
+        torch.cuda.synchronize()
+        assert float(t.sum()) == 1024.0
+        t.add_(1); torch.cuda.synchronize(); assert float(t.sum()) == 2048.0
+        del t
+    """,
+    "multiprocessing_shared_writes": """
+        # The memory is shared, not copied: the consumer writes through a view
+        # at an offset in a bigger tensor and the producer sees the writes.
+        import torch.multiprocessing as mp
+        ctx = mp.get_context("spawn"); q = ctx.Queue(); back = ctx.Queue()
+        p = ctx.Process(target=_child_writes, args=(q, back)); p.start()
+        big, view = q.get(timeout=30)
+        assert float(view.sum()) == 3000.0, float(view.sum())
+        view.fill_(5); torch.cuda.synchronize(); back.put(1)
+        r = q.get(timeout=30); del big, view
+        p.join(60); assert r == "ok", r
+    """,
+}
+
+# Environment of a row's processes (set before gpumem.torch.enable()).
+PROBE_ENV = {
+    "multiprocessing_shareable": {"GPUMEM_TORCH_SHAREABLE": "1"},
+    "multiprocessing_producer_exits": {"GPUMEM_TORCH_SHAREABLE": "1"},
+    "multiprocessing_shared_writes": {"GPUMEM_TORCH_SHAREABLE": "1MiB"},
 }
 
 CHILD_HELPERS = """
@@ -184,6 +224,26 @@ def _child(q):
     t = torch.ones(1024, device="cuda")
     q.put(t)
     import time; time.sleep(3)
+
+
+def _child_exits(q, ack):
+    import torch
+    t = torch.ones(1024, device="cuda")
+    torch.cuda.synchronize()
+    q.put(t)
+    ack.wait(60)
+
+
+def _child_writes(q, back):
+    import torch
+    big = torch.full((1 << 20,), 3.0, device="cuda")
+    torch.cuda.synchronize()
+    q.put((big, big[1000:2000]))
+    back.get(timeout=60)
+    torch.cuda.synchronize()
+    want = 3.0 * ((1 << 20) - 1000) + 5.0 * 1000
+    ok = bool((big[1000:2000] == 5).all()) and float(big.sum()) == want
+    q.put("ok" if ok else "the producer sees %r, not %r" % (float(big.sum()), want))
 """
 
 
@@ -200,7 +260,8 @@ def run_one(name, allocator, timeout):
     with os.fdopen(fd, "w") as f:
         f.write(code)
     try:
-        p = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=timeout)
+        env = dict(os.environ, **PROBE_ENV.get(name, {}))
+        p = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return "fails: timed out after %d s" % timeout
     finally:
