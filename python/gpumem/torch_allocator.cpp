@@ -1081,6 +1081,9 @@ __attribute__((visibility("default"))) int gm_torch_native_install(char *err, si
         std::shared_ptr<CA::CUDAAllocator> handle(g_allocator, [](CA::CUDAAllocator *) {});
         torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(handle);
         return 0;
+    } catch (const c10::Error &e) { // its message without PyTorch's C++ backtrace
+        if (err && cap) std::snprintf(err, cap, "%s", e.what_without_backtrace());
+        return std::strstr(e.what_without_backtrace(), "initialized") ? 1 : 2;
     } catch (const std::exception &e) {
         if (err && cap) std::snprintf(err, cap, "%s", e.what());
         return std::strstr(e.what(), "initialized") ? 1 : 2;
