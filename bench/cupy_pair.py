@@ -12,9 +12,12 @@ a fresh process (CuPy's allocator is per process).
 
 "cold_pair_us" is the same for 64 KiB measured first, before the thread has
 made a device current (cupy.cuda.Device(0).use(), which any kernel launch or
-array creation also does): gpumem's C path costs about 3 microseconds more
-per pair there (seen on an H200, 2026-11-26; the cause lies outside gpumem's
-own calls, which take 70 ns a pair in C).  "pair_us" is measured after it."""
+array creation also does).  gpumem's C path makes the device current on a
+thread where nothing is, at its first allocation there, as CuPy's own pool's
+cudaMalloc does; without that every CUDA runtime call CuPy makes per
+allocation took a slow path, 3.2-5.2 microseconds a pair in all (H200 and
+H100, 2026-11-26; scripts/device/plugins/cupy_cold.py times the pieces).
+"pair_us" is measured after it."""
 import argparse
 import json
 import statistics

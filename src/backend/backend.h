@@ -190,6 +190,11 @@ typedef struct gm__backend_ops {
     int (*fail_nth)(void *ctx, int kind, unsigned long n);
     /* Sim: hold a stream in flight. */
     int (*hold_stream)(void *ctx, gm_stream_t stream, int hold);
+    /* Make the device current on the calling thread when nothing is, as a
+     * runtime allocation would (cuda: the primary context; a thread left
+     * without one makes every later runtime call of the host program take
+     * a slow path).  Not a counted call. */
+    int (*adopt_thread)(void *ctx);
 } gm__backend_ops_t;
 
 /* Every call the library makes into a backend goes through GM_BK: counted

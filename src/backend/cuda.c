@@ -366,6 +366,18 @@ static int ctx_enter(const cuda_ctx_t *c, CUcontext *prev)
     return GM_OK;
 }
 
+static int cuda_adopt_thread(void *ctx)
+{
+    const cuda_ctx_t *c = ctx;
+    CUcontext cur = NULL;
+    CUresult r = drv.cuCtxGetCurrent(&cur);
+    if (r != CUDA_SUCCESS) return cu_fail(r, "cuCtxGetCurrent");
+    if (cur) return GM_OK;
+    r = drv.cuCtxSetCurrent(c->primary);
+    if (r != CUDA_SUCCESS) return cu_fail(r, "cuCtxSetCurrent(device %d)", c->ordinal);
+    return GM_OK;
+}
+
 /* Give the thread back the context it had before ctx_enter.  A failure here
  * cannot be reported better than the call's own result, so it is ignored. */
 static void ctx_leave(const cuda_ctx_t *c, CUcontext prev)
@@ -1068,4 +1080,5 @@ const gm__backend_ops_t gm__backend_cuda = {
     .modeled_ns = NULL, /* sim only */
     .fail_nth = cuda_fail_nth,
     .hold_stream = NULL, /* sim only */
+    .adopt_thread = cuda_adopt_thread,
 };

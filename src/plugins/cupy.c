@@ -18,6 +18,7 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -31,6 +32,9 @@ static gm__hash_t streams;
 static _Atomic unsigned long free_errors;
 
 #define RAISED ((void *)(intptr_t)-1)
+
+/* This thread has had the device made current (gm_cupy_malloc). */
+static _Thread_local bool thread_adopted;
 
 static int hooks_usable(const gm_cupy_hooks_t *h)
 {
@@ -76,6 +80,14 @@ void *gm_cupy_malloc(void *hooks, size_t size, int device)
     gm_pool_t *pool = NULL;
     void *ptr = NULL;
     int rc = gm_device_pool(device, &pool);
+    if (GM_UNLIKELY(!thread_adopted) && rc == GM_OK) {
+        /* CuPy's own pool leaves the device current on the thread (its
+         * cudaMalloc does); on a thread where nothing is, each runtime call
+         * CuPy makes per allocation (cudaGetDevice, the current stream)
+         * cost about a microsecond more (H100, 2026-11-26). */
+        thread_adopted = true;
+        if (pool->ops->adopt_thread && pool->ops->adopt_thread(pool->bk) != GM_OK) gm__clear_error();
+    }
     if (GM_LIKELY(rc == GM_OK)) rc = gm_alloc(pool, size, stream, &ptr);
     if (GM_UNLIKELY(rc != GM_OK)) return raise_error(h, rc, size, device, pool);
     pthread_mutex_lock(&mu);
