@@ -525,7 +525,7 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s
     b->offloaded = 0;
     b->host_copy = NULL;
     if (GM_UNLIKELY(tag != GM_TAG_NONE)) gm__offload_note_alloc_locked(pool, b);
-    else if (size <= GM_TC_MAX) gm__tcache_note_alloc_locked(pool, b); /* its free may be fast */
+    else if (size <= GM_TC_LARGE_MAX) gm__tcache_note_alloc_locked(pool, b); /* its free may be fast */
     s->users++;
     pool->st.allocated += size;
     pool->st.active += asize;

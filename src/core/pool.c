@@ -451,13 +451,14 @@ static inline __attribute__((always_inline)) int alloc_impl(gm_pool_t *pool, siz
                                                             gm_tag_t tag, void **ptr)
 {
     pool = gm__heap_self(pool);
-    if (align == GM_ALIGNMENT && size <= GM_TC_MAX && tag == GM_TAG_NONE) {
+    if (align == GM_ALIGNMENT && size <= GM_TC_LARGE_MAX && tag == GM_TAG_NONE) {
         if (gm__tcache_alloc(pool, size, stream, ptr) == GM_OK) return GM_OK;
         gm__tcache_prepare(pool);
     }
     void *frames[GM_LEAK_MAX_FRAMES];
     int n_frames = gm__observe_alloc_begin(frames);
     gm__lock(&pool->lock);
+    gm__tcache_release_large_locked(pool);
     int rc;
     /* A request no pool of this limit could ever hold fails before any work
      * (the limit rule is the page layer's, gm__pages_limit_allows). */
@@ -663,6 +664,7 @@ int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     int frc = gm__tcache_free(pool, ptr, stream);
     if (frc != GM_NOT_READY) return frc; /* taken, or a double free */
     gm__lock(&pool->lock);
+    gm__tcache_release_large_locked(pool);
     int rc = free_entry_locked(pool, ptr, stream);
     gm__unlock(&pool->lock);
     if (GM_UNLIKELY(rc == GM__SHARE_HELD)) return gm__share_owner_free(pool, ptr, stream);

@@ -2,6 +2,15 @@
 /*
  * tcache.c — the per-thread front cache of small blocks; see tcache.h.
  *
+ * Blocks over GM_TC_MAX, up to GM_TC_LARGE_MAX: while one stream allocates
+ * from the pool, one at a time, and only until the thread's next allocation
+ * or free that takes the pool lock, which gives it back first.  Such an operation would have seen the same pool had
+ * the free gone the locked way, because the fast paths change nothing the
+ * pool sees; so the cache changes the pool's placement only where it serves
+ * the very next allocation of the size on the stream, and holds no page
+ * other threads or later sizes could have used, beyond that one block while
+ * the thread runs only fast-path operations.
+ *
  * Locking: the fast paths touch only the calling thread's cache and one
  * atomic load of a block record's generation.  The caches of the process
  * are on one list (cache_mu, a leaf lock: nothing else is taken while it is
@@ -31,6 +40,14 @@ static inline unsigned slot_of(uintptr_t a)
 {
     uint32_t o = (uint32_t)(a & ((1u << 21) - 1)) >> 8; /* 13 bits */
     return (o ^ (o >> 8) * 37u) % GM_TC_SLOTS;
+}
+
+/* The table entry of block (addr, requested size req): blocks over GM_TC_MAX
+ * have one of their own (they often start at a 2 MiB boundary, where a
+ * small block's entry would be). */
+static inline unsigned entry_of(uintptr_t a, size_t req)
+{
+    return req > GM_TC_MAX ? GM_TC_LARGE_SLOT : slot_of(a);
 }
 
 static inline unsigned bin_of(size_t req, gm_stream_t s)
@@ -68,12 +85,13 @@ static inline void count_sub(_Atomic uint64_t *c, uint64_t v)
 int gm__tcache_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
 {
     gm__tcache_t *tc = gm__tc_self;
-    if (!bound(tc, pool) || size > GM_TC_MAX) return GM_NOT_READY;
+    if (!bound(tc, pool) || size > GM_TC_LARGE_MAX) return GM_NOT_READY;
     gm__tc_bin_t *bin = &tc->bins[bin_of(size, stream)];
     if (bin->n == 0 || bin->req != size || bin->stream != stream) return GM_NOT_READY;
     while (bin->n) {
         gm__tc_entry_t *e = &tc->table[bin->slot[--bin->n]];
         e->cached = 0;
+        if (e->req > GM_TC_MAX) tc->n_large = 0; /* there was one */
         atomic_store_explicit(&e->blk->tc_cached, 0, memory_order_relaxed);
         tc->held -= e->asize;
         count_sub(&tc->c.held_req, e->req);
@@ -97,7 +115,10 @@ int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     if (!bound(tc, pool)) return GM_NOT_READY;
     unsigned i = slot_of((uintptr_t)ptr);
     gm__tc_entry_t *e = &tc->table[i];
-    if (e->addr != (uintptr_t)ptr) return GM_NOT_READY;
+    if (e->addr != (uintptr_t)ptr) {
+        e = &tc->table[i = GM_TC_LARGE_SLOT];
+        if (e->addr != (uintptr_t)ptr) return GM_NOT_READY;
+    }
     if (atomic_load_explicit(&e->blk->tc_gen, memory_order_acquire) != e->gen) {
         if (!e->cached) e->addr = 0; /* stale: the locked path decides */
         return GM_NOT_READY;
@@ -107,9 +128,13 @@ int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     gm__tc_bin_t *bin = &tc->bins[bin_of(e->req, stream)];
     if (bin->n && (bin->req != e->req || bin->stream != stream)) return GM_NOT_READY;
     if (bin->n == GM_TC_DEPTH || tc->held + e->asize > GM_TC_BYTES) return GM_NOT_READY;
+    if (e->req > GM_TC_MAX) {
+        if (tc->n_large) return GM_NOT_READY; /* the locked free gives that one back first */
+        tc->n_large = 1;
+    }
     bin->req = e->req;
     bin->stream = stream;
-    bin->slot[bin->n++] = (uint8_t)i;
+    bin->slot[bin->n++] = (uint16_t)i;
     e->cached = 1;
     atomic_store_explicit(&e->blk->tc_cached, 1, memory_order_relaxed);
     tc->held += e->asize;
@@ -123,34 +148,48 @@ int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
 
 /* ---- binding --------------------------------------------------------------------- */
 
+/* Give the blocks of one of tc's bins back to its pool (that pool's lock
+ * held). */
+static void drain_bin_locked(gm_pool_t *pool, gm__tcache_t *tc, gm__tc_bin_t *bin)
+{
+    if (bin->n && bin->req > GM_TC_MAX) tc->n_large = 0;
+    while (bin->n) {
+        gm__tc_entry_t *e = &tc->table[bin->slot[--bin->n]];
+        atomic_store_explicit(&e->blk->tc_cached, 0, memory_order_relaxed);
+        count_sub(&tc->c.held_req, e->req);
+        count_sub(&tc->c.held_act, e->asize);
+        count_sub(&tc->c.held_n, 1);
+        tc->held -= e->asize;
+        /* Counted as a free already (c.frees): the pool's own books
+         * take it now, so the cache's tally gives it back. */
+        if (atomic_load_explicit(&e->blk->tc_gen, memory_order_relaxed) == e->gen) {
+            gm__stream_t *s = gm__stream_get_locked(pool, bin->stream);
+            size_t freed = 0;
+            if (s && gm__free_locked(pool, (void *)e->addr, s, &freed) == GM_OK) {
+                count_sub(&tc->c.frees, 1);
+                count_sub(&tc->c.free_bytes, freed);
+                pool->st.freed_total += freed;
+            }
+        }
+        e->cached = 0;
+    }
+}
+
 /* Give tc's cached blocks back to its pool (that pool's lock held) and
  * forget every entry. */
 static void drain_locked(gm_pool_t *pool, gm__tcache_t *tc)
 {
-    for (unsigned k = 0; k < GM_TC_BINS; k++) {
-        gm__tc_bin_t *bin = &tc->bins[k];
-        while (bin->n) {
-            gm__tc_entry_t *e = &tc->table[bin->slot[--bin->n]];
-            atomic_store_explicit(&e->blk->tc_cached, 0, memory_order_relaxed);
-            count_sub(&tc->c.held_req, e->req);
-            count_sub(&tc->c.held_act, e->asize);
-            count_sub(&tc->c.held_n, 1);
-            tc->held -= e->asize;
-            /* Counted as a free already (c.frees): the pool's own books
-             * take it now, so the cache's tally gives it back. */
-            if (atomic_load_explicit(&e->blk->tc_gen, memory_order_relaxed) == e->gen) {
-                gm__stream_t *s = gm__stream_get_locked(pool, bin->stream);
-                size_t freed = 0;
-                if (s && gm__free_locked(pool, (void *)e->addr, s, &freed) == GM_OK) {
-                    count_sub(&tc->c.frees, 1);
-                    count_sub(&tc->c.free_bytes, freed);
-                    pool->st.freed_total += freed;
-                }
-            }
-            e->cached = 0;
-        }
-    }
+    for (unsigned k = 0; k < GM_TC_BINS; k++) drain_bin_locked(pool, tc, &tc->bins[k]);
     memset(tc->table, 0, sizeof tc->table);
+    gm__clear_error();
+}
+
+void gm__tcache_release_large_slow_locked(gm_pool_t *pool)
+{
+    gm__tcache_t *tc = gm__tc_self;
+    if (tc->pool != pool || tc->pool_gen != pool->tc_gen) return; /* another pool's: its own ops */
+    for (unsigned k = 0; k < GM_TC_BINS && tc->n_large; k++)
+        if (tc->bins[k].n && tc->bins[k].req > GM_TC_MAX) drain_bin_locked(pool, tc, &tc->bins[k]);
     gm__clear_error();
 }
 
@@ -166,6 +205,7 @@ static void forget_all(gm__tcache_t *tc)
     memset(tc->table, 0, sizeof tc->table);
     memset(tc->bins, 0, sizeof tc->bins);
     tc->held = 0;
+    tc->n_large = 0;
     atomic_store_explicit(&tc->c.held_req, 0, memory_order_relaxed);
     atomic_store_explicit(&tc->c.held_act, 0, memory_order_relaxed);
     atomic_store_explicit(&tc->c.held_n, 0, memory_order_relaxed);
@@ -239,7 +279,12 @@ void gm__tcache_prepare(gm_pool_t *pool)
 
 void gm__tcache_note_alloc_locked(gm_pool_t *pool, gm__block_t *b)
 {
-    if (b->requested > GM_TC_MAX || observing() || pool->leaks) return;
+    if (b->requested > GM_TC_LARGE_MAX || observing() || pool->leaks) return;
+    /* Over GM_TC_MAX only while one stream allocates: with several, a block
+     * served again where the locked path would have chosen another moved
+     * memory between streams (more events and remaps on the multistream
+     * trace). */
+    if (b->requested > GM_TC_MAX && pool->n_active > 1) return;
     gm__tcache_t *tc = gm__tc_self;
     if (!tc) {
         pthread_once(&key_once, make_key);
@@ -263,8 +308,7 @@ void gm__tcache_note_alloc_locked(gm_pool_t *pool, gm__block_t *b)
         if (tc->pool) return; /* bound elsewhere: gm__tcache_prepare unbinds it first */
         set_pool(tc, pool);
     }
-    unsigned i = slot_of(b->addr);
-    gm__tc_entry_t *e = &tc->table[i];
+    gm__tc_entry_t *e = &tc->table[entry_of(b->addr, b->requested)];
     if (e->addr && e->cached) return; /* the slot holds a cached block */
     e->addr = b->addr;
     e->blk = b;

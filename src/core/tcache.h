@@ -36,10 +36,14 @@
 
 #include "gpumem.h"
 
-#define GM_TC_MAX ((size_t)64 << 10) /* largest request cached */
+#define GM_TC_MAX ((size_t)64 << 10) /* largest request cached in the bins */
+/* Larger requests, up to this, are cached one at a time and only until the
+ * thread's next operation that takes the pool lock (see tcache.c). */
+#define GM_TC_LARGE_MAX ((size_t)2 << 20)
 #define GM_TC_BINS 32
 #define GM_TC_DEPTH 4
 #define GM_TC_SLOTS 256               /* table entries (direct-mapped by address) */
+#define GM_TC_LARGE_SLOT GM_TC_SLOTS  /* one more: the entry of blocks over GM_TC_MAX */
 #define GM_TC_BYTES ((size_t)4 << 20) /* held per thread at most */
 
 struct gm__block;
@@ -57,7 +61,7 @@ typedef struct gm__tc_bin {
     size_t req;
     gm_stream_t stream;
     uint8_t n;
-    uint8_t slot[GM_TC_DEPTH];   /* table indexes, newest last */
+    uint16_t slot[GM_TC_DEPTH];  /* table indexes, newest last */
 } gm__tc_bin_t;
 
 /* Counters the owner thread writes and the locked stats read (relaxed). */
@@ -71,7 +75,8 @@ typedef struct gm__tcache {
     gm_pool_t *pool;             /* bound pool, or NULL */
     uint64_t pool_gen;           /* pool->tc_gen when bound */
     size_t held;                 /* bytes (aligned) in bins */
-    gm__tc_entry_t table[GM_TC_SLOTS];
+    uint8_t n_large;             /* cached blocks over GM_TC_MAX: 0 or 1 */
+    gm__tc_entry_t table[GM_TC_SLOTS + 1];
     gm__tc_bin_t bins[GM_TC_BINS];
     gm__tc_counts_t c;
     struct gm__tcache *next, *prev; /* the bound pool's list (its lock) */
@@ -92,6 +97,13 @@ void gm__tcache_atfork_child(void);
 /* After the locked path made block b for this thread (pool lock held):
  * remember it so that its free can be fast. */
 void gm__tcache_note_alloc_locked(gm_pool_t *pool, struct gm__block *b);
+/* Pool lock held, at the start of a locked allocation or free: the block
+ * over GM_TC_MAX this thread cached, if any, goes back first. */
+void gm__tcache_release_large_slow_locked(gm_pool_t *pool);
+static inline void gm__tcache_release_large_locked(gm_pool_t *pool)
+{
+    if (GM_UNLIKELY(gm__tc_self != NULL && gm__tc_self->n_large)) gm__tcache_release_large_slow_locked(pool);
+}
 /* Pool lock held: give this thread's cached blocks back (before an OOM
  * retry, a trim, or when tracing started). */
 void gm__tcache_flush_self_locked(gm_pool_t *pool);

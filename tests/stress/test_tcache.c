@@ -7,7 +7,9 @@
  * one stream never serves another, a freed block is no longer a block
  * (gm_block_size), a thread's exit gives its cache back, and a pool
  * destroyed while another thread caches its blocks reports no live
- * allocation for them.  A stress test so that the TSan phase runs it.
+ * allocation for them.  Blocks over 64 KiB, up to 2 MiB: one at a time,
+ * held only until the thread's next locked allocation or free.  A stress
+ * test so that the TSan phase runs it.
  *
  * usage: test_tcache [threads] [scale] [iterations] [seed]
  *   threads that churn small pairs (and hand one block each to the main
@@ -31,6 +33,84 @@ static void *other_free(void *arg)
     /* pp[0]: pool, pp[1]: pointer; the result in pp[2] */
     pp[2] = (void *)(intptr_t)gm_free(pp[0], pp[1], NULL);
     return NULL;
+}
+
+static void *other_alloc(void *arg)
+{
+    void **pp = arg;
+    /* pp[0]: pool, pp[1]: size; the result in pp[2]; freed again */
+    void *p = NULL;
+    int rc = gm_alloc(pp[0], (size_t)(uintptr_t)pp[1], NULL, &p);
+    if (rc == GM_OK) rc = gm_free(pp[0], p, NULL);
+    pp[2] = (void *)(intptr_t)rc;
+    return NULL;
+}
+
+static void *keep_alloc(void *arg)
+{
+    void **pp = arg;
+    /* pp[0]: pool, pp[1]: size; the block (kept) in pp[2], NULL on failure */
+    if (gm_alloc(pp[0], (size_t)(uintptr_t)pp[1], NULL, &pp[2]) != GM_OK) pp[2] = NULL;
+    return NULL;
+}
+
+/* The cache of blocks over GM_TC_MAX, in a pool limited to two pages. */
+static int large_blocks(void)
+{
+    const size_t page = (size_t)2 << 20;
+    gm_pool_t *pool = test_pool((size_t)1 << 30, 2 * page);
+    REQUIRE(pool != NULL);
+    gm_device_info_t info;
+    CHECK_OK(gm_pool_device_info(pool, &info));
+    void *a = NULL, *b = NULL;
+    CHECK_OK(gm_alloc(pool, page, NULL, &a));
+    CHECK_OK(gm_free(pool, a, NULL));
+    gm_stats_t st = stats(pool);
+    CHECK(st.allocated == 0 && st.live_blocks == 0 && st.alloc_count == 1 && st.free_count == 1);
+    size_t sz = 0;
+    CHECK_RC(gm_block_size(pool, a, &sz), GM_INVALID_POINTER);
+    CHECK_OK(gm_alloc(pool, page, NULL, &b));
+    CHECK(b == a); /* back from the cache */
+    CHECK_OK(gm_free(pool, b, NULL));
+    CHECK_RC(gm_free(pool, b, NULL), GM_DOUBLE_FREE);
+    void *arg[3] = {pool, b, NULL};
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, other_free, arg) == 0);
+    pthread_join(t, NULL);
+    CHECK((int)(intptr_t)arg[2] == GM_DOUBLE_FREE);
+    CHECK_OK(gm_pool_check(pool));
+    if (info.granularity == page) {
+        /* Another thread's small block takes the other page. */
+        void *keep[3] = {pool, (void *)(uintptr_t)4096, NULL};
+        REQUIRE(pthread_create(&t, NULL, keep_alloc, keep) == 0);
+        pthread_join(t, NULL);
+        REQUIRE(keep[2] != NULL);
+        CHECK_OK(gm_alloc(pool, page, NULL, &a));
+        CHECK_OK(gm_free(pool, a, NULL));
+        /* Cached, the block keeps its page from other threads ... */
+        void *big[3] = {pool, (void *)(uintptr_t)page, NULL};
+        REQUIRE(pthread_create(&t, NULL, other_alloc, big) == 0);
+        pthread_join(t, NULL);
+        CHECK((int)(intptr_t)big[2] == GM_LIMIT || (int)(intptr_t)big[2] == GM_OUT_OF_MEMORY);
+        /* ... until this thread's next locked operation (the free of a block
+         * it has no entry for) gives it back first: two pages fit again. */
+        CHECK_OK(gm_free(pool, keep[2], NULL));
+        big[1] = (void *)(uintptr_t)(2 * page);
+        big[2] = NULL;
+        REQUIRE(pthread_create(&t, NULL, other_alloc, big) == 0);
+        pthread_join(t, NULL);
+        CHECK((int)(intptr_t)big[2] == GM_OK);
+    }
+    /* Two large frees in a row: the second goes to the pool after the first. */
+    CHECK_OK(gm_alloc(pool, page / 2, NULL, &a));
+    CHECK_OK(gm_alloc(pool, page / 2, NULL, &b));
+    CHECK_OK(gm_free(pool, a, NULL));
+    CHECK_OK(gm_free(pool, b, NULL));
+    CHECK_OK(gm_pool_check(pool));
+    st = stats(pool);
+    CHECK(st.allocated == 0 && st.live_blocks == 0 && st.alloc_count == st.free_count);
+    gm_pool_destroy(pool);
+    return 0;
 }
 
 static int n_threads = 4, scale = 1, iterations = 1000;
@@ -124,6 +204,8 @@ int main(int argc, char **argv)
     CHECK(st.allocated == 0 && st.live_blocks == 0);
     CHECK_OK(gm_stream_destroy(pool, s2));
     gm_pool_destroy(pool);
+
+    if (large_blocks() != 0) return test_summary();
 
     /* A pool destroyed while a cache holds its blocks: none reported live. */
     pool = test_pool((size_t)1 << 30, 0);
