@@ -18,6 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 tdir="${1:-.device-traces}"
 BUILD_DIR="${BUILD_DIR:-build-device}"
+ALLOCATORS_SET="${ALLOCATORS:+1}"
 ALLOCATORS="${ALLOCATORS:-gpumem cudaMallocAsync cudaMalloc torch torch_expandable}"
 quick=()
 [ "${QUICK:-0}" = 1 ] && quick=(--quick)
@@ -96,9 +97,10 @@ driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/nul
 commit="${GM_COMMIT:-$(git rev-parse --short --verify -q HEAD 2>/dev/null || echo none)}"
 mkdir -p bench/results
 base="bench/results/$date-$label-alloc"
-python3 - "$base" "$date" "$gpu" "$driver" "$commit" "${parts[@]}" <<'PY'
+cmdline="${ALLOCATORS_SET:+ALLOCATORS=\"$ALLOCATORS\" }bench/run_alloc_bench.sh $tdir"
+python3 - "$base" "$date" "$gpu" "$driver" "$commit" "$cmdline" "${parts[@]}" <<'PY'
 import json, sys
-base, date, gpu, driver, commit, *parts = sys.argv[1:]
+base, date, gpu, driver, commit, cmdline, *parts = sys.argv[1:]
 names = ["gpumem", "cudaMalloc", "cudaMallocAsync", "torch", "torch_expandable"]
 P = {}
 for p in parts:
@@ -111,7 +113,7 @@ sizes = ["512B", "64KiB", "2MiB", "64MiB", "1GiB"]
 traces = sorted({t for d in P.values() for t in d.get("trace_ratio", {})})
 out = {
     "date": date, "gpu": gpu, "driver": driver, "commit": commit,
-    "command": "bench/run_alloc_bench.sh .device-traces",
+    "command": cmdline,
     "pair_ns": {a: P[a]["pair_ns"] for a in names if a in P},
     "mix_ns_per_op": {a: P[a]["mix_ns_per_op"] for a in names if a in P},
     "mix_p50_ns": {a: P[a].get("mix_p50_ns") for a in names if a in P},
@@ -138,7 +140,7 @@ def ns(v):
 present = [a for a in names if a in P]
 L = []
 L.append(f"# Allocators side by side — {gpu}, {date}\n")
-L.append(f"- command: `bench/run_alloc_bench.sh .device-traces` (one `alloc_bench` process per allocator; torch twice, the second with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`)")
+L.append(f"- command: `{cmdline}` (one `alloc_bench` process per allocator; torch twice, the second with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`)")
 L.append(f"- code: commit {commit}; GPU {gpu}, driver {driver}; gpumem built RelWithDebInfo (-O2, GM_DEBUG=1)")
 L.append("- mix p99: a third run of the same sequence with each op timed alone (the clock reads add to each op; not the ns/op run)")
 L.append("- pair: median over 21 batches of the mean alloc+free pair time (2000 pairs per batch; cudaMalloc 5)")
