@@ -9,7 +9,8 @@
  * process that does nothing but lease and return single pages, so the kill
  * lands in the middle of a lease (the broker may be sending it the reply).
  * After each kill:
- *   - the broker drops the victim and takes its pages back within 1 s (the
+ *   - the broker drops the victim and takes its pages back within 1 s (5 s
+ *     on cuda, where the driver's teardown of the victim comes first) (the
  *     time from the kill to the first reading where the tenant's clients
  *     and used no longer count it: both change in the same step; the most
  *     is printed);
@@ -38,6 +39,7 @@
 static unsigned long long g_seed = 0x6b111;
 static test_broker_t g_b;
 static char g_tenant[64];
+static double limit_ms = 1000; /* from the kill to the broker's books */
 
 typedef struct wkid {
     uint64_t seed;
@@ -119,6 +121,10 @@ int main(int argc, char **argv)
     }
     printf("test_broker_kill: seed %#llx, %d rounds (backend %s)\n", g_seed, rounds,
            bp_is_cuda() ? "cuda" : "sim");
+    /* On cuda a killed client's socket closes only once the driver has torn
+     * its context down, which under other GPU work took 1.0-2.0 s (an H100,
+     * the whole suite running, 2026-11-26): the bound there is the driver's. */
+    limit_ms = bp_is_cuda() ? 5000 : 1000;
     fflush(stdout);
     signal(SIGPIPE, SIG_IGN);
     snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());
@@ -172,12 +178,12 @@ int main(int argc, char **argv)
         CHECK(kill(victim.pid, SIGKILL) == 0);
         /* The broker sees the connection close and takes the pages back. */
         long c;
-        while ((c = clients_now(NULL)) != WORKERS - (vi >= 0) && now_ms() - tk < 5000)
+        while ((c = clients_now(NULL)) != WORKERS - (vi >= 0) && now_ms() - tk < 2 * limit_ms)
             sleep_us(200);
         double ms = now_ms() - tk;
         CHECK(c == WORKERS - (vi >= 0));
-        if (ms > 1000) fprintf(stderr, "round %d: the broker took %.1f ms\n", r, ms);
-        CHECK(ms <= 1000);
+        if (ms > limit_ms) fprintf(stderr, "round %d: the broker took %.1f ms\n", r, ms);
+        CHECK(ms <= limit_ms);
         if (ms > max_ms) max_ms = ms;
         sum_ms += ms;
         int st = -1;

@@ -43,6 +43,10 @@
 static unsigned long long g_seed = 0x4e57a47;
 static test_broker_t g_b;
 static char g_tenant[64];
+/* From a new broker's start to a client's first allocation served.  On cuda
+ * the broker opens the device first, which under other GPU work took 1.5 s
+ * (an H100, the whole suite running, 2026-11-26). */
+static double back_limit_ms = 1000;
 
 static uint64_t reserved_of(gm_pool_t *pool)
 {
@@ -133,11 +137,11 @@ static void one_client(bp_link_t *l, void *argp)
         if (tries++) sleep_ms(10);
         rc = gm_alloc(pool, 4 * MiB, NULL, &d);
         if (rc != GM_OK && rc != GM_IO) KCHECK_RC(rc, GM_OK);
-    } while (rc == GM_IO && now_ms() - t0 < 3000);
+    } while (rc == GM_IO && now_ms() - t0 < 3 * back_limit_ms);
     double back_ms = now_ms() - t0;
     KCHECK_RC(rc, GM_OK);
     if (rc != GM_OK) return;
-    KCHECK(back_ms <= 1000);
+    KCHECK(back_ms <= back_limit_ms);
     KCHECK_RC(bp_fill(pool, d, 4 * MiB, 0xd1), GM_OK);
     KCHECK_RC(gm_trim(pool, 0, NULL), GM_OK); /* the stock goes back */
     bp_put(l->out, BP_VALUE);
@@ -501,6 +505,7 @@ int main(int argc, char **argv)
     }
     printf("test_broker_restart: seed %#llx, %d restarts (backend %s)\n", g_seed, restarts,
            bp_is_cuda() ? "cuda" : "sim");
+    if (bp_is_cuda()) back_limit_ms = 5000;
     fflush(stdout);
     signal(SIGPIPE, SIG_IGN);
     snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());
