@@ -312,7 +312,11 @@ static double r_ceil_t1 = -1, r_ceil_t16 = -1;            /* the same loop witho
 static unsigned r_heaps;                                  /* gpumem: heaps of the thread run */
 static double r_t1_ops_slack = -1, r_t16_ops_slack = -1;  /* gpumem: 16 heaps, reserve slack THREAD_SLACK */
 static double r_t16_calls[3] = {-1, -1, -1};              /* gpumem: backend calls in the timed 16-thread run */
-#define THREAD_SLACK 0.12
+#define THREAD_SLACK 0.12 /* ALLOC_BENCH_THREAD_SLACK overrides it */
+static double thread_slack = THREAD_SLACK;
+/* gpumem: the pool's reserved peak over the sum of the threads' requested
+ * peaks, after the timed 16-thread run, per pass */
+static double r_t16_reserved_ratio[3] = {-1, -1, -1};
 static uint64_t r_thread_ops;
 static int n_traces;
 static char *r_trace_name[MAX_TRACES];
@@ -374,7 +378,13 @@ static void write_json(void)
     jnum(f, (r_t1_ops_1heap > 0 && r_t16_ops_1heap > 0) ? r_t16_ops_1heap / r_t1_ops_1heap : -1);
     fprintf(f, ",\"threads16_speedup_slack\":");
     jnum(f, (r_t1_ops_slack > 0 && r_t16_ops_slack > 0) ? r_t16_ops_slack / r_t1_ops_slack : -1);
-    fprintf(f, ",\"threads16_slack\":%g,\"threads16_backend_calls\":{\"one_heap\":", THREAD_SLACK);
+    fprintf(f, ",\"threads16_slack\":%g,\"threads16_reserved_over_requested\":{\"one_heap\":", thread_slack);
+    jnum(f, r_t16_reserved_ratio[0]);
+    fprintf(f, ",\"heaps\":");
+    jnum(f, r_t16_reserved_ratio[1]);
+    fprintf(f, ",\"heaps_slack\":");
+    jnum(f, r_t16_reserved_ratio[2]);
+    fprintf(f, "},\"threads16_backend_calls\":{\"one_heap\":");
     jnum(f, r_t16_calls[0]);
     fprintf(f, ",\"heaps\":");
     jnum(f, r_t16_calls[1]);
@@ -732,9 +742,13 @@ static void bench_threads(size_t per_thread, uint64_t seed)
      * (gm_pool_config_t.heaps = 16), the figure the JSON leads with; and
      * that with a reserve slack of THREAD_SLACK (less page churn, more
      * memory).  Each pass: fresh pool, fresh workers. */
-    static const char *pass_name[3] = {" (1 heap)", " (16 heaps)", " (16 heaps, slack 0.12)"};
+    const char *ts = getenv("ALLOC_BENCH_THREAD_SLACK");
+    if (ts && atof(ts) > 0) thread_slack = atof(ts);
+    char slack_name[64];
+    snprintf(slack_name, sizeof slack_name, " (16 heaps, slack %g)", thread_slack);
+    const char *pass_name[3] = {" (1 heap)", " (16 heaps)", slack_name};
     for (int pass = 0; pass < (g_pool ? 3 : 1); pass++) {
-        if (g_pool) g_heaps = pass ? N_THREADS : 1, g_slack = pass == 2 ? THREAD_SLACK : 0;
+        if (g_pool) g_heaps = pass ? N_THREADS : 1, g_slack = pass == 2 ? thread_slack : 0;
         A.reset();
         workers_start(mixes, streams);
         /* Each figure is the second of two runs: the first warms the caches. */
@@ -749,6 +763,11 @@ static void bench_threads(size_t per_thread, uint64_t seed)
             uint64_t c = 0;
             for (int k = 0; k < GM_CALL_COUNT; k++) c += g1.backend_calls[k] - g0.backend_calls[k];
             r_t16_calls[pass] = (double)c;
+            uint64_t req = 0;
+            for (int t = 0; t < N_THREADS; t++) req += W.r[t].req_peak;
+            if (req) r_t16_reserved_ratio[pass] = (double)g1.reserved_peak / (double)req;
+            printf("    16 threads: reserved peak %.3f GB over the threads' requested peaks summed %.3f GB: "
+                   "%.3f\n", (double)g1.reserved_peak / 1e9, (double)req / 1e9, r_t16_reserved_ratio[pass]);
             char kinds[512];
             gpumem_kinds(&g0, &g1, kinds, sizeof kinds);
             printf("    16 threads, timed run: %s; %.1f ms inside the backend (all threads)\n", kinds,

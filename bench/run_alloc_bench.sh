@@ -97,7 +97,7 @@ driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/nul
 commit="${GM_COMMIT:-$(git rev-parse --short --verify -q HEAD 2>/dev/null || echo none)}"
 mkdir -p bench/results
 base="bench/results/$date-$label-alloc"
-cmdline="${ALLOCATORS_SET:+ALLOCATORS=\"$ALLOCATORS\" }bench/run_alloc_bench.sh $tdir"
+cmdline="${ALLOCATORS_SET:+ALLOCATORS=\"$ALLOCATORS\" }${ALLOC_BENCH_THREAD_SLACK:+ALLOC_BENCH_THREAD_SLACK=$ALLOC_BENCH_THREAD_SLACK }bench/run_alloc_bench.sh $tdir"
 python3 - "$base" "$date" "$gpu" "$driver" "$commit" "$cmdline" "${parts[@]}" <<'PY'
 import json, sys
 base, date, gpu, driver, commit, cmdline, *parts = sys.argv[1:]
@@ -125,6 +125,8 @@ out = {
     "threads16_heaps": P.get("gpumem", {}).get("threads16_heaps"),
     "threads16_speedup_slack": P.get("gpumem", {}).get("threads16_speedup_slack"),
     "threads16_backend_calls": P.get("gpumem", {}).get("threads16_backend_calls"),
+    "threads16_slack": P.get("gpumem", {}).get("threads16_slack"),
+    "threads16_reserved_over_requested": P.get("gpumem", {}).get("threads16_reserved_over_requested"),
     "host_parallel_ceiling": {a: P[a].get("host_parallel_ceiling") for a in names if a in P},
     "threads16_of_ceiling": {a: P[a].get("threads16_of_ceiling") for a in names if a in P},
     "steady_state_driver_calls": {a: P[a]["steady_state_driver_calls"] for a in names if a in P},
@@ -180,6 +182,10 @@ if "gpumem" in P:
              f"{f(g.get('threads16_speedup_slack'), '{:.2f}')}x with 16 heaps and reserve slack {g.get('threads16_slack')} "
              f"({f(bc.get('heaps_slack'), '{:.0f}')} calls), "
              f"{f(g.get('threads16_speedup_one_heap'), '{:.2f}')}x with the default of one heap ({f(bc.get('one_heap'), '{:.0f}')} calls)")
+    rr = g.get("threads16_reserved_over_requested") or {}
+    L.append(f"\ngpumem 16 threads, the pool's reserved peak over the threads' requested peaks summed: "
+             f"{f(rr.get('heaps'), '{:.3f}')} with 16 heaps, {f(rr.get('heaps_slack'), '{:.3f}')} with slack "
+             f"{g.get('threads16_slack')}, {f(rr.get('one_heap'), '{:.3f}')} with one heap")
     L.append(f"\ngpumem backend calls by kind — warm mix: {g.get('gpumem_mix_warm_calls_by_kind') or 'none'} "
              f"({f(g.get('gpumem_mix_warm_backend_ms'), '{:.1f}')} ms inside the backend); steady passes: "
              + "; ".join(f"{t}: {v or 'none'}" for t, v in g.get("gpumem_steady_calls_by_kind", {}).items()))
