@@ -336,6 +336,18 @@ static void jnum(FILE *f, double v)
     else fprintf(f, "%.6g", v);
 }
 
+/* ,"key":{"one_heap":v[0],"heaps":v[1],"heaps_slack":v[2]} (the thread passes) */
+static void jpasses(FILE *f, const char *key, const double v[3])
+{
+    static const char *pass[3] = {"one_heap", "heaps", "heaps_slack"};
+    fprintf(f, ",\"%s\":{", key);
+    for (int k = 0; k < 3; k++) {
+        fprintf(f, "%s\"%s\":", k ? "," : "", pass[k]);
+        jnum(f, v[k]);
+    }
+    fprintf(f, "}");
+}
+
 static void write_json(void)
 {
     if (!json_path) return;
@@ -378,19 +390,9 @@ static void write_json(void)
     jnum(f, (r_t1_ops_1heap > 0 && r_t16_ops_1heap > 0) ? r_t16_ops_1heap / r_t1_ops_1heap : -1);
     fprintf(f, ",\"threads16_speedup_slack\":");
     jnum(f, (r_t1_ops_slack > 0 && r_t16_ops_slack > 0) ? r_t16_ops_slack / r_t1_ops_slack : -1);
-    fprintf(f, ",\"threads16_slack\":%g,\"threads16_reserved_over_requested\":{\"one_heap\":", thread_slack);
-    jnum(f, r_t16_reserved_ratio[0]);
-    fprintf(f, ",\"heaps\":");
-    jnum(f, r_t16_reserved_ratio[1]);
-    fprintf(f, ",\"heaps_slack\":");
-    jnum(f, r_t16_reserved_ratio[2]);
-    fprintf(f, "},\"threads16_backend_calls\":{\"one_heap\":");
-    jnum(f, r_t16_calls[0]);
-    fprintf(f, ",\"heaps\":");
-    jnum(f, r_t16_calls[1]);
-    fprintf(f, ",\"heaps_slack\":");
-    jnum(f, r_t16_calls[2]);
-    fprintf(f, "}");
+    fprintf(f, ",\"threads16_slack\":%g", thread_slack);
+    jpasses(f, "threads16_reserved_over_requested", r_t16_reserved_ratio);
+    jpasses(f, "threads16_backend_calls", r_t16_calls);
     fprintf(f, ",\"host_parallel_ceiling\":");
     jnum(f, ceil);
     fprintf(f, ",\"threads16_of_ceiling\":");

@@ -35,6 +35,23 @@ static void *other_free(void *arg)
     return NULL;
 }
 
+/* p was freed on stream s (and waits in this thread's cache): a second
+ * free, from this thread and from another one, is a double free. */
+static void double_frees(gm_pool_t *pool, void *p, gm_stream_t s)
+{
+    CHECK_RC(gm_free(pool, p, s), GM_DOUBLE_FREE);
+    CHECK(strstr(gm_last_error(), "already freed") != NULL);
+    void *arg[3] = {pool, p, NULL};
+    pthread_t t;
+    if (pthread_create(&t, NULL, other_free, arg) != 0) {
+        CHECK(!"pthread_create");
+        return;
+    }
+    pthread_join(t, NULL);
+    CHECK((int)(intptr_t)arg[2] == GM_DOUBLE_FREE);
+    CHECK_OK(gm_pool_check(pool));
+}
+
 static void *other_alloc(void *arg)
 {
     void **pp = arg;
@@ -72,13 +89,8 @@ static int large_blocks(void)
     CHECK_OK(gm_alloc(pool, page, NULL, &b));
     CHECK(b == a); /* back from the cache */
     CHECK_OK(gm_free(pool, b, NULL));
-    CHECK_RC(gm_free(pool, b, NULL), GM_DOUBLE_FREE);
-    void *arg[3] = {pool, b, NULL};
+    double_frees(pool, b, NULL);
     pthread_t t;
-    REQUIRE(pthread_create(&t, NULL, other_free, arg) == 0);
-    pthread_join(t, NULL);
-    CHECK((int)(intptr_t)arg[2] == GM_DOUBLE_FREE);
-    CHECK_OK(gm_pool_check(pool));
     if (info.granularity == page) {
         /* Another thread's small block takes the other page. */
         void *keep[3] = {pool, (void *)(uintptr_t)4096, NULL};
@@ -156,17 +168,11 @@ int main(int argc, char **argv)
     CHECK_OK(gm_block_size(pool, b, &sz));
     CHECK(sz == 512);
 
-    /* A double free from this thread. */
+    /* A double free from this thread, and from another thread: the block
+     * waits in this one's cache. */
     CHECK_OK(gm_free(pool, b, s1));
-    CHECK_RC(gm_free(pool, b, s1), GM_DOUBLE_FREE);
-    CHECK(strstr(gm_last_error(), "already freed") != NULL);
-    /* ... and from another thread: the block waits in this one's cache. */
-    void *arg[3] = {pool, b, NULL};
+    double_frees(pool, b, s1);
     pthread_t t;
-    REQUIRE(pthread_create(&t, NULL, other_free, arg) == 0);
-    pthread_join(t, NULL);
-    CHECK((int)(intptr_t)arg[2] == GM_DOUBLE_FREE);
-    CHECK_OK(gm_pool_check(pool));
 
     /* A block cached for s1 never serves s2. */
     void *c = NULL;
