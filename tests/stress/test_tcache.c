@@ -77,7 +77,7 @@ static int large_blocks(void)
     const size_t page = (size_t)2 << 20;
     gm_pool_t *pool = test_pool((size_t)1 << 30, 2 * page);
     REQUIRE(pool != NULL);
-    gm_device_info_t info;
+    gm_device_info_t info = GM_DEVICE_INFO_INIT;
     CHECK_OK(gm_pool_device_info(pool, &info));
     void *a = NULL, *b = NULL;
     CHECK_OK(gm_alloc(pool, page, NULL, &a));
