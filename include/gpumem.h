@@ -882,6 +882,11 @@ GM_API void *gm_torch_alloc_registrable(ssize_t size, int device, gm_stream_t st
 GM_API void gm_torch_empty_cache(void);
 GM_API void gm_torch_record_stream(void *ptr, gm_stream_t stream);
 GM_API void gm_torch_set_memory_fraction(double fraction, int device);
+/* GPUMEM_TORCH_SHAREABLE as the library reads every size (docs/options.md):
+ * *bytes = the smallest tensor the native allocator makes shareable (0:
+ * none, also when unset).  A malformed value: GM_INVALID_ARGUMENT, saying
+ * so. */
+GM_API int gm_torch_shareable_min(size_t *bytes);
 
 /* ------------------------------------------------------------------------ */
 /* CuPy allocator without Python (cupy.cuda.memory.CFunctionAllocator)      */

@@ -877,23 +877,15 @@ class GpumemAllocator final : public CA::CUDAAllocator {
         return b;
     }
 
-    // GPUMEM_TORCH_SHAREABLE: tensors of at least this many bytes get
-    // whole pages (gm_alloc_shareable), so torch.multiprocessing can share
-    // them; unset or 0: none.  Sizes take k/M/G suffixes (KiB, MiB, GiB).
+    // GPUMEM_TORCH_SHAREABLE: tensors of at least this size get whole pages
+    // (gm_alloc_shareable), so torch.multiprocessing can share them; unset
+    // or 0: none.  Read as the library reads every size setting.
     static size_t shareable_min_from_env()
     {
-        const char *v = std::getenv("GPUMEM_TORCH_SHAREABLE");
-        if (!v || !*v) return 0;
-        char *end = nullptr;
-        unsigned long long n = std::strtoull(v, &end, 10);
-        std::string unit(end ? end : "");
-        size_t mul = 1;
-        if (unit == "k" || unit == "K" || unit == "KiB") mul = size_t(1) << 10;
-        else if (unit == "M" || unit == "MiB") mul = size_t(1) << 20;
-        else if (unit == "G" || unit == "GiB") mul = size_t(1) << 30;
-        else TORCH_CHECK(unit.empty() && end != v, "gpumem: GPUMEM_TORCH_SHAREABLE=\"", v,
-                         "\" is not a size (e.g. 1MiB, or 1 for every tensor)");
-        return static_cast<size_t>(n) * mul;
+        size_t n = 0;
+        TORCH_CHECK(gm_torch_shareable_min(&n) == GM_OK, "gpumem: ", gm_last_error(),
+                    " (e.g. 1MiB, or 1 for every tensor)");
+        return n;
     }
 
     void *malloc_plain(size_t n, DeviceIndex device, cudaStream_t stream)

@@ -118,6 +118,9 @@ static const gm__option_t table[GM_OPT_COUNT] = {
     [GM_OPT_TORCH_OOM] = {"GPUMEM_TORCH_OOM", T_TORCH_OOM, "throw",
                           "PyTorch plug-in out of memory: throw (std::runtime_error) | null "
                           "(return NULL)", PROC},
+    [GM_OPT_TORCH_SHAREABLE] = {"GPUMEM_TORCH_SHAREABLE", T_SIZE, "0",
+                                "PyTorch native allocator: tensors of at least this size get whole "
+                                "pages, so torch.multiprocessing can share them (0: none)", PROC},
     [GM_OPT_PRELOAD_VERBOSE] = {"GPUMEM_PRELOAD_VERBOSE", T_SWITCH, "0",
                                 "1: the preload library says where it routes and sums up at exit",
                                 PROC},

@@ -186,3 +186,12 @@ void gm_torch_set_memory_fraction(double fraction, int device)
     }
     (void)gm_pool_set_limit(p, limit);
 }
+
+int gm_torch_shareable_min(size_t *bytes)
+{
+    if (!bytes) return gm__set_error(GM_INVALID_ARGUMENT, "gm_torch_shareable_min: bytes is NULL");
+    uint64_t v = 0;
+    GM_CHECK(gm__option_read(GM_OPT_TORCH_SHAREABLE, &v));
+    *bytes = (size_t)v;
+    return GM_OK;
+}
