@@ -1,0 +1,289 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * host_pin_probe.c — how fast can pinned host memory be had from nothing?
+ * A cold offload (docs/offload.md) first makes its host segments, so their
+ * making bounds it.  Four ways, each making SIZE bytes in 256 MiB chunks,
+ * then copying SIZE bytes of device memory into them twice:
+ *
+ *   touch_register   mmap (explicit huge pages, else transparent ones),
+ *                    touched by N threads, then cuMemHostRegister
+ *                    (what the host pool does today)
+ *   register         mmap with transparent huge pages, cuMemHostRegister
+ *                    with no touching (the driver faults the pages in)
+ *   host_alloc       cuMemHostAlloc
+ *   vmm_host         cuMemCreate of host memory (CU_MEM_LOCATION_TYPE_HOST_NUMA),
+ *                    mapped with cuMemMap, access for the device and the host
+ *   par_register     as touch_register, but all chunks touched first, then
+ *                    registered by one thread per chunk at once
+ *   pipelined        as touch_register, but chunk i+1 is touched (by N-1
+ *                    threads) while chunk i is registered
+ *
+ * Not part of the build; one line of JSON per measurement:
+ *   cc -O2 -o host_pin_probe bench/host_pin_probe.c -I$CUDA/include -lcuda -lpthread
+ *   ./host_pin_probe [SIZE_MiB [ROUNDS [WAYS]]]   (WAYS: a bit mask, default all)
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CK(x)                                                                              \
+    do {                                                                                   \
+        CUresult r_ = (x);                                                                 \
+        if (r_ != CUDA_SUCCESS) {                                                          \
+            const char *s_ = NULL;                                                         \
+            cuGetErrorString(r_, &s_);                                                     \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?");      \
+            return -1;                                                                     \
+        }                                                                                  \
+    } while (0)
+
+#define CHUNK ((size_t)256 << 20)
+#define MAX_CHUNKS 256
+#define TOUCH_MAX 64
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+typedef struct touch {
+    char *p;
+    size_t n;
+} touch_t;
+
+static void *touch_main(void *arg)
+{
+    touch_t *t = arg;
+    for (size_t o = 0; o < t->n; o += 4096) ((volatile char *)t->p)[o] = 0;
+    return NULL;
+}
+
+static void touch_par(char *p, size_t n, int threads)
+{
+    pthread_t th[TOUCH_MAX];
+    touch_t job[TOUCH_MAX];
+    int started[TOUCH_MAX] = {0};
+    size_t slice = (n / (size_t)threads + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+    for (int i = 0; i < threads; i++) {
+        size_t lo = (size_t)i * slice < n ? (size_t)i * slice : n;
+        size_t hi = lo + slice < n ? lo + slice : n;
+        job[i] = (touch_t){p + lo, hi - lo};
+        if (i > 0) started[i] = pthread_create(&th[i], NULL, touch_main, &job[i]) == 0;
+    }
+    for (int i = 0; i < threads; i++)
+        if (i == 0 || !started[i]) touch_main(&job[i]);
+    for (int i = 1; i < threads; i++)
+        if (started[i]) pthread_join(th[i], NULL);
+}
+
+enum { TOUCH_REGISTER, REGISTER, HOST_ALLOC, VMM_HOST, PAR_REGISTER, PIPELINED, N_WAYS };
+static const char *way_name[N_WAYS] = {"touch_register", "register", "host_alloc", "vmm_host",
+                                       "par_register", "pipelined"};
+
+typedef struct chunk {
+    void *p;
+    CUdeviceptr va;
+    CUmemGenericAllocationHandle h;
+    int hugetlb;
+} chunk_t;
+
+static CUdevice dev;
+static int g_threads;
+
+static void *map_thp(size_t n, int *hugetlb)
+{
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+    *hugetlb = p != MAP_FAILED;
+    if (p == MAP_FAILED) {
+        p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return NULL;
+        (void)madvise(p, n, MADV_HUGEPAGE);
+    }
+    return p;
+}
+
+static int make(int way, chunk_t *c)
+{
+    memset(c, 0, sizeof *c);
+    switch (way) {
+    case TOUCH_REGISTER:
+        if (!(c->p = map_thp(CHUNK, &c->hugetlb))) return -1;
+        touch_par(c->p, CHUNK, g_threads);
+        CK(cuMemHostRegister(c->p, CHUNK, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+        c->va = (CUdeviceptr)(uintptr_t)c->p;
+        return 0;
+    case REGISTER:
+        c->p = mmap(NULL, CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (c->p == MAP_FAILED) return -1;
+        (void)madvise(c->p, CHUNK, MADV_HUGEPAGE);
+        CK(cuMemHostRegister(c->p, CHUNK, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+        c->va = (CUdeviceptr)(uintptr_t)c->p;
+        return 0;
+    case HOST_ALLOC:
+        CK(cuMemHostAlloc(&c->p, CHUNK, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+        c->va = (CUdeviceptr)(uintptr_t)c->p;
+        return 0;
+    case VMM_HOST: {
+        CUmemAllocationProp prop = {0};
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        prop.location.id = 0;
+        CK(cuMemAddressReserve(&c->va, CHUNK, 0, 0, 0));
+        CK(cuMemCreate(&c->h, CHUNK, &prop, 0));
+        CK(cuMemMap(c->va, CHUNK, 0, c->h, 0));
+        CUmemAccessDesc acc[2] = {{{CU_MEM_LOCATION_TYPE_DEVICE, (int)dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE},
+                                  {{CU_MEM_LOCATION_TYPE_HOST_NUMA, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE}};
+        CK(cuMemSetAccess(c->va, CHUNK, acc, 2));
+        c->p = (void *)(uintptr_t)c->va;
+        return 0;
+    }
+    }
+    return -1;
+}
+
+static int unmake(int way, chunk_t *c)
+{
+    switch (way) {
+    case TOUCH_REGISTER:
+    case REGISTER:
+    case PAR_REGISTER:
+    case PIPELINED:
+        CK(cuMemHostUnregister(c->p));
+        munmap(c->p, CHUNK);
+        return 0;
+    case HOST_ALLOC:
+        CK(cuMemFreeHost(c->p));
+        return 0;
+    case VMM_HOST:
+        CK(cuMemUnmap(c->va, CHUNK));
+        CK(cuMemRelease(c->h));
+        CK(cuMemAddressFree(c->va, CHUNK));
+        return 0;
+    }
+    return -1;
+}
+
+typedef struct reg_job {
+    chunk_t *c;
+    int rc;
+} reg_job_t;
+
+static void *reg_main(void *arg)
+{
+    reg_job_t *j = arg;
+    j->rc = cuMemHostRegister(j->c->p, CHUNK, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    j->c->va = (CUdeviceptr)(uintptr_t)j->c->p;
+    return NULL;
+}
+
+static void *touch_chunk_main(void *arg)
+{
+    chunk_t *c = arg;
+    touch_par(c->p, CHUNK, g_threads > 2 ? g_threads - 1 : 1);
+    return NULL;
+}
+
+/* The two ways that make all chunks together; 0 or -1. */
+static int make_batch(int way, chunk_t *c, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        memset(&c[i], 0, sizeof c[i]);
+        if (!(c[i].p = map_thp(CHUNK, &c[i].hugetlb))) return -1;
+    }
+    if (way == PAR_REGISTER) {
+        static reg_job_t job[MAX_CHUNKS];
+        static pthread_t th[MAX_CHUNKS];
+        for (size_t i = 0; i < n; i++) touch_par(c[i].p, CHUNK, g_threads);
+        for (size_t i = 0; i < n; i++) {
+            job[i] = (reg_job_t){&c[i], 0};
+            if (pthread_create(&th[i], NULL, reg_main, &job[i])) return -1;
+        }
+        int bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            pthread_join(th[i], NULL);
+            bad |= job[i].rc != 0;
+        }
+        return bad ? -1 : 0;
+    }
+    /* PIPELINED */
+    touch_par(c[0].p, CHUNK, g_threads);
+    for (size_t i = 0; i < n; i++) {
+        pthread_t th;
+        int started = i + 1 < n && pthread_create(&th, NULL, touch_chunk_main, &c[i + 1]) == 0;
+        reg_job_t j = {&c[i], 0};
+        reg_main(&j);
+        if (started) pthread_join(th, NULL);
+        else if (i + 1 < n) touch_chunk_main(&c[i + 1]);
+        if (j.rc) return -1;
+    }
+    return 0;
+}
+
+static int one(int way, size_t n_chunks, CUdeviceptr src, CUstream st, int round)
+{
+    static chunk_t c[MAX_CHUNKS];
+    double t0 = now_ms();
+    if (way == PAR_REGISTER || way == PIPELINED) {
+        if (make_batch(way, c, n_chunks)) return -1;
+    } else {
+        for (size_t i = 0; i < n_chunks; i++)
+            if (make(way, &c[i])) return -1;
+    }
+    double t1 = now_ms();
+    double copy_ms[2];
+    for (int k = 0; k < 2; k++) {
+        double a = now_ms();
+        for (size_t i = 0; i < n_chunks; i++) CK(cuMemcpyAsync(c[i].va, src + i * CHUNK, CHUNK, st));
+        CK(cuStreamSynchronize(st));
+        copy_ms[k] = now_ms() - a;
+    }
+    /* The data arrived: the host reads what the device wrote. */
+    unsigned char probe = ((volatile unsigned char *)c[n_chunks - 1].p)[CHUNK - 1];
+    double t2 = now_ms();
+    for (size_t i = 0; i < n_chunks; i++) CK(unmake(way, &c[i]));
+    double t3 = now_ms();
+    double bytes = (double)(n_chunks * CHUNK);
+    printf("{\"way\":\"%s\",\"round\":%d,\"bytes\":%.0f,\"threads\":%d,\"hugetlb\":%d,\"make_ms\":%.2f,"
+           "\"make_GBps\":%.2f,\"copy1_GBps\":%.2f,\"copy2_GBps\":%.2f,\"free_ms\":%.2f,\"probe\":%u}\n",
+           way_name[way], round, bytes, g_threads, c[0].hugetlb, t1 - t0, bytes / (t1 - t0) / 1e6,
+           bytes / copy_ms[0] / 1e6, bytes / copy_ms[1] / 1e6, t3 - t2, probe);
+    fflush(stdout);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    size_t mib = argc > 1 ? strtoul(argv[1], NULL, 0) : 1024;
+    int rounds = argc > 2 ? atoi(argv[2]) : 3;
+    unsigned ways = argc > 3 ? (unsigned)strtoul(argv[3], NULL, 0) : ~0u;
+    size_t n_chunks = (mib << 20) / CHUNK;
+    if (n_chunks < 1 || n_chunks > MAX_CHUNKS) return 2;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    g_threads = cpus > 2 ? (int)cpus - 1 : 1;
+    if (g_threads > TOUCH_MAX) g_threads = TOUCH_MAX;
+    CUcontext ctx;
+    CUstream st;
+    CUdeviceptr src;
+    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx))
+        return 1;
+    if (cuStreamCreate(&st, CU_STREAM_NON_BLOCKING) || cuMemAlloc(&src, n_chunks * CHUNK) ||
+        cuMemsetD8(src, 0x5a, n_chunks * CHUNK))
+        return 1;
+    for (int r = 0; r < rounds; r++)
+        for (int w = 0; w < N_WAYS; w++) {
+            int way = (w + r) % N_WAYS; /* each way first once in a while */
+            if (!(ways >> way & 1)) continue;
+            if (one(way, n_chunks, src, st, r))
+                printf("{\"way\":\"%s\",\"round\":%d,\"failed\":true}\n", way_name[way], r);
+        }
+    return 0;
+}
