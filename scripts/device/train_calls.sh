@@ -5,8 +5,10 @@
 # (scripts/device/plugins/gpt2_train.py); writes $OUT/DATE-GPU-torch-calls.json:
 # per model, whether the losses are identical, the median step times, and
 # gpumem's driver calls and stream synchronisations after the first and after
-# the second step.  Run from the repository root on the GPU machine (after
-# `make`).  Knobs: OUT (build/train-calls), STEPS (20), BATCH (8), SEQ (512).
+# the second step, PyTorch's own cudaMalloc calls (num_device_alloc) over the
+# same steps, and the live peaks after the first and the second step.  Run
+# from the repository root on the GPU machine (after `make`).  Knobs: OUT
+# (build/train-calls), STEPS (20), BATCH (8), SEQ (512).
 set -u -o pipefail
 OUT="${OUT:-build/train-calls}"
 STEPS="${STEPS:-20}" BATCH="${BATCH:-8}" SEQ="${SEQ:-512}"
@@ -46,6 +48,11 @@ for m in ("gpt2", "llama"):
         "driver_calls_after_second_step": g.get("driver_calls_after_second_step"),
         "driver_calls_after_second_step_by_kind": g.get("driver_calls_after_second_step_by_kind"),
         "stream_syncs_after_second_step": g.get("stream_syncs_after_second_step"),
+        # PyTorch's allocator in the same run: its cudaMalloc calls (num_device_alloc)
+        "default_device_allocs_after_first_step": d.get("device_allocs_after_first_step"),
+        "default_device_allocs_after_second_step": d.get("device_allocs_after_second_step"),
+        "allocated_peak_after_steps_1_2_end": {"default": d.get("allocated_peak_after_steps_1_2_end"),
+                                               "gpumem": g.get("allocated_peak_after_steps_1_2_end")},
     }
 path = os.path.join(out, f"{date}-{gpu}-torch-calls.json")
 json.dump(res, open(path, "w"), indent=1)

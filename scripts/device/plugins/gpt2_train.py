@@ -76,8 +76,18 @@ def main():
         # gpumem's driver calls by kind so far (every call the pool made)
         return dict(gpumem.stats()["backend_calls"]) if a.allocator == "gpumem" else {}
 
+    def device_allocs():
+        # PyTorch's own allocator: its cudaMalloc calls so far
+        return torch.cuda.memory_stats(0).get("num_device_alloc", 0) if a.allocator != "gpumem" else None
+
+    def allocated_peak():
+        if a.allocator == "gpumem":
+            return gpumem.torch.memory_stats(0)["allocated_peak"]
+        return torch.cuda.max_memory_allocated(0)
+
     losses, times = [], []
     calls_after = []  # driver calls by kind after each of the first two steps
+    dev_allocs_after, peak_after = [], []  # the same for PyTorch's allocator; live peaks
     for step in range(a.steps):
         x = batches[step % len(batches)].cuda(non_blocking=False)
         torch.cuda.synchronize()
@@ -92,6 +102,8 @@ def main():
         del out, x
         if step < 2:
             calls_after.append(driver_calls())
+            dev_allocs_after.append(device_allocs())
+            peak_after.append(allocated_peak())
 
     res = {
         "allocator": a.allocator, "model": a.model, "steps": a.steps, "batch": a.batch, "seq": a.seq, "layers": a.layers,
@@ -99,6 +111,14 @@ def main():
         "median_step_s_5_20": statistics.median(times[4:]) if len(times) > 4 else statistics.median(times),
         "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
     }
+    # The live peak after steps 1 and 2 and at the end: growth after the
+    # first step is new live data (AdamW's state lives from the first
+    # optimizer step on), not churn.
+    res.update(allocated_peak_after_steps_1_2_end=peak_after + [allocated_peak()])
+    if a.allocator != "gpumem" and len(dev_allocs_after) > 1:
+        n_end = device_allocs()
+        res.update(device_allocs_after_first_step=n_end - dev_allocs_after[0],
+                   device_allocs_after_second_step=n_end - dev_allocs_after[1])
     if a.allocator == "gpumem":
         end = driver_calls()
 
