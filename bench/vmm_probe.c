@@ -9,6 +9,7 @@
  *
  *   cc -O2 -o vmm_probe bench/vmm_probe.c -I$CUDA/include -lcuda -lpthread
  *   ./vmm_probe            # one line of JSON per measurement
+ *   ./vmm_probe handles    # only the physical allocation size probe (F)
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -104,6 +105,50 @@ static double drop_run(run_t *r, int mode, double *t_unmap, int *ranged_rc)
     return t2 - t0;
 }
 
+/* F. 1 GiB of device memory made of physical allocations of one size, 2 MiB
+ * to 1 GiB: the time to create them, map them, give the device access to
+ * the whole range (one call), and give them back (unmap each, release
+ * each).  Does one page per handle cost what a restore pays? */
+static int handles_probe(void)
+{
+    const size_t total = (size_t)1 << 30;
+    static CUmemGenericAllocationHandle h[512];
+    CUmemAllocationProp p = {0};
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = (int)dev;
+    CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, (int)dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    const size_t mib = (size_t)1 << 20;
+    const size_t sizes[] = {2 * mib, 8 * mib, 32 * mib, 128 * mib, 512 * mib, 1024 * mib};
+    for (int rep = 0; rep < 3; rep++)
+        for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+            size_t hs = sizes[k] < gran ? gran : sizes[k], n = total / hs;
+            CUdeviceptr va;
+            CK(cuMemAddressReserve(&va, total, 0, 0, 0));
+            double t0 = now_ms();
+            for (size_t i = 0; i < n; i++) CK(cuMemCreate(&h[i], hs, &p, 0));
+            double t1 = now_ms();
+            for (size_t i = 0; i < n; i++) CK(cuMemMap(va + i * hs, hs, 0, h[i], 0));
+            double t2 = now_ms();
+            CK(cuMemSetAccess(va, total, &d, 1));
+            double t3 = now_ms();
+            CK(cuMemsetD8(va, 1, total));
+            CK(cuCtxSynchronize());
+            double t4 = now_ms();
+            for (size_t i = 0; i < n; i++) CK(cuMemUnmap(va + i * hs, hs));
+            double t5 = now_ms();
+            for (size_t i = 0; i < n; i++) CK(cuMemRelease(h[i]));
+            double t6 = now_ms();
+            CK(cuMemAddressFree(va, total));
+            printf("{\"probe\":\"handles\",\"rep\":%d,\"handle_bytes\":%zu,\"handles\":%zu,"
+                   "\"create_ms\":%.3f,\"map_ms\":%.3f,\"set_access_ms\":%.3f,\"unmap_ms\":%.3f,"
+                   "\"release_ms\":%.3f,\"make_ms\":%.3f,\"give_back_ms\":%.3f}\n",
+                   rep, hs, n, t1 - t0, t2 - t1, t3 - t2, t5 - t4, t6 - t5, t3 - t0, t6 - t4);
+            fflush(stdout);
+        }
+    return 0;
+}
+
 typedef struct tjob {
     char *p;
     size_t n;
@@ -176,7 +221,7 @@ static double copy_during(char *dst, CUdeviceptr src, size_t n, CUstream st, bgj
     return ms;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     CK(cuInit(0));
     CK(cuDeviceGet(&dev, 0));
@@ -191,6 +236,8 @@ int main(void)
     p.location.id = (int)dev;
     CK(cuMemGetAllocationGranularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     printf("{\"probe\":\"device\",\"name\":\"%s\",\"granularity\":%zu}\n", name, gran);
+
+    if (argc > 1 && !strcmp(argv[1], "handles")) return handles_probe();
 
     /* A. Giving back 128 pages (256 MiB), each way, three times. */
     static const char *mode_name[4] = {"unmap+release per page", "all unmaps, then releases",
