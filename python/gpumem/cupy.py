@@ -20,12 +20,15 @@ by enable().
 """
 import ctypes
 import os
+import threading
 
 import gpumem as _gm
 
 __all__ = ["enable", "is_enabled", "disable", "path"]
 
 _state = {"enabled": False, "previous": None, "path": None, "keep": None}
+# Threads on which the Python path has made the device current.
+_thread = threading.local()
 _PATHS = ("auto", "c", "python")
 # The signature Cython records for cupy.cuda.stream.get_current_stream_ptr.
 _STREAM_FN_SIGNATURE = b"intptr_t (void)"
@@ -139,6 +142,13 @@ def enable(path=None):
     def malloc(size):
         size = _gm._size(size, "gpumem.cupy allocator: size")  # TypeError / InvalidArgumentError
         device = cupy.cuda.runtime.getDevice()
+        if not getattr(_thread, "adopted", False):
+            # As the C path does (gm_cupy_malloc): on a thread where no
+            # context is current, every CUDA runtime call CuPy makes per
+            # allocation takes a slow path; cudaSetDevice to the device the
+            # thread already reads makes its primary context current there.
+            cupy.cuda.runtime.setDevice(device)
+            _thread.adopted = True
         stream = _gm._stream(cupy.cuda.get_current_stream().ptr, "CuPy's current stream")
         pool = _gm._pool(device)
         p = ctypes.c_void_p()

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import types
 import unittest
 import warnings
@@ -476,7 +477,9 @@ def fake_cupy():
                                    MemoryPointer=MemoryPointer, get_allocator=lambda: "previous")
     cupy = types.ModuleType("cupy")
     cupy.cuda = types.SimpleNamespace(
-        memory=memory, runtime=types.SimpleNamespace(getDevice=lambda: 12),
+        memory=memory,
+        runtime=types.SimpleNamespace(getDevice=lambda: 12,
+                                      setDevice=lambda d: rec.setdefault("set_device", []).append(d)),
         get_current_stream=lambda: types.SimpleNamespace(ptr=0x1234),
         set_allocator=lambda fn: rec.__setitem__("allocator", fn))
     return cupy, rec
@@ -486,6 +489,7 @@ class TestCupyAdapter(unittest.TestCase):
     def setUp(self):
         self.saved = sys.modules.get("cupy")
         gpumem.cupy._state.update(enabled=False, previous=None)
+        gpumem.cupy._thread.__dict__.clear()  # this thread has made no device current yet
 
     def tearDown(self):
         if self.saved is None:
@@ -506,6 +510,14 @@ class TestCupyAdapter(unittest.TestCase):
         self.assertEqual(gpumem.stats(12)["allocated"], base + 5 * MiB)
         del p
         self.assertEqual(gpumem.stats(12)["allocated"], base)
+        # The device is made current once per thread (the first allocation
+        # there), as the C path does.
+        malloc(1 * MiB)
+        self.assertEqual(rec.get("set_device"), [12])
+        t = threading.Thread(target=lambda: malloc(1 * MiB))
+        t.start()
+        t.join()
+        self.assertEqual(rec.get("set_device"), [12, 12])
         gpumem.set_limit(4 * MiB, device=12)
         try:
             with self.assertRaises(cupy.cuda.memory.OutOfMemoryError) as cm:
