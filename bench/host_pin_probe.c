@@ -33,57 +33,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "probe.h"
+
+/* A failed driver call fails the way being measured (the others go on). */
 #define CK(x)                                                                              \
     do {                                                                                   \
-        CUresult r_ = (x);                                                                 \
-        if (r_ != CUDA_SUCCESS) {                                                          \
-            const char *s_ = NULL;                                                         \
-            cuGetErrorString(r_, &s_);                                                     \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?");      \
-            return -1;                                                                     \
-        }                                                                                  \
+        if (!probe_ok((x), #x, __FILE__, __LINE__)) return -1;                             \
     } while (0)
 
 #define CHUNK ((size_t)256 << 20)
 #define MAX_CHUNKS 256
-#define TOUCH_MAX 64
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
-typedef struct touch {
-    char *p;
-    size_t n;
-} touch_t;
-
-static void *touch_main(void *arg)
-{
-    touch_t *t = arg;
-    for (size_t o = 0; o < t->n; o += 4096) ((volatile char *)t->p)[o] = 0;
-    return NULL;
-}
-
-static void touch_par(char *p, size_t n, int threads)
-{
-    pthread_t th[TOUCH_MAX];
-    touch_t job[TOUCH_MAX];
-    int started[TOUCH_MAX] = {0};
-    size_t slice = (n / (size_t)threads + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
-    for (int i = 0; i < threads; i++) {
-        size_t lo = (size_t)i * slice < n ? (size_t)i * slice : n;
-        size_t hi = lo + slice < n ? lo + slice : n;
-        job[i] = (touch_t){p + lo, hi - lo};
-        if (i > 0) started[i] = pthread_create(&th[i], NULL, touch_main, &job[i]) == 0;
-    }
-    for (int i = 0; i < threads; i++)
-        if (i == 0 || !started[i]) touch_main(&job[i]);
-    for (int i = 1; i < threads; i++)
-        if (started[i]) pthread_join(th[i], NULL);
-}
 
 enum { TOUCH_REGISTER, REGISTER, HOST_ALLOC, VMM_HOST, PAR_REGISTER, PIPELINED, N_WAYS };
 static const char *way_name[N_WAYS] = {"touch_register", "register", "host_alloc", "vmm_host",
@@ -97,6 +56,7 @@ typedef struct chunk {
 } chunk_t;
 
 static CUdevice dev;
+static CUcontext g_ctx; /* made current on the registering threads */
 static int g_threads;
 
 static void *map_thp(size_t n, int *hugetlb)
@@ -117,7 +77,7 @@ static int make(int way, chunk_t *c)
     switch (way) {
     case TOUCH_REGISTER:
         if (!(c->p = map_thp(CHUNK, &c->hugetlb))) return -1;
-        touch_par(c->p, CHUNK, g_threads);
+        probe_touch(c->p, CHUNK, g_threads);
         CK(cuMemHostRegister(c->p, CHUNK, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
         c->va = (CUdeviceptr)(uintptr_t)c->p;
         return 0;
@@ -180,7 +140,9 @@ typedef struct reg_job {
 static void *reg_main(void *arg)
 {
     reg_job_t *j = arg;
-    j->rc = cuMemHostRegister(j->c->p, CHUNK, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    j->rc = cuCtxSetCurrent(g_ctx);
+    if (j->rc == CUDA_SUCCESS)
+        j->rc = cuMemHostRegister(j->c->p, CHUNK, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
     j->c->va = (CUdeviceptr)(uintptr_t)j->c->p;
     return NULL;
 }
@@ -188,7 +150,7 @@ static void *reg_main(void *arg)
 static void *touch_chunk_main(void *arg)
 {
     chunk_t *c = arg;
-    touch_par(c->p, CHUNK, g_threads > 2 ? g_threads - 1 : 1);
+    probe_touch(c->p, CHUNK, g_threads > 2 ? g_threads - 1 : 1);
     return NULL;
 }
 
@@ -202,7 +164,7 @@ static int make_batch(int way, chunk_t *c, size_t n)
     if (way == PAR_REGISTER) {
         static reg_job_t job[MAX_CHUNKS];
         static pthread_t th[MAX_CHUNKS];
-        for (size_t i = 0; i < n; i++) touch_par(c[i].p, CHUNK, g_threads);
+        for (size_t i = 0; i < n; i++) probe_touch(c[i].p, CHUNK, g_threads);
         for (size_t i = 0; i < n; i++) {
             job[i] = (reg_job_t){&c[i], 0};
             if (pthread_create(&th[i], NULL, reg_main, &job[i])) return -1;
@@ -215,7 +177,7 @@ static int make_batch(int way, chunk_t *c, size_t n)
         return bad ? -1 : 0;
     }
     /* PIPELINED */
-    touch_par(c[0].p, CHUNK, g_threads);
+    probe_touch(c[0].p, CHUNK, g_threads);
     for (size_t i = 0; i < n; i++) {
         pthread_t th;
         int started = i + 1 < n && pthread_create(&th, NULL, touch_chunk_main, &c[i + 1]) == 0;
@@ -269,12 +231,13 @@ int main(int argc, char **argv)
     if (n_chunks < 1 || n_chunks > MAX_CHUNKS) return 2;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     g_threads = cpus > 2 ? (int)cpus - 1 : 1;
-    if (g_threads > TOUCH_MAX) g_threads = TOUCH_MAX;
+    if (g_threads > PROBE_TOUCH_MAX) g_threads = PROBE_TOUCH_MAX;
     CUcontext ctx;
     CUstream st;
     CUdeviceptr src;
     if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx))
         return 1;
+    g_ctx = ctx;
     if (cuStreamCreate(&st, CU_STREAM_NON_BLOCKING) || cuMemAlloc(&src, n_chunks * CHUNK) ||
         cuMemsetD8(src, 0x5a, n_chunks * CHUNK))
         return 1;

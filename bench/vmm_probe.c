@@ -21,23 +21,12 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "probe.h"
+
 #define CK(x)                                                                              \
     do {                                                                                   \
-        CUresult r_ = (x);                                                                 \
-        if (r_ != CUDA_SUCCESS) {                                                          \
-            const char *s_ = NULL;                                                         \
-            cuGetErrorString(r_, &s_);                                                     \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?");      \
-            exit(1);                                                                       \
-        }                                                                                  \
+        if (!probe_ok((x), #x, __FILE__, __LINE__)) exit(1);                               \
     } while (0)
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
 
 static CUdevice dev;
 static size_t gran;
@@ -50,10 +39,7 @@ typedef struct run {
 
 static double make_run(run_t *r, size_t n)
 {
-    CUmemAllocationProp p = {0};
-    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = (int)dev;
+    CUmemAllocationProp p = probe_device_prop(dev);
     r->n = n;
     CK(cuMemAddressReserve(&r->va, n * gran, 0, 0, 0));
     double t0 = now_ms();
@@ -113,10 +99,7 @@ static int handles_probe(void)
 {
     const size_t total = (size_t)1 << 30;
     static CUmemGenericAllocationHandle h[512];
-    CUmemAllocationProp p = {0};
-    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = (int)dev;
+    CUmemAllocationProp p = probe_device_prop(dev);
     CUmemAccessDesc d = {{CU_MEM_LOCATION_TYPE_DEVICE, (int)dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     const size_t mib = (size_t)1 << 20;
     const size_t sizes[] = {2 * mib, 8 * mib, 32 * mib, 128 * mib, 512 * mib, 1024 * mib};
@@ -149,31 +132,6 @@ static int handles_probe(void)
     return 0;
 }
 
-typedef struct tjob {
-    char *p;
-    size_t n;
-} tjob_t;
-
-static void *touch_main(void *a)
-{
-    tjob_t *j = a;
-    for (size_t o = 0; o < j->n; o += 4096) j->p[o] = 1;
-    return NULL;
-}
-
-static void touch(char *p, size_t n, int threads)
-{
-    pthread_t th[64];
-    tjob_t j[64];
-    size_t per = (n / (size_t)threads + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
-    int k = 0;
-    for (size_t o = 0; o < n && k < threads; o += per, k++) {
-        j[k] = (tjob_t){p + o, o + per > n ? n - o : per};
-        pthread_create(&th[k], NULL, touch_main, &j[k]);
-    }
-    for (int i = 0; i < k; i++) pthread_join(th[i], NULL);
-}
-
 static char *host_map(size_t n)
 {
     char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -201,7 +159,7 @@ static void *bg_main(void *a)
     CK(cuCtxSetCurrent(j->ctx));
     double t0 = now_ms();
     if (j->threads)
-        touch(j->p, j->n, j->threads);
+        probe_touch(j->p, j->n, j->threads);
     else
         CK(cuMemHostRegister(j->p, j->n, CU_MEMHOSTREGISTER_DEVICEMAP));
     j->ms = now_ms() - t0;
@@ -230,10 +188,7 @@ int main(int argc, char **argv)
     CK(cuCtxSetCurrent(ctx));
     char name[128];
     CK(cuDeviceGetName(name, sizeof name, dev));
-    CUmemAllocationProp p = {0};
-    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = (int)dev;
+    CUmemAllocationProp p = probe_device_prop(dev);
     CK(cuMemGetAllocationGranularity(&gran, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     printf("{\"probe\":\"device\",\"name\":\"%s\",\"granularity\":%zu}\n", name, gran);
 
@@ -259,7 +214,7 @@ int main(int argc, char **argv)
         for (int t = 0; t < 4; t++) {
             char *h = host_map(sizes[s]);
             double t0 = now_ms();
-            touch(h, sizes[s], thr[t]);
+            probe_touch(h, sizes[s], thr[t]);
             double t1 = now_ms();
             CK(cuMemHostRegister(h, sizes[s], CU_MEMHOSTREGISTER_DEVICEMAP));
             double t2 = now_ms();
@@ -286,7 +241,7 @@ int main(int argc, char **argv)
     CK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
     size_t cb = (size_t)256 << 20;
     char *pin = host_map(cb);
-    touch(pin, cb, 16);
+    probe_touch(pin, cb, 16);
     CK(cuMemHostRegister(pin, cb, CU_MEMHOSTREGISTER_DEVICEMAP));
     CUdeviceptr d;
     CK(cuMemAlloc(&d, cb));
@@ -311,7 +266,7 @@ int main(int argc, char **argv)
         pthread_join(th, NULL);
         /* C4: copy while registering (a second fresh buffer). */
         char *h2 = host_map(cb);
-        touch(h2, cb, 16);
+        probe_touch(h2, cb, 16);
         bgjob_t rj2 = {h2, cb, 0, ctx, 0};
         double with_reg = copy_during(pin, d, cb, st, &rj2);
         printf("{\"probe\":\"side_by_side\",\"copy_alone_ms\":%.2f,\"copy_GBps\":%.1f,\"copy_with_touch_ms\":%.2f,"
