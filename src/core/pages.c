@@ -28,9 +28,12 @@
  * space never fills with stale ones.
  *
  * A page may be unmapped only when it is not owned: an owned page may hold
- * live data or be touched by queued work.  Pages become unowned only inside
- * free blocks of the global index, which blocks reach only after the stream
- * that freed them was synchronized or passed an event (alloc.c).
+ * live data or be touched by queued work.  A page becomes unowned when the
+ * free block around it is made (alloc.c's freed()), with a fence: the stream
+ * that freed it and that stream's free number, none in the global index
+ * (whose blocks come from streams known to have passed their frees).  Before
+ * another stream's range takes or unmaps the page, the fence must have
+ * passed (an event, else a wait: fence_wait, pick_free).
  *
  * Physical pages are obtained from and given back to the pool's page
  * provider (provider.h; today the local backend, one call per page), and
