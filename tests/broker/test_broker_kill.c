@@ -123,8 +123,9 @@ int main(int argc, char **argv)
            bp_is_cuda() ? "cuda" : "sim");
     /* On cuda a killed client's socket closes only once the driver has torn
      * its context down, which under other GPU work took 1.0-2.0 s (an H100,
-     * the whole suite running, 2026-11-26): the bound there is the driver's. */
-    limit_ms = bp_is_cuda() ? 5000 : 1000;
+     * the whole suite running, 2026-11-26): the bound there is the driver's.
+     * A sanitizer build's victim takes as long to die (BP_SANITIZED). */
+    limit_ms = bp_is_cuda() || BP_SANITIZED ? 5000 : 1000;
     fflush(stdout);
     signal(SIGPIPE, SIG_IGN);
     snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());
