@@ -13,6 +13,20 @@
 
 static unsigned long test_passed_, test_failed_;
 
+/* 1 in an ASan or TSan build: tests scale their work and their time bounds
+ * by it (such builds run several times slower, and their processes start
+ * and die slower). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define UNDER_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define UNDER_SANITIZER 1
+#endif
+#endif
+#ifndef UNDER_SANITIZER
+#define UNDER_SANITIZER 0
+#endif
+
 #define CHECK(cond)                                                            \
     do {                                                                       \
         if (cond) {                                                            \

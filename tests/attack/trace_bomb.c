@@ -39,17 +39,6 @@
         if (!ok_) return;                                                      \
     } while (0)
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define UNDER_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define UNDER_SANITIZER 1
-#endif
-#endif
-#ifndef UNDER_SANITIZER
-#define UNDER_SANITIZER 0
-#endif
-
 /* gzip of HEADER followed by n bytes of c; *len its size. */
 static unsigned char *make_bomb(size_t n, char c, size_t *len)
 {

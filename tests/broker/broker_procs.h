@@ -30,21 +30,6 @@
 
 #define BP_WAIT_MS 20000 /* a pipe message not there in this long: the other side hung */
 
-/* A sanitizer build (ASan, TSan): processes start and die slower.  A killed
- * process's sockets close only after the kernel has torn down its memory,
- * sanitizer shadow included: under TSan on a 2-core VM a kill -9 took up to
- * 1.8 s to reach the broker (2026-11-26). */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define BP_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define BP_SANITIZED 1
-#endif
-#endif
-#ifndef BP_SANITIZED
-#define BP_SANITIZED 0
-#endif
-
 /* Messages over the pipes (one uint64_t each; some carry a value in the
  * next one). */
 enum { BP_GO = 1, BP_READY, BP_DONE, BP_STOP, BP_ACK, BP_NEXT, BP_VALUE, BP_FAIL = 0xFA11 };

@@ -505,7 +505,7 @@ int main(int argc, char **argv)
     }
     printf("test_broker_restart: seed %#llx, %d restarts (backend %s)\n", g_seed, restarts,
            bp_is_cuda() ? "cuda" : "sim");
-    if (bp_is_cuda() || BP_SANITIZED) back_limit_ms = 5000;
+    if (bp_is_cuda() || UNDER_SANITIZER) back_limit_ms = 5000;
     fflush(stdout);
     signal(SIGPIPE, SIG_IGN);
     snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());

@@ -21,17 +21,6 @@
 #define MiB ((size_t)1 << 20)
 #define KiB ((size_t)1 << 10)
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define UNDER_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define UNDER_SANITIZER 1
-#endif
-#endif
-#ifndef UNDER_SANITIZER
-#define UNDER_SANITIZER 0
-#endif
-
 /* How much slower this build is than the normal one, roughly: iteration
  * counts are divided by it.  GM_OFFLOAD_SLOW=N overrides. */
 static inline int slow_factor(void)
