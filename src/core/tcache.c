@@ -4,12 +4,13 @@
  *
  * Blocks over GM_TC_MAX, up to GM_TC_LARGE_MAX: while one stream allocates
  * from the pool, one at a time, and only until the thread's next allocation
- * or free that takes the pool lock, which gives it back first.  Such an operation would have seen the same pool had
- * the free gone the locked way, because the fast paths change nothing the
- * pool sees; so the cache changes the pool's placement only where it serves
- * the very next allocation of the size on the stream, and holds no page
- * other threads or later sizes could have used, beyond that one block while
- * the thread runs only fast-path operations.
+ * or free that takes the pool lock, which gives it back first.  Such an
+ * operation would have seen the same pool had the free gone the locked way,
+ * because the fast paths change nothing the pool sees; so the cache changes
+ * the pool's placement only where it serves the very next allocation of the
+ * size on the stream, and holds no page other threads or later sizes could
+ * have used, beyond that one block while the thread runs only fast-path
+ * operations.
  *
  * Locking: the fast paths touch only the calling thread's cache and one
  * atomic load of a block record's generation.  The caches of the process
@@ -91,7 +92,7 @@ int gm__tcache_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **pt
     while (bin->n) {
         gm__tc_entry_t *e = &tc->table[bin->slot[--bin->n]];
         e->cached = 0;
-        if (e->req > GM_TC_MAX) tc->n_large = 0; /* there was one */
+        if (e->req > GM_TC_MAX) tc->large_bin = 0; /* there was one */
         atomic_store_explicit(&e->blk->tc_cached, 0, memory_order_relaxed);
         tc->held -= e->asize;
         count_sub(&tc->c.held_req, e->req);
@@ -125,12 +126,13 @@ int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     }
     if (e->cached)
         return gm__set_error(GM_DOUBLE_FREE, "gm_free: %p was already freed", ptr);
-    gm__tc_bin_t *bin = &tc->bins[bin_of(e->req, stream)];
+    unsigned k = bin_of(e->req, stream);
+    gm__tc_bin_t *bin = &tc->bins[k];
     if (bin->n && (bin->req != e->req || bin->stream != stream)) return GM_NOT_READY;
     if (bin->n == GM_TC_DEPTH || tc->held + e->asize > GM_TC_BYTES) return GM_NOT_READY;
     if (e->req > GM_TC_MAX) {
-        if (tc->n_large) return GM_NOT_READY; /* the locked free gives that one back first */
-        tc->n_large = 1;
+        if (tc->large_bin) return GM_NOT_READY; /* the locked free gives that one back first */
+        tc->large_bin = (uint8_t)(k + 1);
     }
     bin->req = e->req;
     bin->stream = stream;
@@ -152,7 +154,7 @@ int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
  * held). */
 static void drain_bin_locked(gm_pool_t *pool, gm__tcache_t *tc, gm__tc_bin_t *bin)
 {
-    if (bin->n && bin->req > GM_TC_MAX) tc->n_large = 0;
+    if (bin->n && bin->req > GM_TC_MAX) tc->large_bin = 0;
     while (bin->n) {
         gm__tc_entry_t *e = &tc->table[bin->slot[--bin->n]];
         atomic_store_explicit(&e->blk->tc_cached, 0, memory_order_relaxed);
@@ -188,8 +190,8 @@ void gm__tcache_release_large_slow_locked(gm_pool_t *pool)
 {
     gm__tcache_t *tc = gm__tc_self;
     if (tc->pool != pool || tc->pool_gen != pool->tc_gen) return; /* another pool's: its own ops */
-    for (unsigned k = 0; k < GM_TC_BINS && tc->n_large; k++)
-        if (tc->bins[k].n && tc->bins[k].req > GM_TC_MAX) drain_bin_locked(pool, tc, &tc->bins[k]);
+    drain_bin_locked(pool, tc, &tc->bins[tc->large_bin - 1]);
+    tc->large_bin = 0; /* that bin held only the large block's size */
     gm__clear_error();
 }
 
@@ -205,7 +207,7 @@ static void forget_all(gm__tcache_t *tc)
     memset(tc->table, 0, sizeof tc->table);
     memset(tc->bins, 0, sizeof tc->bins);
     tc->held = 0;
-    tc->n_large = 0;
+    tc->large_bin = 0;
     atomic_store_explicit(&tc->c.held_req, 0, memory_order_relaxed);
     atomic_store_explicit(&tc->c.held_act, 0, memory_order_relaxed);
     atomic_store_explicit(&tc->c.held_n, 0, memory_order_relaxed);

@@ -40,7 +40,7 @@
 /* Larger requests, up to this, are cached one at a time and only until the
  * thread's next operation that takes the pool lock (see tcache.c). */
 #define GM_TC_LARGE_MAX ((size_t)2 << 20)
-#define GM_TC_BINS 32
+#define GM_TC_BINS 32 /* < 255: gm__tcache_t.large_bin holds 1 + an index */
 #define GM_TC_DEPTH 4
 #define GM_TC_SLOTS 256               /* table entries (direct-mapped by address) */
 #define GM_TC_LARGE_SLOT GM_TC_SLOTS  /* one more: the entry of blocks over GM_TC_MAX */
@@ -75,7 +75,8 @@ typedef struct gm__tcache {
     gm_pool_t *pool;             /* bound pool, or NULL */
     uint64_t pool_gen;           /* pool->tc_gen when bound */
     size_t held;                 /* bytes (aligned) in bins */
-    uint8_t n_large;             /* cached blocks over GM_TC_MAX: 0 or 1 */
+    uint8_t large_bin;           /* 1 + the bin holding the one cached block over
+                                    GM_TC_MAX; 0: none */
     gm__tc_entry_t table[GM_TC_SLOTS + 1];
     gm__tc_bin_t bins[GM_TC_BINS];
     gm__tc_counts_t c;
@@ -102,7 +103,8 @@ void gm__tcache_note_alloc_locked(gm_pool_t *pool, struct gm__block *b);
 void gm__tcache_release_large_slow_locked(gm_pool_t *pool);
 static inline void gm__tcache_release_large_locked(gm_pool_t *pool)
 {
-    if (GM_UNLIKELY(gm__tc_self != NULL && gm__tc_self->n_large)) gm__tcache_release_large_slow_locked(pool);
+    if (GM_UNLIKELY(gm__tc_self != NULL && gm__tc_self->large_bin))
+        gm__tcache_release_large_slow_locked(pool);
 }
 /* Pool lock held: give this thread's cached blocks back (before an OOM
  * retry, a trim, or when tracing started). */
