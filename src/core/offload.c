@@ -863,7 +863,7 @@ static int restore_map(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, gm_stream_t 
         gm__block_t *b = bl.b[mapped];
         for (size_t off = 0; rc == GM_OK && off < b->size; off += OFFL_PIECE) {
             size_t len = b->size - off < OFFL_PIECE ? b->size - off : OFFL_PIECE;
-            rc = gm__pages_ensure_mapped_locked(h, b->arena, b->addr + off, len, b->requested, s);
+            rc = gm__pages_restore_locked(h, b->arena, b->addr + off, len, b->requested, s);
             if (rc == GM_OK && b->host_copy && off < b->requested) {
                 size_t n = b->requested - off < len ? b->requested - off : len;
                 rc = copy_pieces(root, o, b->addr + off, (uintptr_t)b->host_copy + off, n, &next);

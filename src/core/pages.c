@@ -49,6 +49,7 @@
  * Every function here expects the pool lock to be held.
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,9 +112,11 @@ static inline gm__arena_t *arena_of(gm_pool_t *pool, uint32_t gid, size_t *p)
 
 /* ---- the free list of physical pages (oldest first) ---------------------- */
 
+/* An extent's pages are never on the list: they serve their own place only. */
 static void lru_push(gm_pool_t *pool, uint32_t id)
 {
     gm__ppage_t *pp = &pool->phys[id];
+    if (pp->ext != GM_NONE) return;
     pp->lru_next = GM_NONE;
     pp->lru_prev = pool->lru_tail;
     if (pool->lru_tail != GM_NONE) pool->phys[pool->lru_tail].lru_next = id;
@@ -125,6 +128,7 @@ static void lru_push(gm_pool_t *pool, uint32_t id)
 static void lru_remove(gm_pool_t *pool, uint32_t id)
 {
     gm__ppage_t *pp = &pool->phys[id];
+    if (pp->ext != GM_NONE) return;
     if (pp->lru_prev != GM_NONE) pool->phys[pp->lru_prev].lru_next = pp->lru_next;
     else pool->lru_head = pp->lru_next;
     if (pp->lru_next != GM_NONE) pool->phys[pp->lru_next].lru_prev = pp->lru_prev;
@@ -159,29 +163,52 @@ void gm__pages_limit_put(gm_pool_t *pool, size_t bytes)
     atomic_fetch_sub_explicit(&pool->root->fam_reserved, bytes, memory_order_relaxed);
 }
 
+/* Room in the page tables for k more physical page ids (dead ones are
+ * reused first); false when host memory runs out. */
+static bool ids_room(gm_pool_t *pool, uint32_t k)
+{
+    if (pool->n_dead >= k || pool->n_phys_ids + (k - pool->n_dead) <= pool->cap_phys) return true;
+    uint32_t cap = pool->cap_phys ? pool->cap_phys : 1024;
+    while (cap < pool->n_phys_ids + k) cap *= 2;
+    gm__ppage_t *ph = gm__realloc(pool->phys, cap * sizeof *ph);
+    if (ph) pool->phys = ph;
+    uint32_t *dd = ph ? gm__realloc(pool->dead_ids, cap * sizeof *dd) : NULL;
+    if (dd) pool->dead_ids = dd;
+    if (!ph || !dd) return false;
+    pool->cap_phys = cap;
+    return true;
+}
+
+/* A fresh record for a physical page (ids_room said yes). */
+static uint32_t id_take(gm_pool_t *pool, gm__phys_t h)
+{
+    uint32_t id = pool->n_dead ? pool->dead_ids[--pool->n_dead] : pool->n_phys_ids++;
+    gm__ppage_t *pp = &pool->phys[id];
+    memset(pp, 0, sizeof *pp);
+    pp->handle = h;
+    pp->owner = GM_NONE;
+    pp->first_va = GM_NONE;
+    pp->last_va = GM_NONE;
+    pp->ext = GM_NONE;
+    pp->live = 1;
+    return id;
+}
+
+static void reserved_add(gm_pool_t *pool, size_t bytes)
+{
+    pool->st.reserved += bytes;
+    if (pool->st.reserved > pool->st.reserved_peak) pool->st.reserved_peak = pool->st.reserved;
+}
+
 /* Obtain a physical page from the provider; it starts free, mapped nowhere.
  * Past the pool limit: GM_LIMIT with no message (see gm__pages_limit_allows). */
 static int phys_create(gm_pool_t *pool, uint32_t *out)
 {
     int rc;
     if (!gm__pages_limit_take(pool, pool->page)) return GM_LIMIT;
-    uint32_t id;
-    if (pool->n_dead) {
-        id = pool->dead_ids[pool->n_dead - 1];
-    } else {
-        if (pool->n_phys_ids == pool->cap_phys) {
-            uint32_t cap = pool->cap_phys ? pool->cap_phys * 2 : 1024;
-            gm__ppage_t *ph = gm__realloc(pool->phys, cap * sizeof *ph);
-            uint32_t *dd = gm__realloc(pool->dead_ids, cap * sizeof *dd);
-            if (ph) pool->phys = ph;
-            if (dd) pool->dead_ids = dd;
-            if (!ph || !dd) {
-                gm__pages_limit_put(pool, pool->page);
-                return GM_NO_HOST_MEMORY;
-            }
-            pool->cap_phys = cap;
-        }
-        id = pool->n_phys_ids;
+    if (!ids_room(pool, 1)) {
+        gm__pages_limit_put(pool, pool->page);
+        return gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for the page tables");
     }
     gm__phys_t h;
     size_t got = 0;
@@ -191,18 +218,9 @@ static int phys_create(gm_pool_t *pool, uint32_t *out)
         return rc;
     }
     gm_assert_internal(got == 1);
-    if (pool->n_dead) pool->n_dead--;
-    else pool->n_phys_ids++;
-    gm__ppage_t *pp = &pool->phys[id];
-    memset(pp, 0, sizeof *pp);
-    pp->handle = h;
-    pp->owner = GM_NONE;
-    pp->first_va = GM_NONE;
-    pp->last_va = GM_NONE;
-    pp->live = 1;
+    uint32_t id = id_take(pool, h);
     lru_push(pool, id);
-    pool->st.reserved += pool->page;
-    if (pool->st.reserved > pool->st.reserved_peak) pool->st.reserved_peak = pool->st.reserved;
+    reserved_add(pool, pool->page);
     *out = id;
     return GM_OK;
 }
@@ -257,13 +275,24 @@ static int va_map(gm_pool_t *pool, gm__arena_t *a, size_t p, uint32_t id)
     return GM_OK;
 }
 
-/* Unmap VA page p of a: an owned page may hold live data or queued work. */
+static void va_forget(gm_pool_t *pool, gm__arena_t *a, size_t p);
+
+/* Unmap VA page p of a (not an extent's: those go whole, ext_release): an
+ * owned page may hold live data or queued work. */
 static int va_unmap(gm_pool_t *pool, gm__arena_t *a, size_t p)
 {
     int rc;
-    gm_assert_internal(bit_get(a->mapped, p) && !bit_get(a->owned, p));
+    gm_assert_internal(bit_get(a->mapped, p) && !bit_get(a->owned, p) &&
+                       pool->phys[a->pid[p]].ext == GM_NONE);
     GM_BK(rc, pool, unmap, (pool->bk, a->base + (p << pool->page_shift), pool->page));
     if (rc != GM_OK) return rc;
+    va_forget(pool, a, p);
+    return GM_OK;
+}
+
+/* The books of an unmapped VA page p of a. */
+static void va_forget(gm_pool_t *pool, gm__arena_t *a, size_t p)
+{
     gm__ppage_t *pp = &pool->phys[a->pid[p]];
     uint32_t prev = a->alias_prev[p], next = a->alias_next[p];
     size_t q;
@@ -278,17 +307,211 @@ static int va_unmap(gm_pool_t *pool, gm__arena_t *a, size_t p)
     a->n_mapped--;
     pool->n_maps--;
     pool->st.mapped -= pool->page;
+}
+
+static inline bool fence_done(const gm__arena_t *a, size_t p);
+
+/* ---- extents --------------------------------------------------------------
+ *
+ * The driver charges per physical allocation, not per byte: making a GiB
+ * of 2 MiB handles (create, map, set access) costs 16-19 ms on an H100,
+ * of 32 MiB handles about 1 ms, and giving it back 13-15 ms against 1.1
+ * (bench/results/2026-11-26-NVIDIA-H100-80GB-HBM3-vmm-handles.md).  So a
+ * restore (gm__pages_restore_locked) maps the pages wholly inside a block
+ * as extents: one handle of EXT_MIN..EXT_MAX pages, mapped once, with one
+ * page record per page (ext names the first).  CUDA maps a handle only
+ * whole, so an extent's page is never mapped elsewhere, never unmapped
+ * alone and never on the free list: freed, it waits for its own place to
+ * be used again (taking it back costs nothing, like any page's own
+ * mapping).  The extent goes back to the provider whole, once all its
+ * pages are free: when an offload evicts its last page, at a trim, or when
+ * the pool needs a page and has no free one (release_idle_extent).  Only
+ * providers with GM__PROVIDER_EXTENTS (the local one) make them; pages
+ * under an extent are never published to another process. */
+#ifndef EXT_MIN
+#define EXT_MIN 4
+#endif
+#ifndef EXT_MAX
+#define EXT_MAX 16
+#endif
+
+/* An extent's pages are chained through lru_next (never on the free list),
+ * from its first page, in address order. */
+
+/* Are all pages of extent head free, and (with fences) are the fences of
+ * their places passed (no call)? */
+static bool ext_idle(gm_pool_t *pool, uint32_t head, bool fences)
+{
+    for (uint32_t id = head; id != GM_NONE; id = pool->phys[id].lru_next) {
+        const gm__ppage_t *pp = &pool->phys[id];
+        if (pp->owner != GM_NONE) return false;
+        if (fences && pp->first_va != GM_NONE) {
+            size_t q;
+            const gm__arena_t *a = arena_of(pool, pp->first_va, &q);
+            if (!fence_done(a, q)) return false;
+        }
+    }
+    return true;
+}
+
+/* Make an extent of k pages at VA pages [p, p + k) of a (mapped nowhere,
+ * none owned), and own them.  GM_LIMIT (no message) past the pool limit;
+ * on any failure nothing changed. */
+static int ext_create(gm_pool_t *pool, gm__arena_t *a, size_t p, uint32_t k)
+{
+    int rc;
+    size_t bytes = (size_t)k << pool->page_shift;
+    uintptr_t va = a->base + (p << pool->page_shift);
+    if (!gm__pages_limit_take(pool, bytes)) return GM_LIMIT;
+    if (!ids_room(pool, k)) {
+        gm__pages_limit_put(pool, bytes);
+        return gm__set_error(GM_NO_HOST_MEMORY, "gm_restore: out of host memory for the page tables");
+    }
+    gm__phys_t h;
+    size_t got = 0;
+    rc = pool->provider.ops->obtain(pool->provider.ctx, bytes, 1, &h, &got);
+    if (rc != GM_OK) {
+        gm__pages_limit_put(pool, bytes);
+        return rc;
+    }
+    GM_BK(rc, pool, map, (pool->bk, va, bytes, h));
+    if (rc == GM_OK) {
+        GM_BK(rc, pool, set_access, (pool->bk, va, bytes, 0));
+        if (rc != GM_OK) {
+            int r2;
+            GM_BK(r2, pool, unmap, (pool->bk, va, bytes));
+            if (r2 != GM_OK) {
+                /* Mapped and no way to unmap it: keep it as an extent,
+                 * free; trim or the pool's end tries again. */
+                gm__clear_error();
+                gm__set_error(rc, "gm_restore: setting access to %zu bytes at %#" PRIxPTR
+                              " failed and the mapping stays", bytes, va);
+                goto books;
+            }
+        }
+    }
+    if (rc != GM_OK) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", gm_last_error());
+        size_t done = 0;
+        if (pool->provider.ops->give_back(pool->provider.ctx, &h, 1, &done) != GM_OK)
+            gm__clear_error(); /* a leak the backend's close reports */
+        gm__pages_limit_put(pool, bytes);
+        return gm__set_error(rc, "%s", msg);
+    }
+books:;
+    uint32_t head = GM_NONE, prev = GM_NONE;
+    for (uint32_t i = 0; i < k; i++) {
+        uint32_t id = id_take(pool, h);
+        if (i == 0) {
+            head = id;
+            pool->phys[id].ext_n = k;
+        } else {
+            pool->phys[prev].lru_next = id;
+        }
+        prev = id;
+        pool->phys[id].ext = head;
+        pool->phys[id].lru_next = pool->phys[id].lru_prev = GM_NONE;
+        uint32_t gid = a->gid_base + (uint32_t)(p + i);
+        gm__ppage_t *pp = &pool->phys[id];
+        pp->first_va = gid;
+        pp->n_maps = 1;
+        bit_set(a->mapped, p + i);
+        a->pid[p + i] = id;
+        a->alias_prev[p + i] = a->alias_next[p + i] = GM_NONE;
+        a->fence_s[p + i] = NULL;
+        if (rc == GM_OK) {
+            pp->owner = gid;
+            bit_set(a->owned, p + i);
+        }
+    }
+    a->n_mapped += k;
+    pool->n_maps += k;
+    pool->st.mapped += bytes;
+    pool->n_ext++;
+    reserved_add(pool, bytes);
+    return rc;
+}
+
+/* Give extent head back (all its pages free, their fences passed): one
+ * unmap, one give-back.  On a failed unmap it stays as it was; on a failed
+ * give-back it stays reserved, mapped nowhere, and the next trim (or the
+ * pool's end) tries again. */
+static int ext_release(gm_pool_t *pool, uint32_t head)
+{
+    int rc;
+    gm__ppage_t *hp = &pool->phys[head];
+    size_t bytes = (size_t)hp->ext_n << pool->page_shift;
+    gm_assert_internal(hp->ext == head && ext_idle(pool, head, false));
+    if (hp->first_va != GM_NONE) {
+        size_t p;
+        gm__arena_t *a = arena_of(pool, hp->first_va, &p);
+        GM_BK(rc, pool, unmap, (pool->bk, a->base + (p << pool->page_shift), bytes));
+        if (rc != GM_OK) return rc;
+        for (uint32_t id = head; id != GM_NONE; id = pool->phys[id].lru_next, p++) {
+            gm_assert_internal(a->pid[p] == id);
+            va_forget(pool, a, p);
+        }
+    }
+    size_t done = 0;
+    gm__phys_t h = hp->handle;
+    rc = pool->provider.ops->give_back(pool->provider.ctx, &h, 1, &done);
+    if (rc != GM_OK) return rc;
+    for (uint32_t id = head, next; id != GM_NONE; id = next) {
+        next = pool->phys[id].lru_next;
+        pool->phys[id].live = 0;
+        pool->dead_ids[pool->n_dead++] = id;
+    }
+    pool->n_ext--;
+    pool->st.reserved -= bytes;
+    gm__pages_limit_put(pool, bytes);
     return GM_OK;
 }
 
+/* Give back extents whose pages are all free, past their fences, until
+ * `want` bytes went back (SIZE_MAX: all of them).  Bytes given back in
+ * *got; the first failure stops it. */
+static int ext_release_idle(gm_pool_t *pool, size_t want, size_t *got)
+{
+    *got = 0;
+    for (uint32_t id = 0; id < pool->n_phys_ids && pool->n_ext && *got < want; id++) {
+        const gm__ppage_t *pp = &pool->phys[id];
+        if (!pp->live || pp->ext != id || !ext_idle(pool, id, true)) continue;
+        size_t bytes = (size_t)pp->ext_n << pool->page_shift;
+        GM_CHECK(ext_release(pool, id));
+        *got += bytes;
+    }
+    return GM_OK;
+}
+
+static bool fence_wait(gm_pool_t *pool, gm__arena_t *a, size_t p);
+
+/* Give back extent head, all of whose pages are free, once the work that
+ * may still use them has passed (an event, else a wait); GM_NOT_READY when
+ * that cannot be known. */
+static int ext_wait_release(gm_pool_t *pool, uint32_t head, const char *fn)
+{
+    for (uint32_t m = head; m != GM_NONE; m = pool->phys[m].lru_next) {
+        if (pool->phys[m].first_va == GM_NONE) continue;
+        size_t q;
+        gm__arena_t *o = arena_of(pool, pool->phys[m].first_va, &q);
+        if (!fence_wait(pool, o, q))
+            return gm__set_error(GM_NOT_READY, "%s: pages stay cached: work still queued on "
+                                 "another stream may use them", fn);
+    }
+    return ext_release(pool, head);
+}
+
 /* Release a free physical page: unmap it everywhere, then give it back to
- * the provider.  On a failed unmap or give-back it stays (free, perhaps
- * partly mapped) and the error returns. */
+ * the provider (an extent's page: the whole extent, once all of it is
+ * free).  On a failed unmap or give-back it stays (free, perhaps partly
+ * mapped) and the error returns. */
 static int phys_release(gm_pool_t *pool, uint32_t id)
 {
     int rc;
     gm__ppage_t *pp = &pool->phys[id];
     gm_assert_internal(pp->live && pp->owner == GM_NONE);
+    if (pp->ext != GM_NONE) return ext_release(pool, pp->ext);
     while (pp->first_va != GM_NONE) {
         size_t q;
         gm__arena_t *b = arena_of(pool, pp->first_va, &q);
@@ -451,13 +674,13 @@ void gm__pages_fini(gm_pool_t *pool)
     }
     for (uint32_t id = 0; id < pool->n_phys_ids; id++) {
         gm__ppage_t *pp = &pool->phys[id];
-        if (!pp->live) continue;
-        if (pp->owner != GM_NONE) {
+        if (pp->live && pp->owner != GM_NONE) {
             pp->owner = GM_NONE;
             lru_push(pool, id);
         }
-        if (phys_release(pool, id) != GM_OK) gm__clear_error();
     }
+    for (uint32_t id = 0; id < pool->n_phys_ids; id++)
+        if (pool->phys[id].live && phys_release(pool, id) != GM_OK) gm__clear_error();
     gm__free(pool->phys);
     gm__free(pool->dead_ids);
     pool->phys = NULL;
@@ -593,6 +816,10 @@ static int take_phys(gm_pool_t *pool, uint32_t *id, uint64_t allow, uint64_t cap
         gm__drain_streams_locked(pool);
         if (pool->n_free_phys && (*id = pick_free(pool, s, false)) != GM_NONE) return GM_OK;
     }
+    /* Before growing past the budget, an extent nobody uses goes back
+     * (its pages serve no other place). */
+    size_t got = 0;
+    if (GM_UNLIKELY(pool->n_ext) && ext_release_idle(pool, 1, &got) != GM_OK) gm__clear_error();
     return phys_create(pool, id);
 }
 
@@ -629,7 +856,10 @@ static void thin_mappings(gm_pool_t *pool)
                 size_t w = (a->trim_hint + k) % words;
                 for (uint64_t cand = a->mapped[w] & ~a->owned[w]; cand; cand &= cand - 1) {
                     size_t p = (w << 6) + (size_t)__builtin_ctzll(cand);
-                    /* First pass: only pages whose physical page lives on elsewhere. */
+                    /* First pass: only pages whose physical page lives on
+                     * elsewhere.  An extent's page is unmapped only with its
+                     * extent. */
+                    if (pool->phys[a->pid[p]].ext != GM_NONE) continue;
                     if (pass == 0 && pool->phys[a->pid[p]].n_maps < 2) continue;
                     if (!fence_done(a, p)) continue; /* queued work may touch it */
                     if (va_unmap(pool, a, p) != GM_OK) {
@@ -644,8 +874,24 @@ static void thin_mappings(gm_pool_t *pool)
     }
 }
 
-int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
-                                   size_t asked, gm__stream_t *s)
+/* How many VA pages from p on, up to EXT_MAX and below whi, are neither
+ * mapped nor owned: the extent that could be made there. */
+static uint32_t ext_room(const gm__arena_t *a, size_t p, size_t whi)
+{
+    uint32_t k = 0;
+    while (k < EXT_MAX && p + k < whi && !bit_get(a->mapped, p + k)) k++;
+    return k;
+}
+
+static inline bool is_ext(const gm_pool_t *pool, const gm__arena_t *a, size_t p)
+{
+    return pool->phys[a->pid[p]].ext != GM_NONE;
+}
+
+/* extents: a restore's (see gm__pages_restore_locked); solo: a block whose
+ * pages must be one handle each (gm_alloc_shareable's, publishable). */
+static int ensure_mapped(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
+                         size_t asked, gm__stream_t *s, bool extents, bool solo)
 {
     size_t shift = pool->page_shift;
     size_t p0 = (addr - a->base) >> shift;
@@ -654,7 +900,7 @@ int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
     if (GM_LIKELY(p1 - p0 == 1)) {
         if (bit_get(a->owned, p0)) return GM_OK;
         /* One page whose own mapping is free for s: take it back. */
-        if (takes_back(pool, a, p0, s)) {
+        if (takes_back(pool, a, p0, s) && !(solo && is_ext(pool, a, p0))) {
             own(pool, a, p0);
             return GM_OK;
         }
@@ -678,7 +924,14 @@ int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
     /* First the pages whose own mapping is free: they cost nothing, and no
      * other page of the range should take their physical page. */
     for (size_t q = p0; q < p1; q++)
-        if (!bit_get(a->owned, q) && takes_back(pool, a, q, s)) own(pool, a, q);
+        if (!bit_get(a->owned, q) && takes_back(pool, a, q, s) && !(solo && is_ext(pool, a, q)))
+            own(pool, a, q);
+
+    /* Extents: only on pages wholly inside the range (a restore's piece of
+     * one block), so that they go back with that block's offload. */
+    extents = extents && (pool->provider.ops->flags & GM__PROVIDER_EXTENTS);
+    size_t whi = (addr + size - a->base) >> shift;
+    size_t wlo = GM_ALIGN_UP(addr - a->base, pool->page) >> shift;
 
     size_t run = SIZE_MAX; /* start of the current run of fresh mappings */
     int rc = GM_OK;
@@ -688,8 +941,8 @@ int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
         if (bit_get(a->owned, p)) goto run_break;
         if (bit_get(a->mapped, p)) {
             conflict = true;
-            uint32_t old = a->pid[p];
-            if (pool->phys[old].owner == GM_NONE) {
+            uint32_t old = a->pid[p], head = pool->phys[old].ext;
+            if (pool->phys[old].owner == GM_NONE && !(solo && head != GM_NONE)) {
                 /* Our old mapping, free, but another stream's work may still
                  * use its physical page: ask that stream once (no waiting),
                  * else map another page here. */
@@ -699,6 +952,29 @@ int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
                     own(pool, a, p);
                     goto run_break;
                 }
+            }
+            if (head != GM_NONE && !solo) {
+                /* An extent's page serves this place alone: wait for it. */
+                if (!fence_wait(pool, a, p)) {
+                    rc = gm__set_error(GM_NOT_READY, "gm_alloc: the work of stream %p may still "
+                                       "use a page of the range", (void *)a->fence_s[p]->handle);
+                    break;
+                }
+                own(pool, a, p);
+                goto run_break;
+            }
+            if (head != GM_NONE) {
+                /* A publishable block needs pages of its own: the extent
+                 * goes back whole if nothing else uses it, else the caller
+                 * takes untouched address space. */
+                if (!ext_idle(pool, head, false)) {
+                    rc = gm__set_error(GM_NOT_READY, "gm_alloc: a page of the range belongs to "
+                                       "a larger physical allocation still in use");
+                    break;
+                }
+                rc = ext_wait_release(pool, head, "gm_alloc");
+                if (rc != GM_OK) break;
+                goto fresh;
             }
             /* Unmap, once the work queued before the free that left this
              * page unowned is done: an event, else a wait.  A stream that
@@ -711,6 +987,28 @@ int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
             }
             rc = va_unmap(pool, a, p);
             if (rc != GM_OK) break;
+        }
+    fresh:
+        if (extents && !conflict && p >= wlo) {
+            uint32_t k = ext_room(a, p, whi);
+            if (k >= EXT_MIN && budget_reserved(pool) + ((uint64_t)k << shift) <= allow) {
+                if (run != SIZE_MAX) {
+                    rc = set_access_run(pool, a, run, p);
+                    run = SIZE_MAX;
+                    if (rc != GM_OK) break;
+                }
+                rc = ext_create(pool, a, p, k);
+                if (rc == GM_OK) {
+                    p += k - 1;
+                    continue;
+                }
+                if (rc != GM_LIMIT && rc != GM_OUT_OF_MEMORY) break;
+                /* The device (or the limit) has no room for a whole
+                 * extent: page by page from here, as an allocation does. */
+                gm__clear_error();
+                extents = false;
+                rc = GM_OK;
+            }
         }
         uint32_t id;
         rc = take_phys(pool, &id, allow, cap, &drained, conflict, s);
@@ -744,6 +1042,27 @@ int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
     return GM_OK;
 }
 
+int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
+                                   size_t asked, gm__stream_t *s, bool solo)
+{
+    return ensure_mapped(pool, a, addr, size, asked, s, false, solo);
+}
+
+int gm__pages_restore_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
+                             size_t asked, gm__stream_t *s)
+{
+    return ensure_mapped(pool, a, addr, size, asked, s, true, false);
+}
+
+bool gm__pages_in_extent_locked(gm_pool_t *pool, const gm__arena_t *a, uintptr_t addr, size_t size)
+{
+    size_t p0 = (addr - a->base) >> pool->page_shift;
+    size_t p1 = ((addr + size - 1 - a->base) >> pool->page_shift) + 1;
+    for (size_t p = p0; p < p1; p++)
+        if (bit_get(a->mapped, p) && pool->phys[a->pid[p]].ext != GM_NONE) return true;
+    return false;
+}
+
 int gm__pages_prefault_locked(gm_pool_t *pool, size_t bytes)
 {
     gm__arena_t *a = &pool->arena[GM_CLASS_LARGE];
@@ -771,8 +1090,12 @@ int gm__pages_handles_locked(gm_pool_t *pool, uintptr_t addr, size_t n, gm__phys
         gm__arena_t *a = &pool->arena[c];
         if (addr < a->base || addr >= a->base + a->size) continue;
         size_t p0 = (addr - a->base) >> pool->page_shift, i = 0;
-        for (; i < n && p0 + i < a->npages && bit_get(a->owned, p0 + i); i++)
+        for (; i < n && p0 + i < a->npages && bit_get(a->owned, p0 + i); i++) {
+            if (pool->phys[a->pid[p0 + i]].ext != GM_NONE)
+                return gm__set_error(GM_NOT_SUPPORTED, "pages: [%#" PRIxPTR ", +%zu pages) were "
+                                     "restored as one physical allocation", addr, n);
             out[i] = pool->phys[a->pid[p0 + i]].handle;
+        }
         if (i == n) return GM_OK;
         break;
     }
@@ -808,6 +1131,10 @@ int gm__pages_trim_locked(gm_pool_t *pool, size_t keep, size_t *released)
             if (rc != GM_OK) break;
         }
         id = next;
+    }
+    if (rc == GM_OK && pool->n_ext && pool->st.reserved - pool->st.active > keep) {
+        size_t got = 0;
+        rc = ext_release_idle(pool, pool->st.reserved - pool->st.active - keep, &got);
     }
     if (released) *released = before - pool->st.reserved;
     return rc;
@@ -852,6 +1179,15 @@ static int evict_page(gm_pool_t *pool, gm__arena_t *a, size_t p, size_t *release
         lru_push(pool, id);
     } else if (pp->owner != GM_NONE) {
         return GM_OK; /* another range's page mapped here too: it stays there */
+    }
+    if (pp->ext != GM_NONE) {
+        /* An extent goes back whole, with its last page in use. */
+        uint32_t head = pp->ext;
+        if (!ext_idle(pool, head, false)) return GM_OK;
+        size_t bytes = (size_t)pool->phys[head].ext_n << pool->page_shift;
+        int rc = ext_wait_release(pool, head, "gm_offload");
+        if (rc == GM_OK && released) *released += bytes;
+        return rc;
     }
     bool fenced = false;
     for (uint32_t g = pp->first_va; g != GM_NONE && !fenced;) {
@@ -915,7 +1251,7 @@ void gm__pages_budget(const gm_pool_t *pool, uint64_t live, uint64_t *allow, uin
 
 int gm__pages_check_locked(gm_pool_t *pool)
 {
-    size_t maps = 0, live = 0, free_phys = 0;
+    size_t maps = 0, live = 0, free_phys = 0, n_ext = 0;
     for (int c = 0; c < GM_CLASS_COUNT; c++) {
         gm__arena_t *a = &pool->arena[c];
         size_t mapped = 0;
@@ -978,7 +1314,29 @@ int gm__pages_check_locked(gm_pool_t *pool)
         gm__ppage_t *pp = &pool->phys[id];
         if (!pp->live) continue;
         live++;
-        if (pp->owner == GM_NONE) free_phys++;
+        if (pp->owner == GM_NONE && pp->ext == GM_NONE) free_phys++;
+        if (pp->ext == id) {
+            /* An extent: ext_n pages chained from here, one handle, mapped
+             * all at consecutive places or (given back half way) nowhere. */
+            n_ext++;
+            uint32_t k = 0, m = id;
+            size_t q0 = 0;
+            gm__arena_t *b0 = pp->first_va != GM_NONE ? arena_of(pool, pp->first_va, &q0) : NULL;
+            for (; m != GM_NONE && k <= pp->ext_n; m = pool->phys[m].lru_next, k++) {
+                const gm__ppage_t *mp = &pool->phys[m];
+                if (!mp->live || mp->ext != id || mp->handle != pp->handle)
+                    return gm__set_error(GM_INTERNAL, "extent %u: page %u is not one of its own", id, m);
+                if (b0 ? (mp->n_maps != 1 || b0->pid[q0 + k] != m) : mp->n_maps != 0)
+                    return gm__set_error(GM_INTERNAL, "extent %u: page %u is not mapped at its place",
+                                         id, m);
+            }
+            if (k != pp->ext_n || m != GM_NONE)
+                return gm__set_error(GM_INTERNAL, "extent %u: %u pages chained, %u counted", id, k,
+                                     pp->ext_n);
+        } else if (pp->ext != GM_NONE && (pp->ext >= pool->n_phys_ids || !pool->phys[pp->ext].live ||
+                                          pool->phys[pp->ext].ext != pp->ext)) {
+            return gm__set_error(GM_INTERNAL, "physical page %u: its extent %u is gone", id, pp->ext);
+        }
         if (pp->last_va != GM_NONE) {
             size_t q;
             gm__arena_t *b = arena_of(pool, pp->last_va, &q);
@@ -999,6 +1357,8 @@ int gm__pages_check_locked(gm_pool_t *pool)
                                  id, n, pp->n_maps);
         alias_total += n;
     }
+    if (n_ext != pool->n_ext)
+        return gm__set_error(GM_INTERNAL, "%zu extents, counter says %u", n_ext, pool->n_ext);
     if (alias_total != maps)
         return gm__set_error(GM_INTERNAL, "alias lists hold %zu mappings, arenas %zu", alias_total, maps);
     if (free_phys != pool->n_free_phys)
@@ -1006,7 +1366,7 @@ int gm__pages_check_locked(gm_pool_t *pool)
                              pool->n_free_phys);
     size_t n = 0;
     for (uint32_t id = pool->lru_head; id != GM_NONE && n <= free_phys; id = pool->phys[id].lru_next, n++)
-        if (pool->phys[id].owner != GM_NONE || !pool->phys[id].live)
+        if (pool->phys[id].owner != GM_NONE || !pool->phys[id].live || pool->phys[id].ext != GM_NONE)
             return gm__set_error(GM_INTERNAL, "physical page %u on the free list is not free", id);
     if (n != free_phys)
         return gm__set_error(GM_INTERNAL, "free list holds %zu pages, %zu are free", n, free_phys);

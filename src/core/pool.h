@@ -97,17 +97,23 @@ typedef struct gm__arena {
     gm__block_t *first;          /* lowest block */
 } gm__arena_t;
 
-/* A physical page (one handle of `granularity` bytes).
- * free (in the LRU list) <=> owner == GM_NONE; n_maps == length of the
- * alias list starting at first_va. */
+/* A physical page: one handle of `granularity` bytes, or one page of an
+ * extent (ext != GM_NONE): a handle of several pages that a restore maps
+ * in one piece (pages.c, "extents").  An extent's pages are mapped at one
+ * place each, in order, and never anywhere else; they are never on the free
+ * list, and go back to the provider together.
+ * free <=> owner == GM_NONE; in the LRU list <=> free and ext == GM_NONE;
+ * n_maps == length of the alias list starting at first_va. */
 typedef struct gm__ppage {
-    gm__phys_t handle;
+    gm__phys_t handle;           /* an extent's pages: the extent's handle */
     uint32_t owner;              /* gid of the owning VA page, or GM_NONE */
     uint32_t first_va;           /* gid of one VA page mapping it, or GM_NONE */
     uint32_t n_maps;
     uint32_t lru_prev, lru_next; /* free list, oldest first */
     uint32_t last_va;            /* free: the VA page that owned it last (its
                                     fence guards it), or GM_NONE */
+    uint32_t ext;                /* the first page of its extent, or GM_NONE */
+    uint32_t ext_n;              /* an extent's first page: its pages */
     uint8_t live;                /* created and not released */
 } gm__ppage_t;
 
@@ -179,6 +185,7 @@ struct gm_pool {
     uint32_t n_dead;
     uint32_t lru_head, lru_tail; /* free physical pages, oldest first */
     uint32_t n_free_phys;
+    uint32_t n_ext;              /* live extents */
     size_t n_maps;               /* VA pages mapped, all arenas */
 
     gm_stats_t st;               /* counters kept under the lock (backend_calls
@@ -398,9 +405,21 @@ bool gm__pages_cheap_locked(gm_pool_t *pool, const gm__arena_t *a, uintptr_t add
  * the growth budget and the refusal message.  GM_LIMIT / GM_OUT_OF_MEMORY
  * come with the message of gm__pages_refuse_locked; GM_NOT_READY when a
  * page must be remapped whose fence cannot be passed (a held stream): the
- * range is no good now, untouched address space is.  Lock held. */
+ * range is no good now, untouched address space is.  With solo (a block
+ * that may be published: gm_alloc_shareable) every page gets a handle of
+ * its own: an extent in the range goes back first, or, while another block
+ * still uses it, GM_NOT_READY.  Lock held. */
 int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
-                                   size_t asked, struct gm__stream *s);
+                                   size_t asked, struct gm__stream *s, bool solo);
+/* The same for a restore (offload.c): the pages wholly inside the range
+ * that are mapped nowhere are made as extents where the provider allows
+ * (pages.c: one handle of several pages, mapped once), the others as
+ * above.  Lock held. */
+int gm__pages_restore_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
+                             size_t asked, struct gm__stream *s);
+/* Does any page overlapping [addr, addr+size) of a lie under an extent
+ * (whose handle covers more than the page)?  Lock held. */
+bool gm__pages_in_extent_locked(gm_pool_t *pool, const gm__arena_t *a, uintptr_t addr, size_t size);
 /* Stream state s is being forgotten: clear the (passed) fences naming it. */
 void gm__pages_forget_stream_locked(gm_pool_t *pool, const struct gm__stream *s);
 /* The growth budget for live bytes `live` (max of live and its peak):

@@ -45,6 +45,7 @@ static int local_give_back(void *ctx, const gm__phys_t *handles, size_t n, size_
 
 static const gm__page_provider_ops_t local_ops = {
     .name = "local",
+    .flags = GM__PROVIDER_EXTENTS,
     .obtain = local_obtain,
     .give_back = local_give_back,
     .describe = NULL,

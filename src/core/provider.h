@@ -22,10 +22,11 @@
  *     into the pool; a provider keeps its own state thread-safe.
  *
  * Providers:
- *   - local (provider.c, the only one today): the pool's own backend, one
- *     phys_create / phys_release per page through GM_BK, so the backend call
- *     counts and the fault injection (fail_nth on phys_create/phys_release)
- *     are exactly those of the page layer before the seam existed.
+ *   - local (provider.c): the pool's own backend, one phys_create /
+ *     phys_release per handle (a page, or a restore's extent of several)
+ *     through GM_BK, so the backend call counts and the fault injection
+ *     (fail_nth on phys_create/phys_release) are exactly those of the page
+ *     layer before the seam existed.  The only provider with extents.
  *   - broker (src/broker/client.c): ctx holds the Unix sockets to the
  *     machine's broker and a local stock of leased handles; obtain serves
  *     from the stock and leases many pages per round trip when it runs dry
@@ -56,20 +57,24 @@
                                       published by sharing */
 #define GM__PROVIDER_QUOTA 0x4u    /* a GM_LIMIT refusal is a limit someone set (a
                                       tenant's quota), reported as GM_LIMIT */
+#define GM__PROVIDER_EXTENTS 0x8u  /* obtain also takes page_size = k pages, n = 1:
+                                      one handle of k pages (pages.c's extents) */
 
 typedef struct gm__page_provider_ops {
     const char *name; /* "local"; for messages */
     unsigned flags;   /* GM__PROVIDER_* */
 
     /* Obtain n pages of page_size bytes each (page_size: the pool's
-     * granularity): handles[0..n).  GM_OK with *got == n; on failure a status
+     * granularity, or with GM__PROVIDER_EXTENTS a multiple of it and n = 1):
+     * handles[0..n).  GM_OK with *got == n; on failure a status
      * with its message set, and *got < n pages that were obtained all the
      * same (the caller owns them).  The pool limit was checked by the caller
      * for all n; a provider refuses only for its own reasons.  Each handle is
      * mapped nowhere, and the caller maps and releases it through the pool's
      * backend (map/unmap/set_access as usual). */
     int (*obtain)(void *ctx, size_t page_size, size_t n, gm__phys_t *handles, size_t *got);
-    /* Give back n pages.  Precondition: each is mapped nowhere and holds no
+    /* Give back n handles (each as obtained: a page, or an extent's one
+     * handle).  Precondition: each is mapped nowhere and holds no
      * data anyone needs.  GM_OK with *done == n; on failure the status with
      * its message set, handles[0..*done) were given back and the others are
      * still the caller's. */
