@@ -35,9 +35,13 @@
  * another stream's range takes or unmaps the page, the fence must have
  * passed (an event, else a wait: fence_wait, pick_free).
  *
+ * A restore maps the pages wholly inside a block as extents: one handle of
+ * several pages, whose pages serve their own place only and go back
+ * together (the "extents" section below).
+ *
  * Physical pages are obtained from and given back to the pool's page
- * provider (provider.h; today the local backend, one call per page), and
- * nowhere else.  This file keeps reserved memory's books and is the one
+ * provider (provider.h: the local backend, one call per handle, or a
+ * broker), and nowhere else.  This file keeps reserved memory's books and is the one
  * place that applies the pool limit (gm__pages_limit_allows) and words the
  * refusal that ends an allocation (gm__pages_refuse_locked); docs/pages.md
  * has the contract.
