@@ -728,6 +728,7 @@ void gm__pages_mark_unused_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t add
             gm__ppage_t *pp = &pool->phys[a->pid[p]];
             pp->owner = GM_NONE;
             pp->last_va = a->gid_base + (uint32_t)p;
+            if (GM_UNLIKELY(pp->ext != GM_NONE)) pool->ext_unowned++;
             lru_push(pool, a->pid[p]);
             a->fence_s[p] = fs;
             a->fence_seq[p] = fseq;
@@ -821,9 +822,14 @@ static int take_phys(gm_pool_t *pool, uint32_t *id, uint64_t allow, uint64_t cap
         if (pool->n_free_phys && (*id = pick_free(pool, s, false)) != GM_NONE) return GM_OK;
     }
     /* Before growing past the budget, an extent nobody uses goes back
-     * (its pages serve no other place). */
-    size_t got = 0;
-    if (GM_UNLIKELY(pool->n_ext) && ext_release_idle(pool, 1, &got) != GM_OK) gm__clear_error();
+     * (its pages serve no other place).  The search looks at every page,
+     * so it is made again only once an extent page lost its owner since
+     * the last one that found none. */
+    if (GM_UNLIKELY(pool->n_ext) && pool->ext_unowned != pool->ext_scanned) {
+        size_t got = 0;
+        if (ext_release_idle(pool, 1, &got) != GM_OK) gm__clear_error();
+        else if (got == 0) pool->ext_scanned = pool->ext_unowned;
+    }
     return phys_create(pool, id);
 }
 
@@ -1185,6 +1191,7 @@ static int evict_page(gm_pool_t *pool, gm__arena_t *a, size_t p, size_t *release
         return GM_OK; /* another range's page mapped here too: it stays there */
     }
     if (pp->ext != GM_NONE) {
+        pool->ext_unowned++;
         /* An extent goes back whole, with its last page in use. */
         uint32_t head = pp->ext;
         if (!ext_idle(pool, head, false)) return GM_OK;

@@ -186,6 +186,9 @@ struct gm_pool {
     uint32_t lru_head, lru_tail; /* free physical pages, oldest first */
     uint32_t n_free_phys;
     uint32_t n_ext;              /* live extents */
+    uint64_t ext_unowned;        /* extent pages that lost their owner, ever */
+    uint64_t ext_scanned;        /* ext_unowned when a search for an idle
+                                    extent last found none (pages.c) */
     size_t n_maps;               /* VA pages mapped, all arenas */
 
     gm_stats_t st;               /* counters kept under the lock (backend_calls

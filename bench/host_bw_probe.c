@@ -1,0 +1,173 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * host_bw_probe.c — do zeroing fresh host memory and a device-to-host copy
+ * compete for the host's memory?  A cold offload (docs/offload.md) does both
+ * at once: the kernel zeroes each new page at its first touch, and the copy
+ * then writes it.  For SIZE bytes (default 1 GiB), each round measures:
+ *
+ *   touch        fresh memory (mmap, transparent huge pages) touched by
+ *                N threads (cores - 1, as the host pool does): the kernel's
+ *                zeroing, alone
+ *   fill         the same memory, touched already, written whole by N
+ *                threads (memset): plain write bandwidth, no faults
+ *   copy         cuMemcpyDtoHAsync of SIZE into a pinned buffer made before
+ *                the rounds, alone
+ *   register     cuMemHostRegister of a touched SIZE, alone
+ *   touch+copy   the copy queued, then fresh memory touched while it runs:
+ *                the time until both are done, and each one's own time
+ *   fill+copy    the same with memset of touched memory
+ *   register+copy  the same with cuMemHostRegister of touched memory
+ *
+ * If the two share a bandwidth, touch+copy takes about touch + copy; if
+ * not, about the longer of the two.
+ *
+ * Not part of the build; one line of JSON per measurement:
+ *   cc -O2 -o host_bw_probe bench/host_bw_probe.c -I$CUDA/include -lcuda -lpthread
+ *   ./host_bw_probe [SIZE_MiB [ROUNDS]]
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "probe.h"
+
+#define CK(x)                                                                              \
+    do {                                                                                   \
+        if (!probe_ok((x), #x, __FILE__, __LINE__)) exit(1);                               \
+    } while (0)
+
+static int g_threads;
+static size_t g_size;
+
+static char *fresh(void)
+{
+    void *p = mmap(NULL, g_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        perror("mmap");
+        exit(1);
+    }
+    (void)madvise(p, g_size, MADV_HUGEPAGE);
+    return p;
+}
+
+typedef struct fill_job {
+    char *p;
+    size_t n;
+} fill_job_t;
+
+static void *fill_main(void *arg)
+{
+    fill_job_t *j = arg;
+    memset(j->p, 0x5a, j->n);
+    return NULL;
+}
+
+static void fill(char *p)
+{
+    pthread_t th[PROBE_TOUCH_MAX];
+    fill_job_t job[PROBE_TOUCH_MAX] = {{NULL, 0}};
+    size_t slice = g_size / (size_t)g_threads;
+    for (int i = 0; i < g_threads; i++) {
+        job[i] = (fill_job_t){p + (size_t)i * slice, i == g_threads - 1 ? g_size - (size_t)i * slice : slice};
+        if (i > 0) pthread_create(&th[i], NULL, fill_main, &job[i]);
+    }
+    fill_main(&job[0]);
+    for (int i = 1; i < g_threads; i++) pthread_join(th[i], NULL);
+}
+
+enum { TOUCH, FILL, REGISTER };
+static const char *what_name[] = {"touch", "fill", "register"};
+
+/* One host-side job on a region of its own; returns ms. */
+static double host_job(int what)
+{
+    char *p = fresh();
+    if (what != TOUCH) probe_touch(p, g_size, g_threads);
+    double t0 = now_ms();
+    if (what == TOUCH) probe_touch(p, g_size, g_threads);
+    else if (what == FILL) fill(p);
+    else CK(cuMemHostRegister(p, g_size, 0));
+    double t = now_ms() - t0;
+    if (what == REGISTER) CK(cuMemHostUnregister(p));
+    munmap(p, g_size);
+    return t;
+}
+
+static void report(const char *name, int round, double ms, double host_ms, double copy_ms)
+{
+    printf("{\"name\":\"%s\",\"round\":%d,\"size_MiB\":%zu,\"threads\":%d,\"ms\":%.3f,"
+           "\"GBps\":%.2f", name, round, g_size >> 20, g_threads, ms, (double)g_size / ms / 1e6);
+    if (host_ms >= 0) printf(",\"host_ms\":%.3f,\"copy_ms\":%.3f", host_ms, copy_ms);
+    printf("}\n");
+    fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+    size_t mib = argc > 1 ? strtoul(argv[1], NULL, 0) : 1024;
+    int rounds = argc > 2 ? atoi(argv[2]) : 3;
+    g_size = mib << 20;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    g_threads = cpus > 2 ? (int)cpus - 1 : 1;
+    if (g_threads > PROBE_TOUCH_MAX) g_threads = PROBE_TOUCH_MAX;
+    CUdevice dev;
+    CUcontext ctx;
+    CK(cuInit(0));
+    CK(cuDeviceGet(&dev, 0));
+    CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CK(cuCtxSetCurrent(ctx));
+    CUdeviceptr src;
+    CK(cuMemAlloc(&src, g_size));
+    CK(cuMemsetD8(src, 7, g_size));
+    void *pinned;
+    CK(cuMemHostAlloc(&pinned, g_size, 0));
+    memset(pinned, 0, g_size);
+    CUstream st;
+    CUevent e0, e1;
+    CK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    CK(cuEventCreate(&e0, 0));
+    CK(cuEventCreate(&e1, 0));
+    CK(cuMemcpyDtoH(pinned, src, g_size)); /* warm-up */
+
+    for (int r = 0; r < rounds; r++) {
+        /* alone */
+        CK(cuEventRecord(e0, st));
+        CK(cuMemcpyDtoHAsync(pinned, src, g_size, st));
+        CK(cuEventRecord(e1, st));
+        CK(cuEventSynchronize(e1));
+        float cms = 0;
+        CK(cuEventElapsedTime(&cms, e0, e1));
+        report("copy", r, cms, -1, -1);
+        for (int w = TOUCH; w <= REGISTER; w++) report(what_name[w], r, host_job(w), -1, -1);
+        /* at once: the copy queued first, the host job started right after */
+        for (int w = TOUCH; w <= REGISTER; w++) {
+            char *p = fresh();
+            if (w != TOUCH) probe_touch(p, g_size, g_threads);
+            double t0 = now_ms();
+            CK(cuEventRecord(e0, st));
+            CK(cuMemcpyDtoHAsync(pinned, src, g_size, st));
+            CK(cuEventRecord(e1, st));
+            double h0 = now_ms();
+            if (w == TOUCH) probe_touch(p, g_size, g_threads);
+            else if (w == FILL) fill(p);
+            else CK(cuMemHostRegister(p, g_size, 0));
+            double hms = now_ms() - h0;
+            CK(cuEventSynchronize(e1));
+            double total = now_ms() - t0;
+            float c = 0;
+            CK(cuEventElapsedTime(&c, e0, e1));
+            char name[32];
+            snprintf(name, sizeof name, "%s+copy", what_name[w]);
+            report(name, r, total, hms, c);
+            if (w == REGISTER) CK(cuMemHostUnregister(p));
+            munmap(p, g_size);
+        }
+    }
+    return 0;
+}
