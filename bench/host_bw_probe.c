@@ -17,6 +17,9 @@
  *                the time until both are done, and each one's own time
  *   fill+copy    the same with memset of touched memory
  *   register+copy  the same with cuMemHostRegister of touched memory
+ *   touch+register  touched memory registered while fresh memory is touched
+ *                (by N - 1 threads, one being the registering one's): what
+ *                a maker of pinned memory could overlap
  *
  * If the two share a bandwidth, touch+copy takes about touch + copy; if
  * not, about the longer of the two.
@@ -79,6 +82,23 @@ static void fill(char *p)
     }
     fill_main(&job[0]);
     for (int i = 1; i < g_threads; i++) pthread_join(th[i], NULL);
+}
+
+typedef struct reg_arg {
+    char *p;
+    CUcontext ctx;
+    double ms;
+    int ok;
+} reg_arg_t;
+
+static void *reg_main(void *arg)
+{
+    reg_arg_t *r = arg;
+    if (cuCtxSetCurrent(r->ctx) != CUDA_SUCCESS) return NULL;
+    double t0 = now_ms();
+    r->ok = probe_ok(cuMemHostRegister(r->p, g_size, 0), "cuMemHostRegister", __FILE__, __LINE__);
+    r->ms = now_ms() - t0;
+    return NULL;
 }
 
 enum { TOUCH, FILL, REGISTER };
@@ -168,6 +188,28 @@ int main(int argc, char **argv)
             if (w == REGISTER) CK(cuMemHostUnregister(p));
             munmap(p, g_size);
         }
+    }
+    /* touch+register: region b touched by N - 1 threads while region a
+     * (touched before) is registered on a thread of its own. */
+    for (int r = 0; r < rounds; r++) {
+        char *a = fresh(), *b = fresh();
+        probe_touch(a, g_size, g_threads);
+        reg_arg_t ra = {a, ctx, 0, 0};
+        pthread_t th;
+        double t0 = now_ms();
+        pthread_create(&th, NULL, reg_main, &ra);
+        double h0 = now_ms();
+        probe_touch(b, g_size, g_threads > 1 ? g_threads - 1 : 1);
+        double tms = now_ms() - h0;
+        pthread_join(th, NULL);
+        double total = now_ms() - t0;
+        printf("{\"name\":\"touch+register\",\"round\":%d,\"size_MiB\":%zu,\"threads\":%d,"
+               "\"ms\":%.3f,\"touch_ms\":%.3f,\"register_ms\":%.3f,\"ok\":%d}\n", r, g_size >> 20,
+               g_threads - 1, total, tms, ra.ms, ra.ok);
+        fflush(stdout);
+        if (ra.ok) CK(cuMemHostUnregister(a));
+        munmap(a, g_size);
+        munmap(b, g_size);
     }
     return 0;
 }
