@@ -164,6 +164,18 @@ typedef struct tblock {
     gm_stream_t stream; /* allocated on */
 } tblock_t;
 
+/* A pool on the test backend of `capacity` bytes (on a GPU: a limit of
+ * that size) with two copy threads; NULL, with the reason on stderr. */
+static inline gm_pool_t *offload_pool(size_t capacity)
+{
+    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
+    cfg.backend = test_backend();
+    cfg.sim_capacity = capacity;
+    cfg.limit = cfg.backend == GM_BACKEND_SIM ? 0 : capacity;
+    cfg.copy_threads = 2;
+    return pool_from(&cfg);
+}
+
 static inline gm_tag_info_t tag_info_of(gm_pool_t *pool, gm_tag_t tag)
 {
     gm_tag_info_t ti = GM_TAG_INFO_INIT;

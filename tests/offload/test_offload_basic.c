@@ -39,16 +39,6 @@
 static int on_sim;
 static unsigned tags_made; /* distinct names this program made */
 
-static gm_pool_t *make_pool(size_t capacity)
-{
-    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = test_backend();
-    cfg.sim_capacity = capacity;
-    cfg.limit = cfg.backend == GM_BACKEND_SIM ? 0 : capacity;
-    cfg.copy_threads = 2;
-    return pool_from(&cfg);
-}
-
 static gm_tag_t new_tag(const char *name, unsigned flags)
 {
     gm_tag_t t = GM_TAG_NONE;
@@ -341,7 +331,7 @@ static void test_round(gm_pool_t *pool)
 /* A fresh pool holding only big tagged blocks gives back every page. */
 static void test_only_tagged(void)
 {
-    gm_pool_t *pool = make_pool((size_t)1 << 30);
+    gm_pool_t *pool = offload_pool((size_t)1 << 30);
     if (!pool) { CHECK(0); return; }
     static const size_t sizes[] = {4 * MiB, 6 * MiB, 2 * MiB, 8 * MiB, 5 * MiB + 100, 12 * MiB};
     enum { N = sizeof sizes / sizeof sizes[0] };
@@ -604,11 +594,11 @@ static void discard_round(gm_pool_t *pool, gm_tag_t tag, unsigned flags, const c
 static void test_discard(void)
 {
     /* Fresh pools so that the tag counters start at 0. */
-    gm_pool_t *pool = make_pool((size_t)1 << 30);
+    gm_pool_t *pool = offload_pool((size_t)1 << 30);
     if (!pool) { CHECK(0); return; }
     discard_round(pool, tag_kv, 0, "GM_TAG_DISCARD");
     gm_pool_destroy(pool);
-    pool = make_pool((size_t)1 << 30);
+    pool = offload_pool((size_t)1 << 30);
     if (!pool) { CHECK(0); return; }
     discard_round(pool, tag_a, GM_OFFLOAD_DISCARD, "GM_OFFLOAD_DISCARD");
     gm_pool_destroy(pool);
@@ -667,7 +657,7 @@ static void test_invalid(gm_pool_t *pool)
     CHECK_OK(gm_free(pool, p, NULL));
 
     /* A destroyed pool, and something that is not a pool. */
-    gm_pool_t *dead = make_pool(256 * MiB);
+    gm_pool_t *dead = offload_pool(256 * MiB);
     if (dead) {
         gm_pool_destroy(dead);
         CHECK_RC(gm_offload(dead, tag_a, 0, NULL), GM_INVALID_ARGUMENT);
@@ -699,7 +689,7 @@ static void test_invalid(gm_pool_t *pool)
  * with offloaded blocks releases them (ASan: no leak). */
 static void test_two_pools(gm_pool_t *pool)
 {
-    gm_pool_t *other = make_pool(512 * MiB);
+    gm_pool_t *other = offload_pool(512 * MiB);
     if (!other) { CHECK(0); return; }
     tblock_t x = {NULL, 3 * MiB + 17, tag_a, 8100, NULL}, y = {NULL, 5 * MiB, tag_a, 8101, NULL};
     CHECK_OK(gm_alloc_tagged(pool, x.n, NULL, tag_a, &x.p));
@@ -865,7 +855,7 @@ static void test_no_overlap(gm_pool_t *pool)
  * cleanly; nothing is lost, and once the stream passes a trim frees it. */
 static void test_free_neighbour_in_flight(void)
 {
-    gm_pool_t *pool = make_pool(512 * MiB);
+    gm_pool_t *pool = offload_pool(512 * MiB);
     if (!pool) { CHECK(0); return; }
     gm_stream_t H;
     CHECK_OK(gm_stream_create(pool, &H));
@@ -1009,7 +999,7 @@ static void test_tag_limit(void)
 int main(void)
 {
     on_sim = test_backend() == GM_BACKEND_SIM;
-    gm_pool_t *pool = make_pool((size_t)1 << 30);
+    gm_pool_t *pool = offload_pool((size_t)1 << 30);
     REQUIRE(pool != NULL);
     test_tags(pool);
     test_alloc_tagged(pool);

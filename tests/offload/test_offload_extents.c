@@ -19,6 +19,7 @@
  * test backend (sim, or a GPU with GPUMEM_TEST_BACKEND=cuda; fail_nth works
  * on both).
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,16 +32,6 @@
 
 #define PAGE ((size_t)2 << 20)
 #define BIG (64 * MiB + 4097) /* 33 pages, at least 31 wholly inside */
-
-static gm_pool_t *make_pool(size_t capacity)
-{
-    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = test_backend();
-    cfg.sim_capacity = capacity;
-    cfg.limit = cfg.backend == GM_BACKEND_SIM ? 0 : capacity;
-    cfg.copy_threads = 2;
-    return pool_from(&cfg);
-}
 
 static gm_tag_t new_tag(const char *name)
 {
@@ -79,7 +70,7 @@ static void free_all(gm_pool_t *pool, tblock_t *b, size_t n)
 
 static void test_few_calls(void)
 {
-    gm_pool_t *pool = make_pool((size_t)1 << 30);
+    gm_pool_t *pool = offload_pool((size_t)1 << 30);
     if (!pool) {
         CHECK(pool != NULL);
         return;
@@ -143,7 +134,7 @@ static void test_few_calls(void)
 
 static void test_freed(void)
 {
-    gm_pool_t *pool = make_pool((size_t)1 << 30);
+    gm_pool_t *pool = offload_pool((size_t)1 << 30);
     if (!pool) {
         CHECK(pool != NULL);
         return;
@@ -214,26 +205,51 @@ static void test_freed(void)
     gm_pool_destroy(pool);
 }
 
+/* A pool and a share server of its own (socket in TMPDIR named by `what`);
+ * false, with a failed CHECK, when either cannot be made. */
+static bool pool_and_server(const char *what, gm_pool_t **pool, gm_share_server_t **srv,
+                            char path[108])
+{
+    *pool = offload_pool((size_t)1 << 30);
+    *srv = NULL;
+    if (!*pool) {
+        CHECK(*pool != NULL);
+        return false;
+    }
+    snprintf(path, 108, "%s/gm-offload-extents-%s-%d.sock",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", what, (int)getpid());
+    unlink(path);
+    int rc = gm_share_listen(*pool, path, NULL, srv);
+    CHECK_OK(rc);
+    if (rc != GM_OK) {
+        gm_pool_destroy(*pool);
+        return false;
+    }
+    return true;
+}
+
+/* Close the server, free what is left, check that every page went back. */
+static void server_and_pool_done(gm_pool_t *pool, gm_share_server_t *srv, const char *path,
+                                 void **ptrs, size_t n_ptrs, tblock_t *b, size_t nb)
+{
+    CHECK_OK(gm_share_close(srv));
+    unlink(path);
+    for (size_t i = 0; i < n_ptrs; i++) CHECK_OK(gm_free(pool, ptrs[i], NULL));
+    free_all(pool, b, nb);
+    CHECK_OK(gm_trim(pool, 0, NULL));
+    CHECK(pool_stats_of(pool).reserved == 0);
+    CHECK_OK(gm_pool_check(pool));
+    gm_pool_destroy(pool);
+}
+
 /* ---- shareable memory never lies on an extent ------------------------------ */
 
 static void test_shareable(void)
 {
-    gm_pool_t *pool = make_pool((size_t)1 << 30);
-    if (!pool) {
-        CHECK(pool != NULL);
-        return;
-    }
+    gm_pool_t *pool;
+    gm_share_server_t *srv;
     char path[108];
-    snprintf(path, sizeof path, "%s/gm-offload-extents-%d.sock",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
-    unlink(path);
-    gm_share_server_t *srv = NULL;
-    int rc = gm_share_listen(pool, path, NULL, &srv);
-    CHECK_OK(rc);
-    if (rc != GM_OK) {
-        gm_pool_destroy(pool);
-        return;
-    }
+    if (!pool_and_server("idle", &pool, &srv, path)) return;
     gm_tag_t t = new_tag("extents.share");
     tblock_t b[3];
     layout(pool, t, b, 400);
@@ -263,14 +279,7 @@ static void test_shareable(void)
     CHECK_OK(gm_share_publish(srv, "ext.sh1", sh, 32 * MiB, GM_SHARE_READ_WRITE, NULL, NULL));
     CHECK_OK(gm_pool_check(pool));
 
-    CHECK_OK(gm_share_close(srv));
-    unlink(path);
-    CHECK_OK(gm_free(pool, sh, NULL));
-    free_all(pool, b, 3);
-    CHECK_OK(gm_trim(pool, 0, NULL));
-    CHECK(pool_stats_of(pool).reserved == 0);
-    CHECK_OK(gm_pool_check(pool));
-    gm_pool_destroy(pool);
+    server_and_pool_done(pool, srv, path, &sh, 1, b, 3);
 }
 
 /* An extent partly in use by another block: a shareable block never lies
@@ -278,22 +287,10 @@ static void test_shareable(void)
  * taken). */
 static void test_shareable_partial(void)
 {
-    gm_pool_t *pool = make_pool((size_t)1 << 30);
-    if (!pool) {
-        CHECK(pool != NULL);
-        return;
-    }
+    gm_pool_t *pool;
+    gm_share_server_t *srv;
     char path[108];
-    snprintf(path, sizeof path, "%s/gm-offload-extents-p%d.sock",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
-    unlink(path);
-    gm_share_server_t *srv = NULL;
-    int rc = gm_share_listen(pool, path, NULL, &srv);
-    CHECK_OK(rc);
-    if (rc != GM_OK) {
-        gm_pool_destroy(pool);
-        return;
-    }
+    if (!pool_and_server("partial", &pool, &srv, path)) return;
     gm_tag_t t = new_tag("extents.share.partial");
     tblock_t c[3];
     layout(pool, t, c, 500);
@@ -318,15 +315,8 @@ static void test_shareable_partial(void)
     CHECK(dev_check_byte(pool, sh2, 24 * MiB, 0x44, NULL, "shareable block"));
     CHECK(check_all(pool, c, 3, "neighbours"));
     CHECK_OK(gm_pool_check(pool));
-    CHECK_OK(gm_share_close(srv));
-    unlink(path);
-    CHECK_OK(gm_free(pool, sh2, NULL));
-    CHECK_OK(gm_free(pool, small, NULL));
-    free_all(pool, c, 3);
-    CHECK_OK(gm_trim(pool, 0, NULL));
-    CHECK(pool_stats_of(pool).reserved == 0);
-    CHECK_OK(gm_pool_check(pool));
-    gm_pool_destroy(pool);
+    void *left[2] = {sh2, small};
+    server_and_pool_done(pool, srv, path, left, 2, c, 3);
 }
 
 /* ---- a failing call while an extent is made or given back --------------------- */
@@ -337,7 +327,7 @@ static void test_faults(void)
     static const int offload_kinds[] = {GM_CALL_unmap, GM_CALL_phys_release};
     for (size_t k = 0; k < sizeof restore_kinds / sizeof *restore_kinds; k++) {
         for (unsigned long nth = 1; nth <= 3; nth++) {
-            gm_pool_t *pool = make_pool((size_t)1 << 30);
+            gm_pool_t *pool = offload_pool((size_t)1 << 30);
             if (!pool) {
         CHECK(pool != NULL);
         return;
@@ -374,7 +364,7 @@ static void test_faults(void)
     }
     for (size_t k = 0; k < sizeof offload_kinds / sizeof *offload_kinds; k++) {
         for (unsigned long nth = 1; nth <= 3; nth++) {
-            gm_pool_t *pool = make_pool((size_t)1 << 30);
+            gm_pool_t *pool = offload_pool((size_t)1 << 30);
             if (!pool) {
         CHECK(pool != NULL);
         return;
