@@ -321,80 +321,56 @@ static void test_shareable_partial(void)
 
 /* ---- a failing call while an extent is made or given back --------------------- */
 
+/* Call kind `kind` fails for its nth call: during the restore that makes
+ * extents (at_offload false) or during the offload after it, which gives
+ * them back (true). */
+static void one_fault(int kind, unsigned long nth, bool at_offload, uint64_t seed)
+{
+    gm_pool_t *pool = offload_pool((size_t)1 << 30);
+    if (!pool) {
+        CHECK(pool != NULL);
+        return;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "extents.fault.%s.%d", at_offload ? "o" : "r", kind);
+    gm_tag_t t = new_tag(name);
+    tblock_t b[3];
+    layout(pool, t, b, seed);
+    CHECK_OK(gm_offload(pool, t, 0, NULL));
+    gm_stats_t off = pool_stats_of(pool);
+    if (at_offload) CHECK_OK(gm_restore(pool, t, NULL));
+    CHECK_OK(gm_sim_fail_nth(pool, kind, nth));
+    int rc = at_offload ? gm_offload(pool, t, 0, NULL) : gm_restore(pool, t, NULL);
+    CHECK_OK(gm_sim_fail_nth(pool, kind, 0));
+    CHECK(rc == GM_OK || rc == GM_BACKEND);
+    if (rc != GM_OK && !at_offload) CHECK(strstr(gm_last_error(), "stays offloaded") != NULL);
+    if (rc != GM_OK || at_offload) {
+        /* Offloaded either way, the data safe in host memory: a failed
+         * restore gives back what it took; a page the offload could not
+         * give back stays cached until the next trim. */
+        CHECK(tag_info_of(pool, t).offloaded_blocks == 1);
+        CHECK_OK(gm_pool_check(pool));
+        CHECK_OK(gm_trim(pool, 0, NULL));
+        CHECK(pool_stats_of(pool).reserved <= off.reserved);
+        CHECK_OK(gm_restore(pool, t, NULL));
+    }
+    CHECK(check_all(pool, b, 3, gm_call_name(kind)));
+    CHECK_OK(gm_pool_check(pool));
+    free_all(pool, b, 3);
+    CHECK_OK(gm_trim(pool, 0, NULL));
+    CHECK(pool_stats_of(pool).reserved == 0);
+    gm_pool_destroy(pool);
+}
+
 static void test_faults(void)
 {
     static const int restore_kinds[] = {GM_CALL_phys_create, GM_CALL_map, GM_CALL_set_access};
     static const int offload_kinds[] = {GM_CALL_unmap, GM_CALL_phys_release};
-    for (size_t k = 0; k < sizeof restore_kinds / sizeof *restore_kinds; k++) {
-        for (unsigned long nth = 1; nth <= 3; nth++) {
-            gm_pool_t *pool = offload_pool((size_t)1 << 30);
-            if (!pool) {
-        CHECK(pool != NULL);
-        return;
-    }
-            char name[64];
-            snprintf(name, sizeof name, "extents.fault.r%zu", k);
-            gm_tag_t t = new_tag(name);
-            tblock_t b[3];
-            layout(pool, t, b, 600 + k * 10 + nth);
-            CHECK_OK(gm_offload(pool, t, 0, NULL));
-            gm_stats_t off = pool_stats_of(pool);
-            CHECK_OK(gm_sim_fail_nth(pool, restore_kinds[k], nth));
-            int rc = gm_restore(pool, t, NULL);
-            CHECK_OK(gm_sim_fail_nth(pool, restore_kinds[k], 0));
-            if (rc != GM_OK) {
-                CHECK(rc == GM_BACKEND);
-                CHECK(strstr(gm_last_error(), "stays offloaded") != NULL);
-                CHECK(tag_info_of(pool, t).offloaded_blocks == 1);
-                CHECK_OK(gm_pool_check(pool));
-                /* Nothing taken stays, beyond what cannot be undone (a
-                 * mapping whose access failed and whose unmap worked is
-                 * gone; trim finds the rest). */
-                CHECK_OK(gm_trim(pool, 0, NULL));
-                CHECK(pool_stats_of(pool).reserved <= off.reserved);
-            }
-            CHECK_OK(gm_restore(pool, t, NULL));
-            CHECK(check_all(pool, b, 3, gm_call_name(restore_kinds[k])));
-            CHECK_OK(gm_pool_check(pool));
-            free_all(pool, b, 3);
-            CHECK_OK(gm_trim(pool, 0, NULL));
-            CHECK(pool_stats_of(pool).reserved == 0);
-            gm_pool_destroy(pool);
-        }
-    }
-    for (size_t k = 0; k < sizeof offload_kinds / sizeof *offload_kinds; k++) {
-        for (unsigned long nth = 1; nth <= 3; nth++) {
-            gm_pool_t *pool = offload_pool((size_t)1 << 30);
-            if (!pool) {
-        CHECK(pool != NULL);
-        return;
-    }
-            char name[64];
-            snprintf(name, sizeof name, "extents.fault.o%zu", k);
-            gm_tag_t t = new_tag(name);
-            tblock_t b[3];
-            layout(pool, t, b, 700 + k * 10 + nth);
-            CHECK_OK(gm_offload(pool, t, 0, NULL));
-            gm_stats_t off = pool_stats_of(pool);
-            CHECK_OK(gm_restore(pool, t, NULL));
-            CHECK_OK(gm_sim_fail_nth(pool, offload_kinds[k], nth));
-            int rc = gm_offload(pool, t, 0, NULL);
-            CHECK_OK(gm_sim_fail_nth(pool, offload_kinds[k], 0));
-            CHECK(rc == GM_OK || rc == GM_BACKEND);
-            /* Offloaded either way: the data is in host memory, a page that
-             * could not go back stays cached until the next trim. */
-            CHECK(tag_info_of(pool, t).offloaded_blocks == 1);
-            CHECK_OK(gm_pool_check(pool));
-            CHECK_OK(gm_trim(pool, 0, NULL));
-            CHECK(pool_stats_of(pool).reserved <= off.reserved);
-            CHECK_OK(gm_restore(pool, t, NULL));
-            CHECK(check_all(pool, b, 3, gm_call_name(offload_kinds[k])));
-            CHECK_OK(gm_pool_check(pool));
-            free_all(pool, b, 3);
-            CHECK_OK(gm_trim(pool, 0, NULL));
-            CHECK(pool_stats_of(pool).reserved == 0);
-            gm_pool_destroy(pool);
-        }
+    for (unsigned long nth = 1; nth <= 3; nth++) {
+        for (size_t k = 0; k < sizeof restore_kinds / sizeof *restore_kinds; k++)
+            one_fault(restore_kinds[k], nth, false, 600 + k * 10 + nth);
+        for (size_t k = 0; k < sizeof offload_kinds / sizeof *offload_kinds; k++)
+            one_fault(offload_kinds[k], nth, true, 700 + k * 10 + nth);
     }
 }
 
