@@ -42,6 +42,10 @@
 #define PAGE (2 * MiB)
 #define MAX_KIDS 64
 #define MAX_LIVE 12
+/* How long past their time the children go on waiting for the stop, and
+ * the coordinator for them: the same, so that on a loaded machine (freezing
+ * 32 processes under TSan can take seconds) neither gives up first. */
+#define STOP_WAIT_MS 60000
 
 static unsigned long long g_seed = 0x9107a;
 static test_broker_t g_b;
@@ -93,7 +97,7 @@ static void quota_kid(bp_link_t *l, void *argp)
                 KCHECK(m == BP_STOP);
                 break;
             }
-            if (now_ms() >= end + BP_WAIT_MS) {
+            if (now_ms() >= end + STOP_WAIT_MS) {
                 KCHECK(!"no stop");
                 break;
             }
@@ -192,7 +196,7 @@ static void run(const char *what, qkid_t *args, const int *ten_of, int nkids, qt
     double next_freeze = now_ms() + 150;
     int done[MAX_KIDS] = {0}, ndone = 0;
     uint64_t allocs = 0, limits = 0, ooms = 0, frees = 0;
-    double deadline = now_ms() + args[0].ms + 60000;
+    double deadline = now_ms() + args[0].ms + STOP_WAIT_MS;
     bool stopped = false;
     while (ndone < nkids && now_ms() < deadline) {
         bp_drain_results(rd);
