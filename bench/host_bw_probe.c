@@ -40,10 +40,7 @@
 
 #include "probe.h"
 
-#define CK(x)                                                                              \
-    do {                                                                                   \
-        if (!probe_ok((x), #x, __FILE__, __LINE__)) exit(1);                               \
-    } while (0)
+#define CK PROBE_CK
 
 static int g_threads;
 static size_t g_size;
@@ -59,29 +56,16 @@ static char *fresh(void)
     return p;
 }
 
-typedef struct fill_job {
-    char *p;
-    size_t n;
-} fill_job_t;
-
 static void *fill_main(void *arg)
 {
-    fill_job_t *j = arg;
+    probe_job_t *j = arg;
     memset(j->p, 0x5a, j->n);
     return NULL;
 }
 
 static void fill(char *p)
 {
-    pthread_t th[PROBE_TOUCH_MAX];
-    fill_job_t job[PROBE_TOUCH_MAX] = {{NULL, 0}};
-    size_t slice = g_size / (size_t)g_threads;
-    for (int i = 0; i < g_threads; i++) {
-        job[i] = (fill_job_t){p + (size_t)i * slice, i == g_threads - 1 ? g_size - (size_t)i * slice : slice};
-        if (i > 0) pthread_create(&th[i], NULL, fill_main, &job[i]);
-    }
-    fill_main(&job[0]);
-    for (int i = 1; i < g_threads; i++) pthread_join(th[i], NULL);
+    probe_parallel(p, g_size, g_threads, fill_main);
 }
 
 typedef struct reg_arg {

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 #define PROBE_TOUCH_MAX 64
@@ -35,25 +36,24 @@ static inline bool probe_ok(CUresult r, const char *expr, const char *file, int 
     return false;
 }
 
-typedef struct probe_touch_job {
+/* A failed driver call ends the probe (for probes with nothing to go on to). */
+#define PROBE_CK(x)                                                                        \
+    do {                                                                                   \
+        if (!probe_ok((x), #x, __FILE__, __LINE__)) exit(1);                               \
+    } while (0)
+
+/* A slice of host memory for one thread of probe_parallel. */
+typedef struct probe_job {
     char *p;
     size_t n;
-} probe_touch_job_t;
+} probe_job_t;
 
-static void *probe_touch_main(void *arg)
-{
-    probe_touch_job_t *j = arg;
-    for (size_t o = 0; o < j->n; o += 4096) ((volatile char *)j->p)[o] = 1;
-    return NULL;
-}
-
-/* Write one byte of every 4 KiB of [p, p + n) with `threads` threads
- * (slices of whole 2 MiB; the caller takes the first, and any a thread
- * could not be started for). */
-static inline void probe_touch(char *p, size_t n, int threads)
+/* Run fn on [p, p + n) cut into `threads` slices of whole 2 MiB (the
+ * caller takes the first, and any a thread could not be started for). */
+static inline void probe_parallel(char *p, size_t n, int threads, void *(*fn)(void *))
 {
     pthread_t th[PROBE_TOUCH_MAX];
-    probe_touch_job_t job[PROBE_TOUCH_MAX];
+    probe_job_t job[PROBE_TOUCH_MAX] = {{NULL, 0}};
     bool started[PROBE_TOUCH_MAX] = {false};
     if (threads < 1) threads = 1;
     if (threads > PROBE_TOUCH_MAX) threads = PROBE_TOUCH_MAX;
@@ -61,13 +61,26 @@ static inline void probe_touch(char *p, size_t n, int threads)
     for (int i = 0; i < threads; i++) {
         size_t lo = (size_t)i * slice < n ? (size_t)i * slice : n;
         size_t hi = lo + slice < n ? lo + slice : n;
-        job[i] = (probe_touch_job_t){p + lo, hi - lo};
-        if (i > 0 && job[i].n) started[i] = pthread_create(&th[i], NULL, probe_touch_main, &job[i]) == 0;
+        job[i] = (probe_job_t){p + lo, hi - lo};
+        if (i > 0 && job[i].n) started[i] = pthread_create(&th[i], NULL, fn, &job[i]) == 0;
     }
     for (int i = 0; i < threads; i++)
-        if (i == 0 || !started[i]) probe_touch_main(&job[i]);
+        if (i == 0 || !started[i]) fn(&job[i]);
     for (int i = 1; i < threads; i++)
         if (started[i]) pthread_join(th[i], NULL);
+}
+
+static void *probe_touch_main(void *arg)
+{
+    probe_job_t *j = arg;
+    for (size_t o = 0; o < j->n; o += 4096) ((volatile char *)j->p)[o] = 1;
+    return NULL;
+}
+
+/* Write one byte of every 4 KiB of [p, p + n) with `threads` threads. */
+static inline void probe_touch(char *p, size_t n, int threads)
+{
+    probe_parallel(p, n, threads, probe_touch_main);
 }
 
 /* Properties of pinned device memory of dev (cuMemCreate). */

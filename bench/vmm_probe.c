@@ -23,10 +23,7 @@
 
 #include "probe.h"
 
-#define CK(x)                                                                              \
-    do {                                                                                   \
-        if (!probe_ok((x), #x, __FILE__, __LINE__)) exit(1);                               \
-    } while (0)
+#define CK PROBE_CK
 
 static CUdevice dev;
 static size_t gran;

@@ -41,10 +41,10 @@
  *
  * Physical pages are obtained from and given back to the pool's page
  * provider (provider.h: the local backend, one call per handle, or a
- * broker), and nowhere else.  This file keeps reserved memory's books and is the one
- * place that applies the pool limit (gm__pages_limit_allows) and words the
- * refusal that ends an allocation (gm__pages_refuse_locked); docs/pages.md
- * has the contract.
+ * broker), and nowhere else.  This file keeps reserved memory's books and
+ * is the one place that applies the pool limit (gm__pages_limit_allows)
+ * and words the refusal that ends an allocation (gm__pages_refuse_locked);
+ * docs/pages.md has the contract.
  *
  * Costs (H100): create 7.4 µs, map 0.5 µs, set access ~19 µs per handle in
  * the range, unmap 13.9 µs, release 9.3 µs.  One set_access covers each run
@@ -112,6 +112,12 @@ static inline gm__arena_t *arena_of(gm_pool_t *pool, uint32_t gid, size_t *p)
         if (gid >= pool->arena[c].gid_base) a = &pool->arena[c];
     *p = gid - a->gid_base;
     return a;
+}
+
+/* Is the physical page mapped at VA page p of a (mapped) an extent's? */
+static inline bool is_ext(const gm_pool_t *pool, const gm__arena_t *a, size_t p)
+{
+    return pool->phys[a->pid[p]].ext != GM_NONE;
 }
 
 /* ---- the free list of physical pages (oldest first) ---------------------- */
@@ -286,8 +292,7 @@ static void va_forget(gm_pool_t *pool, gm__arena_t *a, size_t p);
 static int va_unmap(gm_pool_t *pool, gm__arena_t *a, size_t p)
 {
     int rc;
-    gm_assert_internal(bit_get(a->mapped, p) && !bit_get(a->owned, p) &&
-                       pool->phys[a->pid[p]].ext == GM_NONE);
+    gm_assert_internal(bit_get(a->mapped, p) && !bit_get(a->owned, p) && !is_ext(pool, a, p));
     GM_BK(rc, pool, unmap, (pool->bk, a->base + (p << pool->page_shift), pool->page));
     if (rc != GM_OK) return rc;
     va_forget(pool, a, p);
@@ -329,7 +334,7 @@ static inline bool fence_done(const gm__arena_t *a, size_t p);
  * be used again (taking it back costs nothing, like any page's own
  * mapping).  The extent goes back to the provider whole, once all its
  * pages are free: when an offload evicts its last page, at a trim, or when
- * the pool needs a page and has no free one (release_idle_extent).  Only
+ * the pool needs a page and has no free one (ext_release_idle).  Only
  * providers with GM__PROVIDER_EXTENTS (the local one) make them; pages
  * under an extent are never published to another process. */
 #ifndef EXT_MIN
@@ -360,7 +365,9 @@ static bool ext_idle(gm_pool_t *pool, uint32_t head, bool fences)
 
 /* Make an extent of k pages at VA pages [p, p + k) of a (mapped nowhere,
  * none owned), and own them.  GM_LIMIT (no message) past the pool limit;
- * on any failure nothing changed. */
+ * on a failure nothing changed, except when access could not be set and
+ * the mapping could not be undone either: then the extent is made, owned
+ * by nobody (trim or the pool's end tries again), and the status returns. */
 static int ext_create(gm_pool_t *pool, gm__arena_t *a, size_t p, uint32_t k)
 {
     int rc;
@@ -458,8 +465,7 @@ static int ext_release(gm_pool_t *pool, uint32_t head)
         }
     }
     size_t done = 0;
-    gm__phys_t h = hp->handle;
-    rc = pool->provider.ops->give_back(pool->provider.ctx, &h, 1, &done);
+    rc = pool->provider.ops->give_back(pool->provider.ctx, &hp->handle, 1, &done);
     if (rc != GM_OK) return rc;
     for (uint32_t id = head, next; id != GM_NONE; id = next) {
         next = pool->phys[id].lru_next;
@@ -473,8 +479,8 @@ static int ext_release(gm_pool_t *pool, uint32_t head)
 }
 
 /* Give back extents whose pages are all free, past their fences, until
- * `want` bytes went back (SIZE_MAX: all of them).  Bytes given back in
- * *got; the first failure stops it. */
+ * `want` bytes went back.  Bytes given back in *got; the first failure
+ * stops it. */
 static int ext_release_idle(gm_pool_t *pool, size_t want, size_t *got)
 {
     *got = 0;
@@ -869,7 +875,7 @@ static void thin_mappings(gm_pool_t *pool)
                     /* First pass: only pages whose physical page lives on
                      * elsewhere.  An extent's page is unmapped only with its
                      * extent. */
-                    if (pool->phys[a->pid[p]].ext != GM_NONE) continue;
+                    if (is_ext(pool, a, p)) continue;
                     if (pass == 0 && pool->phys[a->pid[p]].n_maps < 2) continue;
                     if (!fence_done(a, p)) continue; /* queued work may touch it */
                     if (va_unmap(pool, a, p) != GM_OK) {
@@ -891,11 +897,6 @@ static uint32_t ext_room(const gm__arena_t *a, size_t p, size_t whi)
     uint32_t k = 0;
     while (k < EXT_MAX && p + k < whi && !bit_get(a->mapped, p + k)) k++;
     return k;
-}
-
-static inline bool is_ext(const gm_pool_t *pool, const gm__arena_t *a, size_t p)
-{
-    return pool->phys[a->pid[p]].ext != GM_NONE;
 }
 
 /* extents: a restore's (see gm__pages_restore_locked); solo: a block whose
@@ -963,20 +964,21 @@ static int ensure_mapped(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t
                     goto run_break;
                 }
             }
-            if (head != GM_NONE && !solo) {
-                /* An extent's page serves this place alone: wait for it. */
-                if (!fence_wait(pool, a, p)) {
-                    rc = gm__set_error(GM_NOT_READY, "gm_alloc: the work of stream %p may still "
-                                       "use a page of the range", (void *)a->fence_s[p]->handle);
-                    break;
-                }
-                own(pool, a, p);
-                goto run_break;
-            }
             if (head != GM_NONE) {
-                /* A publishable block needs pages of its own: the extent
-                 * goes back whole if nothing else uses it, else the caller
-                 * takes untouched address space. */
+                /* An extent's page serves this place alone: wait for it.
+                 * A publishable block needs pages of its own instead: the
+                 * extent goes back whole if nothing else uses it, else the
+                 * caller takes untouched address space. */
+                if (!solo) {
+                    if (!fence_wait(pool, a, p)) {
+                        rc = gm__set_error(GM_NOT_READY, "gm_alloc: the work of stream %p may "
+                                           "still use a page of the range",
+                                           (void *)a->fence_s[p]->handle);
+                        break;
+                    }
+                    own(pool, a, p);
+                    goto run_break;
+                }
                 if (!ext_idle(pool, head, false)) {
                     rc = gm__set_error(GM_NOT_READY, "gm_alloc: a page of the range belongs to "
                                        "a larger physical allocation still in use");
@@ -1069,7 +1071,7 @@ bool gm__pages_in_extent_locked(gm_pool_t *pool, const gm__arena_t *a, uintptr_t
     size_t p0 = (addr - a->base) >> pool->page_shift;
     size_t p1 = ((addr + size - 1 - a->base) >> pool->page_shift) + 1;
     for (size_t p = p0; p < p1; p++)
-        if (bit_get(a->mapped, p) && pool->phys[a->pid[p]].ext != GM_NONE) return true;
+        if (bit_get(a->mapped, p) && is_ext(pool, a, p)) return true;
     return false;
 }
 
@@ -1101,7 +1103,7 @@ int gm__pages_handles_locked(gm_pool_t *pool, uintptr_t addr, size_t n, gm__phys
         if (addr < a->base || addr >= a->base + a->size) continue;
         size_t p0 = (addr - a->base) >> pool->page_shift, i = 0;
         for (; i < n && p0 + i < a->npages && bit_get(a->owned, p0 + i); i++) {
-            if (pool->phys[a->pid[p0 + i]].ext != GM_NONE)
+            if (is_ext(pool, a, p0 + i))
                 return gm__set_error(GM_NOT_SUPPORTED, "pages: [%#" PRIxPTR ", +%zu pages) were "
                                      "restored as one physical allocation", addr, n);
             out[i] = pool->phys[a->pid[p0 + i]].handle;
@@ -1186,12 +1188,12 @@ static int evict_page(gm_pool_t *pool, gm__arena_t *a, size_t p, size_t *release
         pp->owner = GM_NONE;
         pp->last_va = GM_NONE;
         a->fence_s[p] = NULL;
+        if (pp->ext != GM_NONE) pool->ext_unowned++;
         lru_push(pool, id);
     } else if (pp->owner != GM_NONE) {
         return GM_OK; /* another range's page mapped here too: it stays there */
     }
     if (pp->ext != GM_NONE) {
-        pool->ext_unowned++;
         /* An extent goes back whole, with its last page in use. */
         uint32_t head = pp->ext;
         if (!ext_idle(pool, head, false)) return GM_OK;
