@@ -212,7 +212,7 @@ static int parse(const gm__option_t *o, const char *v, uint64_t *out)
         }
         /* fall through */
     case T_SIZE: {
-        size_t s;
+        size_t s = 0;
         int rc = gm__parse_size(v, &s);
         if (rc == GM_OK) *out = s;
         return rc;
