@@ -362,14 +362,14 @@ int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
 
 /* Taken block b (live now) becomes the allocation of `size` on s: pages
  * marked used and mapped, and the block in the live table. */
-static int serve(gm_pool_t *pool, gm__block_t *b, size_t size, gm__stream_t *s, bool solo)
+static int serve(gm_pool_t *pool, gm__block_t *b, size_t size, gm__stream_t *s, unsigned how)
 {
     b->owner = s; /* counted in s->users once the allocation succeeds */
     b->requested = size;
     atomic_store_explicit(&b->tc_gen, ++pool->tc_next, memory_order_release);
     if (b->addr + b->size > b->arena->hwm) b->arena->hwm = b->addr + b->size;
     gm__pages_mark_used_locked(b->arena, b->addr, b->size, pool->page_shift);
-    int rc = gm__pages_ensure_mapped_locked(pool, b->arena, b->addr, b->size, size, s, solo);
+    int rc = gm__pages_ensure_mapped_locked(pool, b->arena, b->addr, b->size, size, s, how);
     if (GM_LIKELY(rc == GM_OK)) rc = gm__hash_put(&pool->live, b->addr, b);
     return rc;
 }
@@ -503,7 +503,10 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s
     gm__stream_t *owner = b->owner;
     if (GM_UNLIKELY(gm__fm_take(&pool->blocks, DEVICE.sl_bits, b, asize, true) != GM_OK))
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a block");
-    int rc = serve(pool, b, size, s, align >= pool->page);
+    /* A publishable block (whole pages) has a handle per page; a tagged one
+     * lies on extents where it can, as after its restores. */
+    unsigned how = align >= pool->page ? GM__MAP_SOLO : tag != GM_TAG_NONE ? GM__MAP_EXTENTS : 0;
+    int rc = serve(pool, b, size, s, how);
     if (GM_UNLIKELY(rc == GM_NOT_READY)) {
         /* A page of the range must be remapped under work that cannot be
          * waited for: untouched address space needs no remap. */
@@ -512,7 +515,7 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s
         if (!b) return gm__set_error(GM_OUT_OF_MEMORY, "gm_alloc: cannot allocate %zu bytes: "
                                      "the pool's address space is exhausted", size);
         owner = b->owner;
-        rc = serve(pool, b, size, s, align >= pool->page);
+        rc = serve(pool, b, size, s, how);
     }
     if (GM_UNLIKELY(rc != GM_OK)) {
         release_block(pool, b, owner);

@@ -57,7 +57,7 @@
 #define OFFL_PIECE ((size_t)64 << 20)
 #define OFFL_WINDOW ((size_t)128 << 20)
 #define OFFL_MARK ((size_t)32 << 20)
-#define OFFL_MARKS 8
+#define OFFL_MARKS 32
 
 /* ---- the process's tags ------------------------------------------------------ */
 
@@ -492,14 +492,38 @@ typedef struct ocopy {
     char mk_msg[256];
 } ocopy_t;
 
+/* Touching one window's new memory while the segment maker registers the
+ * window before it. */
+typedef struct prep_job {
+    gm_pool_t *root;
+    size_t csize;
+} prep_job_t;
+
+static void *prep_main(void *arg)
+{
+    prep_job_t *j = arg;
+    gm__host_prepare(j->root, j->csize);
+    return NULL;
+}
+
 static void *segmaker_main(void *arg)
 {
     ocopy_t *c = arg;
+    /* On a cold host pool, window w+1's new memory is touched (CPU work,
+     * gm__host_prepare) while window w's registers (the driver's): the first
+     * window is touched alone, then each registration has the next touch
+     * beside it.  Whether a window needs new memory is asked before the
+     * registration that holds the host lock starts. */
+    gm__host_prepare(c->root, gm__host_prepare_size(c->root, c->win_bytes[0]));
     for (size_t w = 0; w < c->n_win; w++) {
         pthread_mutex_lock(&c->mu);
         bool stop = c->stop;
         pthread_mutex_unlock(&c->mu);
         if (stop) break;
+        prep_job_t job = {c->root, 0};
+        if (w + 1 < c->n_win) job.csize = gm__host_prepare_size(c->root, c->win_bytes[w + 1]);
+        pthread_t th;
+        bool prep = job.csize && pthread_create(&th, NULL, prep_main, &job) == 0;
         int rc = GM_OK;
         offseg_t *g = seg_new(c->root, c->win_bytes[w], &rc);
         pthread_mutex_lock(&c->mu);
@@ -512,6 +536,7 @@ static void *segmaker_main(void *arg)
         c->made = w + 1;
         pthread_cond_signal(&c->cv);
         pthread_mutex_unlock(&c->mu);
+        if (prep) pthread_join(th, NULL);
         if (!g) break;
     }
     return NULL;
@@ -543,6 +568,7 @@ static void segmaker_end(ocopy_t *c)
         pthread_join(c->th, NULL);
         pthread_cond_destroy(&c->cv);
         pthread_mutex_destroy(&c->mu);
+        gm__host_prepared_drop(c->root); /* touched ahead, not taken (a failure, or a stop) */
     }
     for (size_t w = 0; w < c->n_win; w++) seg_drop(c->root, c->wseg[w]);
 }
@@ -585,10 +611,21 @@ static int mark_pop_locked(ocopy_t *c, bool wait)
     return GM_OK;
 }
 
-/* Finish the marks whose copies are done, waiting for none. */
-static int marks_done_locked(ocopy_t *c)
+/* Is window w's segment made (or its making failed) already? */
+static bool seg_made(ocopy_t *c, size_t w)
 {
-    while (c->r_n) {
+    if (!c->started) return false;
+    pthread_mutex_lock(&c->mu);
+    bool made = c->made > w;
+    pthread_mutex_unlock(&c->mu);
+    return made;
+}
+
+/* Finish the marks whose copies are done, waiting for none, until window
+ * w's segment is made: its copies are queued first. */
+static int marks_done_locked(ocopy_t *c, size_t w)
+{
+    while (c->r_n && !seg_made(c, w)) {
         int rc = mark_pop_locked(c, false);
         if (rc == GM_NOT_READY) {
             gm__clear_error();
@@ -634,7 +671,8 @@ static int plan_windows(ocopy_t *c)
 /* Copy the blocks of c->bl to host memory and give their pages back (h's
  * lock held).  The copies go in order on one copy stream (one stream
  * reaches the copy engine's line rate), in pieces of c->piece bytes with an
- * event after each, at most OFFL_MARKS of them ahead.  Each mark passed
+ * event after each, at most OFFL_MARKS of them ahead (pieces of OFFL_MARK
+ * bytes: 1 GiB of copies in flight).  Each mark passed
  * finishes what lies before it: whole blocks are offloaded and their pages
  * given back, and of a block whose copy is all queued, the pages copied so
  * far go back at once (gm__pages_evict_span_locked), so that device memory
@@ -663,8 +701,14 @@ static int copy_out_locked(ocopy_t *c)
             /* A new window.  Its segment may still be being made (touching
              * new memory keeps every core busy): the copies done so far are
              * finished, and this thread sleeps until the segment is there
-             * rather than spin in an event wait. */
-            GM_CHECK(marks_done_locked(c));
+             * rather than spin in an event wait.  Once it is there, its
+             * copies are queued before anything else: while the maker
+             * registers the next window, the driver makes this thread's
+             * calls wait (a page given back, an event recorded: 7 ms at a
+             * time on an H200), so they are queued in the gap between two
+             * registrations, all at once (the ring holds a few windows of
+             * marks), and the pages go back later. */
+            GM_CHECK(marks_done_locked(c, w));
             offseg_t *g = seg_take(c, w, &rc);
             if (!g) return rc;
             size_t off = 0;
@@ -822,6 +866,18 @@ int gm_offload(gm_pool_t *pool, gm_tag_t tag, unsigned flags, gm_stream_t stream
     return rc;
 }
 
+int gm__offload_check(gm_pool_t *root)
+{
+    struct gm__offload *o = root->offl;
+    if (!o || !root->host || pthread_mutex_trylock(&o->mu) != 0) return GM_OK;
+    size_t n = gm__host_prepared_bytes(root);
+    pthread_mutex_unlock(&o->mu);
+    if (n)
+        return gm__set_error(GM_INTERNAL, "%zu bytes of host memory touched ahead by an offload "
+                             "were not given back", n);
+    return GM_OK;
+}
+
 /* ---- restore ------------------------------------------------------------------------- */
 
 /* Phase one of a restore in heap h: pages mapped and data copied back; the
@@ -863,7 +919,8 @@ static int restore_map(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, gm_stream_t 
         gm__block_t *b = bl.b[mapped];
         for (size_t off = 0; rc == GM_OK && off < b->size; off += OFFL_PIECE) {
             size_t len = b->size - off < OFFL_PIECE ? b->size - off : OFFL_PIECE;
-            rc = gm__pages_restore_locked(h, b->arena, b->addr + off, len, b->requested, s);
+            rc = gm__pages_ensure_mapped_locked(h, b->arena, b->addr + off, len, b->requested, s,
+                                                    GM__MAP_EXTENTS);
             if (rc == GM_OK && b->host_copy && off < b->requested) {
                 size_t n = b->requested - off < len ? b->requested - off : len;
                 rc = copy_pieces(root, o, b->addr + off, (uintptr_t)b->host_copy + off, n, &next);

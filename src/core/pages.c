@@ -326,8 +326,8 @@ static inline bool fence_done(const gm__arena_t *a, size_t p);
  * of 2 MiB handles (create, map, set access) costs 16-19 ms on an H100,
  * of 32 MiB handles about 1 ms, and giving it back 13-15 ms against 1.1
  * (bench/results/2026-11-26-NVIDIA-H100-80GB-HBM3-vmm-handles.md).  So a
- * restore (gm__pages_restore_locked) maps the pages wholly inside a block
- * as extents: one handle of EXT_MIN..EXT_MAX pages, mapped once, with one
+ * tagged block (its allocation, and each restore; GM__MAP_EXTENTS) has the
+ * pages wholly inside it that are mapped nowhere made as extents: one handle of EXT_MIN..EXT_MAX pages, mapped once, with one
  * page record per page (ext names the first).  CUDA maps a handle only
  * whole, so an extent's page is never mapped elsewhere, never unmapped
  * alone and never on the free list: freed, it waits for its own place to
@@ -899,8 +899,8 @@ static uint32_t ext_room(const gm__arena_t *a, size_t p, size_t whi)
     return k;
 }
 
-/* extents: a restore's (see gm__pages_restore_locked); solo: a block whose
- * pages must be one handle each (gm_alloc_shareable's, publishable). */
+/* extents: a tagged block's (GM__MAP_EXTENTS); solo: a block whose pages
+ * must be one handle each (gm_alloc_shareable's, publishable). */
 static int ensure_mapped(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
                          size_t asked, gm__stream_t *s, bool extents, bool solo)
 {
@@ -938,8 +938,8 @@ static int ensure_mapped(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t
         if (!bit_get(a->owned, q) && takes_back(pool, a, q, s) && !(solo && is_ext(pool, a, q)))
             own(pool, a, q);
 
-    /* Extents: only on pages wholly inside the range (a restore's piece of
-     * one block), so that they go back with that block's offload. */
+    /* Extents: only on pages wholly inside the range (a tagged block, or a
+     * restore's piece of one), so that they go back with its offload. */
     extents = extents && (pool->provider.ops->flags & GM__PROVIDER_EXTENTS);
     size_t whi = (addr + size - a->base) >> shift;
     size_t wlo = GM_ALIGN_UP(addr - a->base, pool->page) >> shift;
@@ -1055,15 +1055,10 @@ static int ensure_mapped(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t
 }
 
 int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
-                                   size_t asked, gm__stream_t *s, bool solo)
+                                   size_t asked, gm__stream_t *s, unsigned how)
 {
-    return ensure_mapped(pool, a, addr, size, asked, s, false, solo);
-}
-
-int gm__pages_restore_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
-                             size_t asked, gm__stream_t *s)
-{
-    return ensure_mapped(pool, a, addr, size, asked, s, true, false);
+    bool solo = how & GM__MAP_SOLO;
+    return ensure_mapped(pool, a, addr, size, asked, s, !solo && (how & GM__MAP_EXTENTS), solo);
 }
 
 bool gm__pages_in_extent_locked(gm_pool_t *pool, const gm__arena_t *a, uintptr_t addr, size_t size)

@@ -898,6 +898,7 @@ int gm_pool_check(gm_pool_t *pool)
     for (unsigned i = 0; (h = gm__heap_next(pool, &i));) gm__unlock(&h->lock);
     pthread_mutex_unlock(&pool->heaps_mu);
     if (rc == GM_OK) rc = gm__share_check(pool); /* its lock comes before a heap's */
+    if (rc == GM_OK) rc = gm__offload_check(pool->root);
     return rc;
 }
 

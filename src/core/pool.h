@@ -408,18 +408,17 @@ bool gm__pages_cheap_locked(gm_pool_t *pool, const gm__arena_t *a, uintptr_t add
  * the growth budget and the refusal message.  GM_LIMIT / GM_OUT_OF_MEMORY
  * come with the message of gm__pages_refuse_locked; GM_NOT_READY when a
  * page must be remapped whose fence cannot be passed (a held stream): the
- * range is no good now, untouched address space is.  With solo (a block
- * that may be published: gm_alloc_shareable) every page gets a handle of
- * its own: an extent in the range goes back first, or, while another block
- * still uses it, GM_NOT_READY.  Lock held. */
+ * range is no good now, untouched address space is.  how (GM__MAP_*):
+ * SOLO, a block that may be published (gm_alloc_shareable): every page gets
+ * a handle of its own; an extent in the range goes back first, or, while
+ * another block still uses it, GM_NOT_READY.  EXTENTS, a tagged block's
+ * (its allocation, or a restore's piece of it): the pages wholly inside the
+ * range that are mapped nowhere are made as extents where the provider
+ * allows (pages.c: one handle of several pages, mapped once), so that an
+ * offload gives them back with few calls.  Lock held. */
+enum { GM__MAP_SOLO = 1u, GM__MAP_EXTENTS = 2u };
 int gm__pages_ensure_mapped_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
-                                   size_t asked, struct gm__stream *s, bool solo);
-/* The same for a restore (offload.c): the pages wholly inside the range
- * that are mapped nowhere are made as extents where the provider allows
- * (pages.c: one handle of several pages, mapped once), the others as
- * above.  Lock held. */
-int gm__pages_restore_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
-                             size_t asked, struct gm__stream *s);
+                                   size_t asked, struct gm__stream *s, unsigned how);
 /* Does any page overlapping [addr, addr+size) of a lie under an extent
  * (whose handle covers more than the page)?  Lock held. */
 bool gm__pages_in_extent_locked(gm_pool_t *pool, const gm__arena_t *a, uintptr_t addr, size_t size);
@@ -531,6 +530,10 @@ static inline gm_tag_t gm__tag_current(void)
  * there, host copies go with the host pool). */
 int gm__offload_init(gm_pool_t *root);
 void gm__offload_fini(gm_pool_t *root);
+/* gm_pool_check's part: while no offload runs, no host memory touched
+ * ahead for one waits unregistered.  Takes the offload lock only if free
+ * (a running offload is not waited for).  No other lock held. */
+int gm__offload_check(gm_pool_t *root);
 /* A tagged block was made / is being freed (heap lock held): the tag's
  * figures; an offloaded block's host copy is freed. */
 void gm__offload_note_alloc_locked(gm_pool_t *heap, gm__block_t *b);

@@ -58,6 +58,7 @@
 #define HOST_UNUSED_DIV 40                      /* growth keeps unused <= in_use / 40 */
 #define HOST_LARGE_FIT 32                       /* a large block serves requests within 1/32 */
 #define HOST_SL_BITS 3                          /* second-level buckets: 8 per power of two */
+#define HOST_PREP_MAX 2                         /* regions made ahead (gm__host_prepare) */
 #define SLAB_BLOCKS 256
 
 #ifndef MPOL_PREFERRED
@@ -86,6 +87,13 @@ struct gm__host {
     int numa_nodes;              /* online nodes */
     uint64_t reserved, reserved_peak, allocated, allocated_peak, alloc_count;
     uint64_t in_use;             /* sum of live block sizes */
+    /* Memory mapped and touched ahead of a chunk (gm__host_prepare), not
+     * registered yet: the next new chunk of its size takes it. */
+    struct host_prep {
+        void *p;
+        size_t size;
+    } prep[HOST_PREP_MAX];
+    unsigned n_prep;
 };
 
 static const gm__fm_policy_t HOST = {
@@ -308,7 +316,13 @@ static int chunk_grow_locked(gm_pool_t *pool, size_t need, int cls, gm__block_t 
         if (b) gm__slab_release(&h->blocks, b);
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: out of host memory for bookkeeping");
     }
-    void *p = chunk_map(h, size);
+    void *p = NULL;
+    for (unsigned i = 0; i < h->n_prep && !p; i++)
+        if (h->prep[i].size == size) {
+            p = h->prep[i].p;
+            h->prep[i] = h->prep[--h->n_prep];
+        }
+    if (!p) p = chunk_map(h, size);
     if (!p) {
         gm__free(c);
         gm__slab_release(&h->blocks, b);
@@ -376,6 +390,7 @@ void gm__host_fini(gm_pool_t *pool)
         munmap((void *)c->base, c->size);
         gm__free(c);
     }
+    for (unsigned i = 0; i < h->n_prep; i++) munmap(h->prep[i].p, h->prep[i].size);
     gm__streams_fini(pool, &h->streams);
     gm__slab_fini(&h->blocks);
     gm__hash_fini(&h->live);
@@ -498,6 +513,59 @@ out:
     HOST_CHECK(h);
     gm__unlock(&h->lock);
     return rc;
+}
+
+size_t gm__host_prepare_size(gm_pool_t *pool, size_t size)
+{
+    struct gm__host *h = pool->host;
+    if (size == 0 || size > GM_MAX_REQUEST) return 0;
+    int cls = size >= HOST_LARGE ? GM_CLASS_LARGE : GM_CLASS_SMALL;
+    size_t u = (cls == GM_CLASS_LARGE ? GM_ALIGN_UP(size, HOST_LARGE_ALIGN) : GM_ALIGN_UP(size, HOST_UNIT)) /
+               HOST_UNIT;
+    gm__lock(&h->lock);
+    bool need = h->n_prep < HOST_PREP_MAX && !find_locked(&h->global, cls, u);
+    for (size_t i = 0; need && i < h->streams.n; i++)
+        if (find_locked(h->streams.all[i], cls, u)) need = false;
+    gm__unlock(&h->lock);
+    /* The size chunk_grow_locked gives a chunk for this request. */
+    return !need ? 0 : cls == GM_CLASS_LARGE ? u * HOST_UNIT : HOST_CHUNK_MIN;
+}
+
+void gm__host_prepare(gm_pool_t *pool, size_t csize)
+{
+    struct gm__host *h = pool->host;
+    if (csize == 0) return;
+    void *p = chunk_map(h, csize); /* the long part, with no lock held */
+    if (!p) return;                /* the chunk's own mmap will say why */
+    gm__lock(&h->lock);
+    if (h->n_prep < HOST_PREP_MAX) {
+        h->prep[h->n_prep++] = (struct host_prep){p, csize};
+        p = NULL;
+    }
+    gm__unlock(&h->lock);
+    if (p) munmap(p, csize);
+}
+
+void gm__host_prepared_drop(gm_pool_t *pool)
+{
+    struct gm__host *h = pool->host;
+    struct host_prep prep[HOST_PREP_MAX];
+    gm__lock(&h->lock);
+    unsigned n = h->n_prep;
+    memcpy(prep, h->prep, sizeof prep);
+    h->n_prep = 0;
+    gm__unlock(&h->lock);
+    for (unsigned i = 0; i < n; i++) munmap(prep[i].p, prep[i].size);
+}
+
+size_t gm__host_prepared_bytes(gm_pool_t *pool)
+{
+    struct gm__host *h = pool->host;
+    size_t n = 0;
+    gm__lock(&h->lock);
+    for (unsigned i = 0; i < h->n_prep; i++) n += h->prep[i].size;
+    gm__unlock(&h->lock);
+    return n;
 }
 
 /* What a block of `kind` is, in gm__owner_name's words. */

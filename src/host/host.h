@@ -29,6 +29,21 @@ enum { GM__HOST_NONE = -1, GM__HOST_USER = 0, GM__HOST_STAGING = 1, GM__HOST_SYS
 int gm__host_alloc_kind(gm_pool_t *pool, int kind, size_t size, gm_stream_t stream, void **ptr,
                         uintptr_t *dptr);
 int gm__host_free_kind(gm_pool_t *pool, int kind, void *ptr, gm_stream_t stream);
+/* Making pinned memory ahead (an offload's segment maker, core/offload.c):
+ * touching new memory (the kernel zeroes it) is CPU work and registering it
+ * is the driver's, so one region can be touched while another registers.
+ * gm__host_prepare_size: the size of the chunk an allocation of `size`
+ * bytes would need now, or 0 when a free block would serve it (or enough
+ * regions wait already); takes the host lock briefly, so ask it before
+ * starting a registration of one's own.  gm__host_prepare: map and touch
+ * that many bytes with no lock held; the next new chunk of that size only
+ * registers them.  Best effort and silent: a failure leaves the chunk to be
+ * made as usual.  gm__host_prepared_drop gives back the regions no chunk
+ * took (gm__host_fini does too); gm__host_prepared_bytes: their size. */
+size_t gm__host_prepare_size(gm_pool_t *pool, size_t size);
+void gm__host_prepare(gm_pool_t *pool, size_t csize);
+void gm__host_prepared_drop(gm_pool_t *pool);
+size_t gm__host_prepared_bytes(gm_pool_t *pool);
 /* The kind of the live block starting at ptr, or GM__HOST_NONE.  Takes the
  * host lock. */
 int gm__host_kind(gm_pool_t *pool, const void *ptr);

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_offload_extents.c — a restore maps the pages wholly inside a block as
- * extents (one physical allocation of several pages: pages.c), and what
- * follows from that, through the public API:
- *   - a restore of a 64 MiB block makes a handful of physical allocations,
- *     not one per 2 MiB page, and the offload after it gives them back with
- *     as few calls; every byte survives, the pool stays consistent, and
+ * test_offload_extents.c — a tagged block's allocation and its restores map
+ * the pages wholly inside it as extents (one physical allocation of several
+ * pages: pages.c), and what follows from that, through the public API:
+ *   - the allocation and each restore of a 64 MiB tagged block make a
+ *     handful of physical allocations, not one per 2 MiB page, and each
+ *     offload gives them back with as few calls; every byte survives, the pool stays consistent, and
  *     cycles neither grow reserved memory nor leak;
  *   - a freed restored block's memory is reused in place, given back by
  *     gm_trim, and given back before the pool grows past its budget;
@@ -77,8 +77,18 @@ static void test_few_calls(void)
     }
     gm_tag_t t = new_tag("extents.few");
     tblock_t b[3];
+    /* A tagged block is made of extents at its allocation too: the two
+     * small untagged blocks take a page or two, the tagged one a handful. */
+    uint64_t f0 = calls(pool, GM_CALL_phys_create);
     layout(pool, t, b, 100);
+    uint64_t fresh = calls(pool, GM_CALL_phys_create) - f0;
+    CHECK(fresh >= 3 && fresh <= 7);
+    if (fresh > 7) fprintf(stderr, "  allocation: %" PRIu64 " phys_create (want 3..7)\n", fresh);
+    uint64_t r00 = calls(pool, GM_CALL_phys_release);
     CHECK_OK(gm_offload(pool, t, 0, NULL));
+    uint64_t first = calls(pool, GM_CALL_phys_release) - r00;
+    CHECK(first >= 2 && first <= 5);
+    if (first > 5) fprintf(stderr, "  first offload: %" PRIu64 " phys_release (want 2..5)\n", first);
     gm_stats_t off = pool_stats_of(pool);
 
     uint64_t c0 = calls(pool, GM_CALL_phys_create), a0 = calls(pool, GM_CALL_set_access);

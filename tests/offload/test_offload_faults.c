@@ -20,6 +20,8 @@
  * Then: pinned host memory running out (host_register failing) part way
  * through an offload, again and again: an error, the copied blocks
  * offloaded, the others resident with their data, and a retry finishes;
+ * the same at either window of a two-window tag, whose second window's
+ * memory is touched ahead (nothing touched ahead may be left behind);
  * a restore with too little device memory (a small sim device filled by
  * other allocations) or under a pool limit: GM_OUT_OF_MEMORY / GM_LIMIT,
  * the tag still wholly offloaded, the data intact once memory is there.
@@ -308,6 +310,57 @@ static void host_exhaustion(void)
     pool = NULL;
 }
 
+/* A tag of two windows (core/offload.c places at most 128 MiB of blocks per
+ * pinned segment): the second window's memory is touched ahead while the
+ * first one's registers.  A cold offload registers one chunk per window
+ * and nothing more; a registration failing at either window fails the
+ * offload clearly, and no memory touched ahead is left behind
+ * (gm_pool_check says so); the retry finishes with every byte. */
+static void host_exhaustion_windows(void)
+{
+    pool = sim_pool(512 * MiB, 0);
+    if (!pool) { CHECK(0); return; }
+    what_now = "host memory exhaustion, two windows";
+    S = NULL;
+    nb = 0;
+    for (int i = 0; i < 4; i++) {
+        b[nb] = (tblock_t){NULL, 40 * MiB + 4096 * (size_t)i, T, 500 + (uint64_t)i, NULL};
+        CHECK_OK(gm_alloc_tagged(pool, b[nb].n, NULL, T, &b[nb].p));
+        CHECK_OK(dev_fill(pool, b[nb].p, b[nb].n, b[nb].seed, NULL));
+        nb++;
+    }
+    for (unsigned long n = 1; n <= 2; n++) {
+        CHECK_OK(gm_host_trim(pool, 0, NULL));
+        CHECK_OK(gm_sim_fail_nth(pool, GM_CALL_host_register, n));
+        int rc = gm_offload(pool, T, 0, NULL);
+        CHECK_OK(gm_sim_fail_nth(pool, GM_CALL_host_register, 0));
+        CHECK(rc == GM_NO_HOST_MEMORY || rc == GM_BACKEND);
+        if (rc == GM_OK) fprintf(stderr, "  two windows: registration %lu failing did not fail the offload\n", n);
+        CHECK(gm_last_error()[0] != '\0');
+        CHECK_OK(gm_pool_check(pool));
+        int off, res;
+        tag_consistent(T, &off, &res);
+        CHECK(!off);
+        CHECK(check_others(T));
+        CHECK_OK(gm_restore(pool, T, NULL)); /* what was offloaded comes back */
+        CHECK(check_all(pool, b, nb, what_now));
+    }
+    CHECK_OK(gm_host_trim(pool, 0, NULL));
+    uint64_t r0 = pool_stats_of(pool).backend_calls[GM_CALL_host_register];
+    CHECK_OK(gm_offload(pool, T, 0, NULL));
+    uint64_t regs = pool_stats_of(pool).backend_calls[GM_CALL_host_register] - r0;
+    CHECK(regs == 2);
+    if (regs != 2) fprintf(stderr, "  two windows: %" PRIu64 " registrations (want 2)\n", regs);
+    CHECK_OK(gm_pool_check(pool));
+    CHECK_OK(gm_restore(pool, T, NULL));
+    CHECK(check_all(pool, b, nb, what_now));
+    for (size_t i = 0; i < nb; i++) CHECK_OK(gm_free(pool, b[i].p, NULL));
+    nb = 0;
+    CHECK_OK(gm_pool_check(pool));
+    gm_pool_destroy(pool);
+    pool = NULL;
+}
+
 static void fill_tag(size_t count, size_t size)
 {
     nb = 0;
@@ -534,6 +587,7 @@ int main(void)
     sweep();
     double t1 = now_s();
     host_exhaustion();
+    host_exhaustion_windows();
     restore_short();
     restore_short_heaps();
     offload_held_heaps();
