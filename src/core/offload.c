@@ -58,6 +58,7 @@
 #define OFFL_WINDOW ((size_t)128 << 20)
 #define OFFL_MARK ((size_t)32 << 20)
 #define OFFL_MARKS 32
+#define OFFL_AHEAD_SLOW 3.0 /* touching ahead stops at a step this much slower */
 
 /* ---- the process's tags ------------------------------------------------------ */
 
@@ -515,14 +516,26 @@ static void *segmaker_main(void *arg)
      * beside it.  Whether a window needs new memory is asked before the
      * registration that holds the host lock starts. */
     gm__host_prepare(c->root, gm__host_prepare_size(c->root, c->win_bytes[0]));
+    /* A guard: in a few early runs on fresh virtual machines, touching and
+     * registering at once became 6-9 times slower after the first GiB (an
+     * H100 VM: 60-100 ms per 256 MiB for each, against 7-11; a 16 GiB cold
+     * offload took 4-5.6 s, against 0.8-1.5 s without touching ahead on
+     * such machines).  So each step (a registration with the next touch
+     * beside it) is timed, and once one takes more than OFFL_AHEAD_SLOW
+     * times the fastest so far per byte, the rest of this offload makes its
+     * windows one after the other.  (The run made to check the guard did
+     * not slow down: that it catches the case is not shown yet.) */
+    bool ahead = true;
+    double best = 0; /* ns per byte of the fastest step */
     for (size_t w = 0; w < c->n_win; w++) {
         pthread_mutex_lock(&c->mu);
         bool stop = c->stop;
         pthread_mutex_unlock(&c->mu);
         if (stop) break;
         prep_job_t job = {c->root, 0};
-        if (w + 1 < c->n_win) job.csize = gm__host_prepare_size(c->root, c->win_bytes[w + 1]);
+        if (ahead && w + 1 < c->n_win) job.csize = gm__host_prepare_size(c->root, c->win_bytes[w + 1]);
         pthread_t th;
+        uint64_t t0 = gm__now_ns();
         bool prep = job.csize && pthread_create(&th, NULL, prep_main, &job) == 0;
         int rc = GM_OK;
         offseg_t *g = seg_new(c->root, c->win_bytes[w], &rc);
@@ -536,7 +549,12 @@ static void *segmaker_main(void *arg)
         c->made = w + 1;
         pthread_cond_signal(&c->cv);
         pthread_mutex_unlock(&c->mu);
-        if (prep) pthread_join(th, NULL);
+        if (prep) {
+            pthread_join(th, NULL);
+            double per = (double)(gm__now_ns() - t0) / (double)c->win_bytes[w];
+            if (best > 0 && per > OFFL_AHEAD_SLOW * best) ahead = false;
+            if (best == 0 || per < best) best = per;
+        }
         if (!g) break;
     }
     return NULL;
