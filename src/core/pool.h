@@ -98,10 +98,11 @@ typedef struct gm__arena {
 } gm__arena_t;
 
 /* A physical page: one handle of `granularity` bytes, or one page of an
- * extent (ext != GM_NONE): a handle of several pages that a restore maps
- * in one piece (pages.c, "extents").  An extent's pages are mapped at one
- * place each, in order, and never anywhere else; they are never on the free
- * list, and go back to the provider together.
+ * extent (ext != GM_NONE): a handle of several pages that a tagged block's
+ * allocation or restore maps in one piece (pages.c, "extents").  An
+ * extent's pages are mapped at one place each, in order, and never anywhere
+ * else; they are never on the free list, and go back to the provider
+ * together.
  * free <=> owner == GM_NONE; in the LRU list <=> free and ext == GM_NONE;
  * n_maps == length of the alias list starting at first_va. */
 typedef struct gm__ppage {

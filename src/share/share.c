@@ -793,9 +793,9 @@ static int publishable_locked(gm_pool_t *heap, uintptr_t p, size_t n, gm__block_
                              "gm_alloc_shareable", (void *)p, n);
     if (gm__pages_in_extent_locked(heap, b->arena, lo, hi - lo))
         return gm__set_error(GM_NOT_SUPPORTED, "gm_share_publish: the pages under [%p, +%zu) were "
-                             "mapped by gm_restore as one physical allocation, which another "
-                             "process cannot map page by page; allocate memory to publish with "
-                             "gm_alloc_shareable", (void *)p, n);
+                             "mapped as one physical allocation (a tagged block's, at its "
+                             "allocation or restore), which another process cannot map page by "
+                             "page; allocate memory to publish with gm_alloc_shareable", (void *)p, n);
     *out = b;
     return GM_OK;
 }

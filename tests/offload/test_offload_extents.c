@@ -11,7 +11,8 @@
  *     gm_trim, and given back before the pool grows past its budget;
  *   - gm_alloc_shareable memory never lies on an extent, so it can always be
  *     published (the extent goes back first, or untouched address space is
- *     taken); publishing pages of a restored block is refused clearly;
+ *     taken); publishing pages of a tagged block that lie on an extent
+ *     (fresh or restored) is refused clearly;
  *   - a backend call that fails while an extent is made or given back (map,
  *     set_access, phys_create, unmap, phys_release) fails the call clearly,
  *     the data stays safe, and a later call finishes the work.
@@ -263,15 +264,17 @@ static void test_shareable(void)
     gm_tag_t t = new_tag("extents.share");
     tblock_t b[3];
     layout(pool, t, b, 400);
+    /* Pages of the tagged block, fresh and then restored: one physical
+     * allocation for many pages, which a peer could not map page by page. */
+    uintptr_t in = ((uintptr_t)b[1].p + 4 * PAGE) & ~(PAGE - 1);
+    CHECK_RC(gm_share_publish(srv, "ext.fresh", (void *)in, 2 * PAGE, GM_SHARE_READ_WRITE, NULL,
+                              NULL), GM_NOT_SUPPORTED);
+    CHECK(strstr(gm_last_error(), "tagged block") != NULL);
     CHECK_OK(gm_offload(pool, t, 0, NULL));
     CHECK_OK(gm_restore(pool, t, NULL));
-
-    /* Pages of the restored block: one physical allocation for many pages,
-     * which a peer could not map page by page. */
-    uintptr_t in = ((uintptr_t)b[1].p + 4 * PAGE) & ~(PAGE - 1);
     CHECK_RC(gm_share_publish(srv, "ext.refused", (void *)in, 2 * PAGE, GM_SHARE_READ_WRITE, NULL,
                               NULL), GM_NOT_SUPPORTED);
-    CHECK(strstr(gm_last_error(), "gm_restore") != NULL);
+    CHECK(strstr(gm_last_error(), "tagged block") != NULL);
     CHECK(check_all(pool, b, 3, "publish refused"));
     CHECK_OK(gm_pool_check(pool));
 
