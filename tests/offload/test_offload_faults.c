@@ -255,6 +255,43 @@ static void sweep(void)
     pool = NULL;
 }
 
+static void fill_tag(size_t count, size_t size)
+{
+    nb = 0;
+    for (size_t i = 0; i < count; i++) {
+        b[nb] = (tblock_t){NULL, size + 4096 * i, T, 300 + i, NULL};
+        CHECK_OK(gm_alloc_tagged(pool, b[nb].n, NULL, T, &b[nb].p));
+        CHECK_OK(dev_fill(pool, b[nb].p, b[nb].n, b[nb].seed, NULL));
+        nb++;
+    }
+    b[nb] = (tblock_t){NULL, 1 * MiB + 5, GM_TAG_NONE, 399, NULL};
+    CHECK_OK(gm_alloc(pool, b[nb].n, NULL, &b[nb].p));
+    CHECK_OK(dev_fill(pool, b[nb].p, b[nb].n, b[nb].seed, NULL));
+    nb++;
+}
+
+/* Every block freed, the pool checked and destroyed. */
+static void drop_all(void)
+{
+    for (size_t i = 0; i < nb; i++) CHECK_OK(gm_free(pool, b[i].p, NULL));
+    nb = 0;
+    CHECK_OK(gm_pool_check(pool));
+    gm_pool_destroy(pool);
+    pool = NULL;
+}
+
+/* After an offload of T failed: a message, a consistent pool, T not wholly
+ * offloaded, the other blocks untouched. */
+static void failed_offload_ok(void)
+{
+    CHECK(gm_last_error()[0] != '\0');
+    CHECK_OK(gm_pool_check(pool));
+    int off, res;
+    tag_consistent(T, &off, &res);
+    CHECK(!off);
+    CHECK(check_others(T));
+}
+
 /* Pinned host memory runs out part way, several times in a row. */
 static void host_exhaustion(void)
 {
@@ -285,12 +322,7 @@ static void host_exhaustion(void)
         if (rc != GM_NO_HOST_MEMORY && round == 0)
             fprintf(stderr, "  host exhaustion, round %d: %s (%s); the header names "
                     "GM_NO_HOST_MEMORY\n", round, gm_errname(rc), gm_last_error());
-        CHECK(gm_last_error()[0] != '\0');
-        CHECK_OK(gm_pool_check(pool));
-        int off, res;
-        tag_consistent(T, &off, &res);
-        CHECK(!off);
-        CHECK(check_others(T));
+        failed_offload_ok();
         /* The resident ones still hold their data; which ones they are is
          * read by trying: a block that is resident reads back. */
         gm_tag_info_t ti = tag_info_of(pool, T);
@@ -303,11 +335,7 @@ static void host_exhaustion(void)
     CHECK(off);
     CHECK_OK(gm_restore(pool, T, NULL));
     CHECK(check_all(pool, b, nb, "after host exhaustion"));
-    for (size_t i = 0; i < nb; i++) CHECK_OK(gm_free(pool, b[i].p, NULL));
-    nb = 0;
-    CHECK_OK(gm_pool_check(pool));
-    gm_pool_destroy(pool);
-    pool = NULL;
+    drop_all();
 }
 
 /* A tag of two windows (core/offload.c places at most 128 MiB of blocks per
@@ -322,13 +350,7 @@ static void host_exhaustion_windows(void)
     if (!pool) { CHECK(0); return; }
     what_now = "host memory exhaustion, two windows";
     S = NULL;
-    nb = 0;
-    for (int i = 0; i < 4; i++) {
-        b[nb] = (tblock_t){NULL, 40 * MiB + 4096 * (size_t)i, T, 500 + (uint64_t)i, NULL};
-        CHECK_OK(gm_alloc_tagged(pool, b[nb].n, NULL, T, &b[nb].p));
-        CHECK_OK(dev_fill(pool, b[nb].p, b[nb].n, b[nb].seed, NULL));
-        nb++;
-    }
+    fill_tag(4, 40 * MiB);
     for (unsigned long n = 1; n <= 2; n++) {
         CHECK_OK(gm_host_trim(pool, 0, NULL));
         CHECK_OK(gm_sim_fail_nth(pool, GM_CALL_host_register, n));
@@ -336,12 +358,7 @@ static void host_exhaustion_windows(void)
         CHECK_OK(gm_sim_fail_nth(pool, GM_CALL_host_register, 0));
         CHECK(rc == GM_NO_HOST_MEMORY || rc == GM_BACKEND);
         if (rc == GM_OK) fprintf(stderr, "  two windows: registration %lu failing did not fail the offload\n", n);
-        CHECK(gm_last_error()[0] != '\0');
-        CHECK_OK(gm_pool_check(pool));
-        int off, res;
-        tag_consistent(T, &off, &res);
-        CHECK(!off);
-        CHECK(check_others(T));
+        failed_offload_ok();
         CHECK_OK(gm_restore(pool, T, NULL)); /* what was offloaded comes back */
         CHECK(check_all(pool, b, nb, what_now));
     }
@@ -354,26 +371,7 @@ static void host_exhaustion_windows(void)
     CHECK_OK(gm_pool_check(pool));
     CHECK_OK(gm_restore(pool, T, NULL));
     CHECK(check_all(pool, b, nb, what_now));
-    for (size_t i = 0; i < nb; i++) CHECK_OK(gm_free(pool, b[i].p, NULL));
-    nb = 0;
-    CHECK_OK(gm_pool_check(pool));
-    gm_pool_destroy(pool);
-    pool = NULL;
-}
-
-static void fill_tag(size_t count, size_t size)
-{
-    nb = 0;
-    for (size_t i = 0; i < count; i++) {
-        b[nb] = (tblock_t){NULL, size + 4096 * i, T, 300 + i, NULL};
-        CHECK_OK(gm_alloc_tagged(pool, b[nb].n, NULL, T, &b[nb].p));
-        CHECK_OK(dev_fill(pool, b[nb].p, b[nb].n, b[nb].seed, NULL));
-        nb++;
-    }
-    b[nb] = (tblock_t){NULL, 1 * MiB + 5, GM_TAG_NONE, 399, NULL};
-    CHECK_OK(gm_alloc(pool, b[nb].n, NULL, &b[nb].p));
-    CHECK_OK(dev_fill(pool, b[nb].p, b[nb].n, b[nb].seed, NULL));
-    nb++;
+    drop_all();
 }
 
 /* Restore with the device full of other memory, then under a limit. */
@@ -437,10 +435,7 @@ static void restore_short(void)
     CHECK_OK(gm_pool_set_limit(pool, 0));
     CHECK_OK(gm_restore(pool, T, NULL));
     CHECK(check_all(pool, b, nb, "restore after the limit was lifted"));
-    for (size_t i = 0; i < nb; i++) CHECK_OK(gm_free(pool, b[i].p, NULL));
-    CHECK_OK(gm_pool_check(pool));
-    gm_pool_destroy(pool);
-    pool = NULL;
+    drop_all();
 }
 
 /* Several heaps: the tag's blocks lie in three heaps; the device has room
