@@ -301,12 +301,27 @@ static void release_unused_locked(gm_pool_t *pool, size_t adding)
     (void)release_chunks_locked(pool, h->reserved - h->in_use - budget, false, &released);
 }
 
+/* The class of a request of `size` bytes, and its size in HOST_UNITs. */
+static int size_class(size_t size, size_t *u)
+{
+    int cls = size >= HOST_LARGE ? GM_CLASS_LARGE : GM_CLASS_SMALL;
+    *u = (cls == GM_CLASS_LARGE ? GM_ALIGN_UP(size, HOST_LARGE_ALIGN) : GM_ALIGN_UP(size, HOST_UNIT)) /
+         HOST_UNIT;
+    return cls;
+}
+
+/* The size of a new chunk for a request of `need` bytes of class cls. */
+static size_t chunk_size(size_t need, int cls)
+{
+    return cls == GM_CLASS_LARGE ? GM_ALIGN_UP(need, HOST_LARGE_ALIGN) : HOST_CHUNK_MIN;
+}
+
 /* A new chunk for a request of `need` bytes of class cls, its one free block
  * in the global index.  Host lock held. */
 static int chunk_grow_locked(gm_pool_t *pool, size_t need, int cls, gm__block_t **out)
 {
     struct gm__host *h = pool->host;
-    size_t size = cls == GM_CLASS_LARGE ? GM_ALIGN_UP(need, HOST_LARGE_ALIGN) : HOST_CHUNK_MIN;
+    size_t size = chunk_size(need, cls);
     int rc;
     release_unused_locked(pool, need);
     hchunk_t *c = gm__calloc(1, sizeof *c);
@@ -477,9 +492,8 @@ int gm__host_alloc_kind(gm_pool_t *pool, int kind, size_t size, gm_stream_t stre
     if (GM_UNLIKELY(size > GM_MAX_REQUEST))
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_host_alloc: %zu bytes is more than any host has",
                              size);
-    int cls = size >= HOST_LARGE ? GM_CLASS_LARGE : GM_CLASS_SMALL;
-    size_t u = (cls == GM_CLASS_LARGE ? GM_ALIGN_UP(size, HOST_LARGE_ALIGN) : GM_ALIGN_UP(size, HOST_UNIT)) /
-               HOST_UNIT;
+    size_t u;
+    int cls = size_class(size, &u);
     int rc = GM_OK;
     gm__lock(&h->lock);
     if (GM_UNLIKELY(gm__hash_reserve(&h->live) != GM_OK)) {
@@ -519,16 +533,14 @@ size_t gm__host_prepare_size(gm_pool_t *pool, size_t size)
 {
     struct gm__host *h = pool->host;
     if (size == 0 || size > GM_MAX_REQUEST) return 0;
-    int cls = size >= HOST_LARGE ? GM_CLASS_LARGE : GM_CLASS_SMALL;
-    size_t u = (cls == GM_CLASS_LARGE ? GM_ALIGN_UP(size, HOST_LARGE_ALIGN) : GM_ALIGN_UP(size, HOST_UNIT)) /
-               HOST_UNIT;
+    size_t u;
+    int cls = size_class(size, &u);
     gm__lock(&h->lock);
     bool need = h->n_prep < HOST_PREP_MAX && !find_locked(&h->global, cls, u);
     for (size_t i = 0; need && i < h->streams.n; i++)
         if (find_locked(h->streams.all[i], cls, u)) need = false;
     gm__unlock(&h->lock);
-    /* The size chunk_grow_locked gives a chunk for this request. */
-    return !need ? 0 : cls == GM_CLASS_LARGE ? u * HOST_UNIT : HOST_CHUNK_MIN;
+    return need ? chunk_size(u * HOST_UNIT, cls) : 0; /* as chunk_grow_locked makes it */
 }
 
 void gm__host_prepare(gm_pool_t *pool, size_t csize)
