@@ -144,11 +144,14 @@ typedef struct gm_pool_config {
     /* Version 2: the memory/churn trade-off.  Reserved memory may exceed the
      * live peak by the reserve slack (a fraction of it, plus two pages)
      * before free pages are remapped instead of new ones made.  The pool
-     * starts at reserve_slack; when a window of 64 Ki allocations makes more
+     * starts at reserve_slack; when a window of 32 Ki allocations makes more
      * than churn_target remapping calls (map, unmap, event, sync) per 1000
      * operations, the slack grows by 0.004 up to reserve_slack_max, and
-     * after 16 windows without one it shrinks back by a step.  A KV-cache
-     * server that wants no remaps sets reserve_slack_max near 0.12. */
+     * after 16 windows without one it shrinks back by a step.  While so
+     * churning, a pool that one stream allocates from places a large block
+     * where no page must be remapped, when such a free range is at hand
+     * (docs/pages.md, "Placement while churning").  A KV-cache server that
+     * wants no remaps sets reserve_slack_max near 0.12. */
     double reserve_slack;       /* default 1/64 (GPUMEM_RESERVE_SLACK) */
     double reserve_slack_max;   /* default 0.018 (GPUMEM_RESERVE_SLACK_MAX) */
     double churn_target;        /* calls per 1000 ops, default 1 (GPUMEM_CHURN_TARGET) */

@@ -407,6 +407,62 @@ static gm__block_t *find_for(gm_pool_t *pool, gm__stream_t *s, int cls, size_t s
     return b;
 }
 
+/* ---- placement while the pool churns ------------------------------------------ */
+
+/* Blocks looked at, per index, for one that needs no backend call. */
+#define PLACE_SCAN 16
+
+/* The first of up to PLACE_SCAN free blocks of idx that fit want, from
+ * want's bucket up (smallest buckets first), whose first asize bytes s can
+ * use with no backend call: every page owned already, or its own mapping's
+ * physical page free for s.  NULL when none of them can. */
+static gm__block_t *find_cheap_in(gm_pool_t *pool, const gm__freeidx_t *idx, size_t want,
+                                  size_t asize, const gm__stream_t *s)
+{
+    if (!idx->fl_bits) return NULL;
+    uint32_t bk = gm__fm_bucket(want, DEVICE.sl_bits);
+    unsigned fl = bk / GM_SL_COUNT, sl = bk % GM_SL_COUNT;
+    int budget = PLACE_SCAN;
+    for (;;) {
+        uint32_t slm = sl < GM_SL_COUNT ? idx->sl_bits[fl] & (~0u << sl) : 0;
+        if (!slm) {
+            uint64_t flm = fl + 1 < 64 ? idx->fl_bits & (~(uint64_t)0 << (fl + 1)) : 0;
+            if (!flm) return NULL;
+            fl = (unsigned)__builtin_ctzll(flm);
+            slm = idx->sl_bits[fl];
+        }
+        sl = (unsigned)__builtin_ctz(slm);
+        for (gm__block_t *b = idx->heads[fl][sl]; b; b = b->fnext) {
+            if (b->size < want) continue;
+            if (--budget < 0) return NULL;
+            if (gm__pages_cheap_locked(pool, b->arena, b->addr, asize, s)) return b;
+        }
+        sl++;
+    }
+}
+
+/* Best fit b (a large block, in s's index or the global one) would make
+ * the allocation remap a page: a page of its range is mapped to a physical
+ * page another live range owns, which costs an unmap, a map and an access
+ * change.  While the pool churns (the controller saw more remapping than
+ * the churn target, and one stream allocates), a free block that needs no
+ * call at all is taken instead when one is found among the first few that
+ * fit; else b.  Best fit is what keeps a repeating step's placement (and
+ * so its pages) the same from step to step, so it is left only while
+ * placement is not settling anyway: a random mix of large sizes, one heap
+ * of many threads.  Only the choice of block changes: the stream rule
+ * (s's own index, or the global one) is find_for's. */
+static gm__block_t *place_churning(gm_pool_t *pool, gm__stream_t *s, int cls, gm__block_t *b,
+                                   size_t want, size_t asize)
+{
+    if (gm__pages_ready_locked(b->arena, b->addr, asize, pool->page_shift) ||
+        !gm__pages_remap_locked(pool, b->arena, b->addr, asize))
+        return b;
+    gm__block_t *c = find_cheap_in(pool, &s->idx[cls], want, asize, s);
+    if (!c) c = find_cheap_in(pool, &pool->global.idx[cls], want, asize, s);
+    return c ? c : b;
+}
+
 /* ---- the churn controller ---------------------------------------------------------- */
 
 /* Allocations per window (about twice as many operations). */
@@ -442,12 +498,14 @@ static void controller_step(gm_pool_t *pool)
     const gm_pool_config_t *cfg = &pool->cfg;
     if ((double)delta * 1000.0 > cfg->churn_target * 2.0 * CTL_WINDOW) {
         pool->ctl_quiet = 0;
+        pool->churning = true;
         double up = pool->slack_eff + CTL_STEP;
         double top = cfg->reserve_slack_max > cfg->reserve_slack ? cfg->reserve_slack_max
                                                                  : cfg->reserve_slack;
         pool->slack_eff = up < top ? up : top;
     } else if (delta == 0 && ++pool->ctl_quiet >= CTL_QUIET) {
         pool->ctl_quiet = 0;
+        pool->churning = false;
         double down = pool->slack_eff - CTL_STEP;
         pool->slack_eff = down > cfg->reserve_slack ? down : cfg->reserve_slack;
     } else if (delta != 0) {
@@ -498,6 +556,9 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s
     if (pool->streams.n > 1 && !gm__pages_ready_locked(b->arena, b->addr, asize, pool->page_shift) &&
         !gm__pages_cheap_locked(pool, b->arena, b->addr, asize, s) && reclaim_streams(pool, s) > 0)
         b = find_for(pool, s, cls, want);
+    if (GM_UNLIKELY(pool->churning) && cls == GM_CLASS_LARGE && asize >= pool->page &&
+        align == GM_ALIGNMENT && sole_stream(pool))
+        b = place_churning(pool, s, cls, b, want, asize);
     if (GM_UNLIKELY(align > GM_ALIGNMENT) && !(b = align_free_block(pool, b, align)))
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc: out of host memory for a block");
     gm__stream_t *owner = b->owner;

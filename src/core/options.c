@@ -66,7 +66,8 @@ static const gm__option_t table[GM_OPT_COUNT] = {
                                   CFG(reserve_slack_max)},
     [GM_OPT_CHURN_TARGET] = {"GPUMEM_CHURN_TARGET", T_RATE, "1",
                              "remapping calls per 1000 operations above which the reserve "
-                             "slack grows", CFG(churn_target)},
+                             "slack grows and large blocks are placed where no page must be "
+                             "remapped", CFG(churn_target)},
     [GM_OPT_HEAPS] = {"GPUMEM_HEAPS", T_INT, "1",
                       "heaps threads allocate from (1 to 64; 1: one lock, the least memory; "
                       "more: threads allocating at once do not wait for each other)",

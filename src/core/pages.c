@@ -769,6 +769,17 @@ bool gm__pages_cheap_locked(gm_pool_t *pool, const gm__arena_t *a, uintptr_t add
     return true;
 }
 
+bool gm__pages_remap_locked(gm_pool_t *pool, const gm__arena_t *a, uintptr_t addr, size_t size)
+{
+    size_t shift = pool->page_shift;
+    size_t p0 = (addr - a->base) >> shift;
+    size_t p1 = ((addr + size - 1 - a->base) >> shift) + 1;
+    for (size_t p = p0; p < p1; p++)
+        if (!bit_get(a->owned, p) && bit_get(a->mapped, p) && pool->phys[a->pid[p]].owner != GM_NONE)
+            return true;
+    return false;
+}
+
 /* ---- serving a range -------------------------------------------------------- */
 
 /* Free physical pages looked at, oldest first, for one that may serve. */

@@ -165,6 +165,9 @@ struct gm_pool {
                                     (gm__offload_trim_locked) */
     uint32_t ctl_allocs;         /* allocations in the controller's window */
     uint32_t ctl_quiet;          /* windows in a row without a remapping call */
+    bool churning;               /* a window remapped over the churn target, and no
+                                    CTL_QUIET quiet windows since: placement avoids
+                                    remaps (alloc.c, place_churning) */
     uint64_t ctl_calls;          /* remapping calls at the window's start */
 
     gm__arena_t arena[GM_CLASS_COUNT];
@@ -402,6 +405,9 @@ bool gm__pages_ready_locked(const gm__arena_t *a, uintptr_t addr, size_t size, s
  * and its fence allows s)? */
 bool gm__pages_cheap_locked(gm_pool_t *pool, const gm__arena_t *a, uintptr_t addr, size_t size,
                             const struct gm__stream *s);
+/* Would serving the range unmap a page: one of its pages not owned, mapped
+ * to a physical page another range owns? */
+bool gm__pages_remap_locked(gm_pool_t *pool, const gm__arena_t *a, uintptr_t addr, size_t size);
 /* Make every page overlapping [addr, addr+size) mapped, accessible and owned
  * for an allocation on stream s, taking free physical pages (mapped here
  * too), or new ones.  The range's pages must already be marked used.

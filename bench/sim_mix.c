@@ -1,0 +1,184 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * sim_mix.c — the random mix of bench/alloc_bench.c on the sim backend, for
+ * machines without a GPU: what a policy change does to the backend calls
+ * and the reserved memory (exact on the sim), not to the time.
+ *
+ * usage: sim_mix [--ops N] [--passes N] [--seed N] [--threads N]
+ *   one thread (default): one pool, one stream, the same mix N passes over;
+ *     a line per pass: backend calls by kind, reserved peak
+ *   --threads N: a pool of N heaps, N threads each with its own stream and
+ *     mix (seed + 1000 + t, as alloc_bench), two passes of thread 0 alone,
+ *     then the passes with all N at once
+ * The pool takes its options from the environment (GPUMEM_RESERVE_SLACK, ...).
+ *
+ *   cc -O2 -Iinclude bench/sim_mix.c build/libgpumem.a -lm -lpthread -ldl -lz -o sim_mix
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpumem.h"
+
+#define SLOTS 512
+#define MAX_THREADS 64
+
+typedef struct mix {
+    uint32_t *slot;
+    uint64_t *size;
+} mix_t;
+
+static size_t n_ops = 400000;
+static gm_pool_t *pool;
+static mix_t mixes[MAX_THREADS];
+static gm_stream_t streams[MAX_THREADS];
+
+static uint64_t rng_next(uint64_t *s) /* splitmix64, as alloc_bench */
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "sim_mix: %s: %s\n", what, gm_last_error());
+    exit(1);
+}
+
+/* alloc_bench's mix: slot uniform over 512, size log-uniform 256 B..64 MiB. */
+static mix_t mix_make(uint64_t seed)
+{
+    mix_t m = {malloc(n_ops * sizeof(uint32_t)), malloc(n_ops * sizeof(uint64_t))};
+    if (!m.slot || !m.size) die("out of host memory");
+    const double lo = log(256.0), hi = log(64.0 * 1024 * 1024);
+    for (size_t i = 0; i < n_ops; i++) {
+        m.slot[i] = (uint32_t)(rng_next(&seed) % SLOTS);
+        double u = (double)(rng_next(&seed) >> 11) * (1.0 / 9007199254740992.0);
+        uint64_t sz = (uint64_t)exp(lo + (hi - lo) * u);
+        m.size[i] = sz < 256 ? 256 : sz;
+    }
+    return m;
+}
+
+static void mix_run(int t)
+{
+    void *ptr[SLOTS] = {0};
+    const mix_t *m = &mixes[t];
+    for (size_t i = 0; i < n_ops; i++) {
+        uint32_t k = m->slot[i];
+        if (ptr[k]) {
+            if (gm_free(pool, ptr[k], streams[t]) != GM_OK) die("gm_free");
+            ptr[k] = NULL;
+        } else if (gm_alloc(pool, m->size[i], streams[t], &ptr[k]) != GM_OK) {
+            die("gm_alloc");
+        }
+    }
+    for (int k = 0; k < SLOTS; k++)
+        if (ptr[k] && gm_free(pool, ptr[k], streams[t]) != GM_OK) die("gm_free");
+}
+
+/* Workers live for the whole run, so each keeps the heap it was given. */
+static pthread_barrier_t go, done;
+static int running, quit;
+
+static void *worker(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    for (;;) {
+        pthread_barrier_wait(&go);
+        if (quit) return NULL;
+        if (t < running) mix_run(t);
+        pthread_barrier_wait(&done);
+    }
+}
+
+static gm_stats_t stats(void)
+{
+    gm_stats_t st = GM_STATS_INIT;
+    if (gm_pool_stats(pool, &st) != GM_OK) die("gm_pool_stats");
+    return st;
+}
+
+static void report(const char *what, int pass, const gm_stats_t *a, const gm_stats_t *b)
+{
+    uint64_t total = 0;
+    printf("%s pass %d: calls", what, pass);
+    for (int k = 0; k < GM_CALL_COUNT; k++) {
+        uint64_t d = b->backend_calls[k] - a->backend_calls[k];
+        total += d;
+        if (d) printf(" %s=%llu", gm_call_name(k), (unsigned long long)d);
+    }
+    printf(" total=%llu reserved_peak=%.3f GB\n", (unsigned long long)total,
+           (double)b->reserved_peak / 1e9);
+}
+
+static void pass_all(int n, const char *what, int pass)
+{
+    running = n;
+    gm_stats_t a = stats();
+    pthread_barrier_wait(&go);
+    pthread_barrier_wait(&done);
+    gm_stats_t b = stats();
+    report(what, pass, &a, &b);
+}
+
+int main(int argc, char **argv)
+{
+    int passes = 4, threads = 0;
+    uint64_t seed = 12345;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--ops")) n_ops = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--passes")) passes = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "sim_mix: unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (n_ops == 0 || passes < 1 || threads < 0 || threads > MAX_THREADS) {
+        fprintf(stderr, "sim_mix: --ops > 0, --passes >= 1, --threads 0..%d\n", MAX_THREADS);
+        return 2;
+    }
+    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
+    if (gm_config_from_env(&cfg) != GM_OK) die("gm_config_from_env");
+    cfg.backend = GM_BACKEND_SIM;
+    if (threads) cfg.heaps = (unsigned)threads;
+    if (gm_pool_create(&cfg, &pool) != GM_OK) die("gm_pool_create");
+    int n = threads ? threads : 1;
+    for (int t = 0; t < n; t++) {
+        mixes[t] = mix_make(threads ? seed + 1000 + (uint64_t)t : seed);
+        if (gm_stream_create(pool, &streams[t]) != GM_OK) die("gm_stream_create");
+    }
+    if (!threads) {
+        for (int p = 0; p < passes; p++) {
+            gm_stats_t a = stats();
+            mix_run(0);
+            gm_stats_t b = stats();
+            report("mix", p, &a, &b);
+        }
+    } else {
+        pthread_t th[MAX_THREADS];
+        pthread_barrier_init(&go, NULL, (unsigned)n + 1);
+        pthread_barrier_init(&done, NULL, (unsigned)n + 1);
+        for (int t = 0; t < n; t++)
+            if (pthread_create(&th[t], NULL, worker, (void *)(intptr_t)t)) die("pthread_create");
+        for (int p = 0; p < 2; p++) pass_all(1, "1 thread", p);
+        for (int p = 0; p < passes; p++) pass_all(n, "all threads", p);
+        quit = 1;
+        pthread_barrier_wait(&go);
+        for (int t = 0; t < n; t++) pthread_join(th[t], NULL);
+    }
+    for (int t = 0; t < n; t++) {
+        gm_stream_destroy(pool, streams[t]);
+        free(mixes[t].slot);
+        free(mixes[t].size);
+    }
+    gm_pool_destroy(pool);
+    return 0;
+}
