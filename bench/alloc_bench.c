@@ -1028,6 +1028,14 @@ int main(int argc, char **argv)
     write_json();
     bench_mix(s, mix_ops, seed, cm);
     fflush(stdout);
+    /* ALLOC_BENCH_MIX_ONLY=1: the mix alone (for many runs side by side). */
+    const char *mix_only = getenv("ALLOC_BENCH_MIX_ONLY");
+    if (mix_only && atoi(mix_only)) {
+        A.reset();
+        CK(cudaStreamDestroy(s));
+        if (g_pool) gm_pool_destroy(g_pool);
+        return 0;
+    }
     bench_threads(per_thread, seed);
     fflush(stdout);
     A.reset();

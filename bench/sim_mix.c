@@ -2,9 +2,11 @@
 /*
  * sim_mix.c — the random mix of bench/alloc_bench.c on the sim backend, for
  * machines without a GPU: what a policy change does to the backend calls
- * and the reserved memory (exact on the sim), not to the time.
+ * and the reserved memory (exact on the sim).  With --backend cuda, the same
+ * passes on the GPU, for timing many passes of two builds side by side.
  *
- * usage: sim_mix [--ops N] [--passes N] [--seed N] [--threads N]
+ * usage: sim_mix [--ops N] [--passes N] [--seed N] [--threads N] [--backend sim|cuda]
+ *                [--null-stream 1]  (the default stream instead of one made by gm_stream_create)
  *   one thread (default): one pool, one stream, the same mix N passes over;
  *     a line per pass: backend calls by kind, reserved peak
  *   --threads N: a pool of N heaps, N threads each with its own stream and
@@ -20,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gpumem.h"
 
@@ -97,6 +100,13 @@ static void *worker(void *arg)
     }
 }
 
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 static gm_stats_t stats(void)
 {
     gm_stats_t st = GM_STATS_INIT;
@@ -104,38 +114,48 @@ static gm_stats_t stats(void)
     return st;
 }
 
-static void report(const char *what, int pass, const gm_stats_t *a, const gm_stats_t *b)
+/* A pass's calls by kind, its reserved peak, and its wall time per operation
+ * (of every thread together; the sim's own calls cost little, so this is
+ * mostly the allocator's CPU time, and as noisy as the machine). */
+static void report(const char *what, int pass, const gm_stats_t *a, const gm_stats_t *b,
+                   double secs, size_t ops)
 {
     uint64_t total = 0;
-    printf("%s pass %d: calls", what, pass);
+    printf("%s pass %d: %.1f ns/op, calls", what, pass, secs * 1e9 / (double)ops);
     for (int k = 0; k < GM_CALL_COUNT; k++) {
         uint64_t d = b->backend_calls[k] - a->backend_calls[k];
         total += d;
         if (d) printf(" %s=%llu", gm_call_name(k), (unsigned long long)d);
     }
-    printf(" total=%llu reserved_peak=%.3f GB\n", (unsigned long long)total,
-           (double)b->reserved_peak / 1e9);
+    printf(" total=%llu backend_ms=%.1f reserved_peak=%.3f GB\n", (unsigned long long)total,
+           (double)(b->backend_ns - a->backend_ns) / 1e6, (double)b->reserved_peak / 1e9);
 }
 
 static void pass_all(int n, const char *what, int pass)
 {
     running = n;
     gm_stats_t a = stats();
+    double t0 = now_s();
     pthread_barrier_wait(&go);
     pthread_barrier_wait(&done);
+    double t1 = now_s();
     gm_stats_t b = stats();
-    report(what, pass, &a, &b);
+    report(what, pass, &a, &b, t1 - t0, n_ops * (size_t)n);
 }
 
 int main(int argc, char **argv)
 {
-    int passes = 4, threads = 0;
+    int passes = 4, threads = 0, null_stream = 0;
+    gm_backend_kind_t backend = GM_BACKEND_SIM;
     uint64_t seed = 12345;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--ops")) n_ops = strtoull(argv[i + 1], NULL, 10);
         else if (!strcmp(argv[i], "--passes")) passes = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[i + 1], NULL, 10);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--null-stream")) null_stream = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--backend"))
+            backend = !strcmp(argv[i + 1], "cuda") ? GM_BACKEND_CUDA : GM_BACKEND_SIM;
         else {
             fprintf(stderr, "sim_mix: unknown option %s\n", argv[i]);
             return 2;
@@ -147,20 +167,22 @@ int main(int argc, char **argv)
     }
     gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
     if (gm_config_from_env(&cfg) != GM_OK) die("gm_config_from_env");
-    cfg.backend = GM_BACKEND_SIM;
+    cfg.backend = backend;
     if (threads) cfg.heaps = (unsigned)threads;
     if (gm_pool_create(&cfg, &pool) != GM_OK) die("gm_pool_create");
     int n = threads ? threads : 1;
     for (int t = 0; t < n; t++) {
         mixes[t] = mix_make(threads ? seed + 1000 + (uint64_t)t : seed);
-        if (gm_stream_create(pool, &streams[t]) != GM_OK) die("gm_stream_create");
+        if (!null_stream && gm_stream_create(pool, &streams[t]) != GM_OK) die("gm_stream_create");
     }
     if (!threads) {
         for (int p = 0; p < passes; p++) {
             gm_stats_t a = stats();
+            double t0 = now_s();
             mix_run(0);
+            double t1 = now_s();
             gm_stats_t b = stats();
-            report("mix", p, &a, &b);
+            report("mix", p, &a, &b, t1 - t0, n_ops);
         }
     } else {
         pthread_t th[MAX_THREADS];
@@ -175,7 +197,7 @@ int main(int argc, char **argv)
         for (int t = 0; t < n; t++) pthread_join(th[t], NULL);
     }
     for (int t = 0; t < n; t++) {
-        gm_stream_destroy(pool, streams[t]);
+        if (streams[t]) gm_stream_destroy(pool, streams[t]);
         free(mixes[t].slot);
         free(mixes[t].size);
     }
