@@ -9,7 +9,7 @@
  *                [--null-stream 1]  (the default stream instead of one made by gm_stream_create)
  *   one thread (default): one pool, one stream, the same mix N passes over;
  *     a line per pass: backend calls by kind, reserved peak
- *   --threads N: a pool of N heaps, N threads each with its own stream and
+ *   --threads N: a pool of N heaps (--heaps M: M), N threads each with its own stream and
  *     mix (seed + 1000 + t, as alloc_bench), two passes of thread 0 alone,
  *     then the passes with all N at once
  * The pool takes its options from the environment (GPUMEM_RESERVE_SLACK, ...).
@@ -145,7 +145,7 @@ static void pass_all(int n, const char *what, int pass)
 
 int main(int argc, char **argv)
 {
-    int passes = 4, threads = 0, null_stream = 0;
+    int passes = 4, threads = 0, null_stream = 0, heaps = -1;
     gm_backend_kind_t backend = GM_BACKEND_SIM;
     uint64_t seed = 12345;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -154,6 +154,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[i + 1], NULL, 10);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--null-stream")) null_stream = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--heaps")) heaps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--backend"))
             backend = !strcmp(argv[i + 1], "cuda") ? GM_BACKEND_CUDA : GM_BACKEND_SIM;
         else {
@@ -169,6 +170,7 @@ int main(int argc, char **argv)
     if (gm_config_from_env(&cfg) != GM_OK) die("gm_config_from_env");
     cfg.backend = backend;
     if (threads) cfg.heaps = (unsigned)threads;
+    if (heaps > 0) cfg.heaps = (unsigned)heaps;
     if (gm_pool_create(&cfg, &pool) != GM_OK) die("gm_pool_create");
     int n = threads ? threads : 1;
     for (int t = 0; t < n; t++) {

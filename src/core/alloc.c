@@ -412,10 +412,10 @@ static gm__block_t *find_for(gm_pool_t *pool, gm__stream_t *s, int cls, size_t s
 /* Blocks looked at, per index, for one that needs no backend call. */
 #define PLACE_SCAN 16
 
-/* The first of up to PLACE_SCAN free blocks of idx that fit want, from
- * want's bucket up (smallest buckets first), whose first asize bytes s can
- * use with no backend call: every page owned already, or its own mapping's
- * physical page free for s.  NULL when none of them can. */
+/* The first free block of idx that fits want, among the first PLACE_SCAN
+ * looked at from want's bucket up (smallest buckets first), whose first
+ * asize bytes s can use with no backend call: every page owned already, or
+ * its own mapping's physical page free for s.  NULL when none of them can. */
 static gm__block_t *find_cheap_in(gm_pool_t *pool, const gm__freeidx_t *idx, size_t want,
                                   size_t asize, const gm__stream_t *s)
 {
@@ -433,9 +433,9 @@ static gm__block_t *find_cheap_in(gm_pool_t *pool, const gm__freeidx_t *idx, siz
         }
         sl = (unsigned)__builtin_ctz(slm);
         for (gm__block_t *b = idx->heads[fl][sl]; b; b = b->fnext) {
-            if (b->size < want) continue;
             if (--budget < 0) return NULL;
-            if (gm__pages_cheap_locked(pool, b->arena, b->addr, asize, s)) return b;
+            if (b->size >= want && gm__pages_cheap_locked(pool, b->arena, b->addr, asize, s))
+                return b;
         }
         sl++;
     }
