@@ -12,7 +12,7 @@
  * warm pass, for about the same memory, and both pools pass gm_pool_check
  * after every pass.  Sim only: the call counts are the sim's, exact and
  * the same on every run.  Not under valgrind (a policy test of 4.8 million
- * operations; ASan runs it).
+ * operations); under a sanitizer on one of the eight mixes.
  */
 // ctest-valgrind: skip
 #include <stdint.h>
@@ -25,6 +25,13 @@
 #define SLOTS 512
 #define OPS 100000 /* per pass: about 50 000 allocations, over one controller window */
 #define PASSES 3
+/* Under a sanitizer the library checks the whole pool after every
+ * operation (GM_DEBUG=3): one of the mixes only (about two minutes). */
+#if UNDER_SANITIZER
+static const uint64_t seeds[] = {4};
+#else
+static const uint64_t seeds[] = {1, 2, 3, 4, 5, 6, 7, 8};
+#endif
 
 static uint64_t rng_next(uint64_t *s) /* splitmix64 */
 {
@@ -113,7 +120,8 @@ int main(void)
     }
     static mix_t m;
     uint64_t fixed_sum = 0, placed_sum = 0;
-    for (uint64_t seed = 1; seed <= 8; seed++) {
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
+        uint64_t seed = seeds[i];
         mix_make(&m, seed);
         result_t fixed = run_pool(&m, 1e6); /* never churning: best fit always */
         result_t placed = run_pool(&m, 1.0);
@@ -130,8 +138,9 @@ int main(void)
         fixed_sum += fixed.warm_calls;
         placed_sum += placed.warm_calls;
     }
-    /* Over the eight mixes (measured: 40 314 and 24 507 calls). */
-    printf("all seeds: %llu calls with best fit always, %llu with placement while churning\n",
+    /* Over the mixes (measured: 40 314 and 24 507 calls over all eight;
+     * 5 646 and 2 906 for seed 4 alone). */
+    printf("these seeds: %llu calls with best fit always, %llu with placement while churning\n",
            (unsigned long long)fixed_sum, (unsigned long long)placed_sum);
     CHECK(placed_sum * 4 < fixed_sum * 3);
     return test_summary();
