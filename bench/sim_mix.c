@@ -37,6 +37,7 @@ typedef struct mix {
 static size_t n_ops = 400000;
 static gm_pool_t *pool;
 static mix_t mixes[MAX_THREADS];
+static uint64_t req_peak[MAX_THREADS]; /* each thread's requested-bytes peak, last pass */
 static gm_stream_t streams[MAX_THREADS];
 
 static uint64_t rng_next(uint64_t *s) /* splitmix64, as alloc_bench */
@@ -72,15 +73,22 @@ static void mix_run(int t)
 {
     void *ptr[SLOTS] = {0};
     const mix_t *m = &mixes[t];
+    uint64_t live = 0, peak = 0, sz[SLOTS] = {0};
     for (size_t i = 0; i < n_ops; i++) {
         uint32_t k = m->slot[i];
         if (ptr[k]) {
             if (gm_free(pool, ptr[k], streams[t]) != GM_OK) die("gm_free");
             ptr[k] = NULL;
+            live -= sz[k];
         } else if (gm_alloc(pool, m->size[i], streams[t], &ptr[k]) != GM_OK) {
             die("gm_alloc");
+        } else {
+            sz[k] = m->size[i];
+            live += sz[k];
+            if (live > peak) peak = live;
         }
     }
+    req_peak[t] = peak;
     for (int k = 0; k < SLOTS; k++)
         if (ptr[k] && gm_free(pool, ptr[k], streams[t]) != GM_OK) die("gm_free");
 }
@@ -118,17 +126,19 @@ static gm_stats_t stats(void)
  * (of every thread together; the sim's own calls cost little, so this is
  * mostly the allocator's CPU time, and as noisy as the machine). */
 static void report(const char *what, int pass, const gm_stats_t *a, const gm_stats_t *b,
-                   double secs, size_t ops)
+                   double secs, size_t ops, int threads)
 {
-    uint64_t total = 0;
+    uint64_t total = 0, req = 0;
+    for (int t = 0; t < threads; t++) req += req_peak[t];
     printf("%s pass %d: %.1f ns/op, calls", what, pass, secs * 1e9 / (double)ops);
     for (int k = 0; k < GM_CALL_COUNT; k++) {
         uint64_t d = b->backend_calls[k] - a->backend_calls[k];
         total += d;
         if (d) printf(" %s=%llu", gm_call_name(k), (unsigned long long)d);
     }
-    printf(" total=%llu backend_ms=%.1f reserved_peak=%.3f GB\n", (unsigned long long)total,
-           (double)(b->backend_ns - a->backend_ns) / 1e6, (double)b->reserved_peak / 1e9);
+    printf(" total=%llu backend_ms=%.1f reserved_peak=%.3f GB requested_peak=%.3f GB\n",
+           (unsigned long long)total, (double)(b->backend_ns - a->backend_ns) / 1e6,
+           (double)b->reserved_peak / 1e9, (double)req / 1e9);
 }
 
 static void pass_all(int n, const char *what, int pass)
@@ -140,7 +150,7 @@ static void pass_all(int n, const char *what, int pass)
     pthread_barrier_wait(&done);
     double t1 = now_s();
     gm_stats_t b = stats();
-    report(what, pass, &a, &b, t1 - t0, n_ops * (size_t)n);
+    report(what, pass, &a, &b, t1 - t0, n_ops * (size_t)n, n);
 }
 
 int main(int argc, char **argv)
@@ -184,7 +194,7 @@ int main(int argc, char **argv)
             mix_run(0);
             double t1 = now_s();
             gm_stats_t b = stats();
-            report("mix", p, &a, &b, t1 - t0, n_ops);
+            report("mix", p, &a, &b, t1 - t0, n_ops, 1);
         }
     } else {
         pthread_t th[MAX_THREADS];
