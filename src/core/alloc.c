@@ -423,22 +423,14 @@ static gm__block_t *find_cheap_in(gm_pool_t *pool, const gm__freeidx_t *idx, siz
     uint32_t bk = gm__fm_bucket(want, DEVICE.sl_bits);
     unsigned fl = bk / GM_SL_COUNT, sl = bk % GM_SL_COUNT;
     int budget = PLACE_SCAN;
-    for (;;) {
-        uint32_t slm = sl < GM_SL_COUNT ? idx->sl_bits[fl] & (~0u << sl) : 0;
-        if (!slm) {
-            uint64_t flm = fl + 1 < 64 ? idx->fl_bits & (~(uint64_t)0 << (fl + 1)) : 0;
-            if (!flm) return NULL;
-            fl = (unsigned)__builtin_ctzll(flm);
-            slm = idx->sl_bits[fl];
-        }
-        sl = (unsigned)__builtin_ctz(slm);
+    for (; gm__fm_next_bucket(idx, &fl, &sl); sl++) {
         for (gm__block_t *b = idx->heads[fl][sl]; b; b = b->fnext) {
             if (--budget < 0) return NULL;
             if (b->size >= want && gm__pages_cheap_locked(pool, b->arena, b->addr, asize, s))
                 return b;
         }
-        sl++;
     }
+    return NULL;
 }
 
 /* Best fit b (a large block, in s's index or the global one) would make

@@ -240,18 +240,26 @@ static inline void gm__fm_remove(gm__freeidx_t *idx, gm__block_t *b)
     idx->bytes -= b->size;
 }
 
+/* The first non-empty bucket at (*fl, >= *sl) or in a higher first level:
+ * true, with (*fl, *sl) set to it; false when there is none. */
+static inline bool gm__fm_next_bucket(const gm__freeidx_t *idx, unsigned *fl, unsigned *sl)
+{
+    uint32_t slm = *sl < GM_SL_COUNT ? idx->sl_bits[*fl] & (~0u << *sl) : 0;
+    if (!slm) {
+        uint64_t flm = *fl + 1 < 64 ? idx->fl_bits & (~(uint64_t)0 << (*fl + 1)) : 0;
+        if (!flm) return false;
+        *fl = (unsigned)__builtin_ctzll(flm);
+        slm = idx->sl_bits[*fl];
+    }
+    *sl = (unsigned)__builtin_ctz(slm);
+    return true;
+}
+
 /* The head of the first non-empty bucket at (fl, >= sl) or in a higher
  * first level; NULL when there is none. */
 static inline gm__block_t *gm__fm_first_from(const gm__freeidx_t *idx, unsigned fl, unsigned sl)
 {
-    uint32_t slm = sl < GM_SL_COUNT ? idx->sl_bits[fl] & (~0u << sl) : 0;
-    if (!slm) {
-        uint64_t flm = fl + 1 < 64 ? idx->fl_bits & (~(uint64_t)0 << (fl + 1)) : 0;
-        if (!flm) return NULL;
-        fl = (unsigned)__builtin_ctzll(flm);
-        slm = idx->sl_bits[fl];
-    }
-    return idx->heads[fl][__builtin_ctz(slm)];
+    return gm__fm_next_bucket(idx, &fl, &sl) ? idx->heads[fl][sl] : NULL;
 }
 
 /* How many blocks of one bucket the best-fit search compares. */
