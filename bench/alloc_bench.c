@@ -33,12 +33,10 @@
 #include "gpumem.h"
 #include "lib/replay_step.h"
 #include "lib/trace_read.h"
+#include "mix.h"
 
 #define MAX_TRACES 32
 #define N_THREADS 16
-#define MIX_SLOTS 512
-#define MIX_MIN (256.0)
-#define MIX_MAX (64.0 * 1024 * 1024)
 #define TRACE_PASSES 3
 
 /* ---- small helpers ------------------------------------------------------ */
@@ -81,16 +79,6 @@ static int cmp_double(const void *a, const void *b)
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
-
-static uint64_t rng_next(uint64_t *s) /* splitmix64 */
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double rng_unit(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
 
 /* ---- the allocators ---------------------------------------------------- */
 
@@ -463,28 +451,14 @@ static void bench_pairs(cudaStream_t s, int slow)
 
 /* ---- 2. random mix -------------------------------------------------------- */
 
-/* A precomputed mix: op i picks slot[i]; a live slot is freed, an empty one
- * gets size[i] bytes.  One op = one alloc or one free. */
-typedef struct mix {
-    uint32_t *slot;
-    uint64_t *size;
-    size_t n;
-} mix_t;
-
+/* The mix of bench/mix.h; ALLOC_BENCH_MIX_MAX: a smaller largest size, for
+ * diagnosis (the committed results use the default). */
 static mix_t mix_make(size_t n, uint64_t seed)
 {
-    mix_t m = {malloc(n * sizeof(uint32_t)), malloc(n * sizeof(uint64_t)), n};
-    if (!m.slot || !m.size) die("out of host memory");
-    /* ALLOC_BENCH_MIX_MAX: a smaller largest size, for diagnosis (the
-     * committed results use the default). */
     const char *mm = getenv("ALLOC_BENCH_MIX_MAX");
     double mix_max = mm && atof(mm) >= MIX_MIN ? atof(mm) : MIX_MAX;
-    const double lo = log(MIX_MIN), hi = log(mix_max);
-    for (size_t i = 0; i < n; i++) {
-        m.slot[i] = (uint32_t)(rng_next(&seed) % MIX_SLOTS);
-        uint64_t sz = (uint64_t)exp(lo + (hi - lo) * rng_unit(&seed));
-        m.size[i] = sz < 256 ? 256 : sz;
-    }
+    mix_t m;
+    if (!mix_fill(&m, n, seed, mix_max)) die("out of host memory");
     return m;
 }
 
@@ -603,8 +577,7 @@ static void bench_mix(cudaStream_t s, size_t nops, uint64_t seed, int cm)
     printf("  mix: %zu ops, %.1f ns/op warm (%.1f cold), reserved peak %.3f GB / requested peak %.3f GB = %.4f\n",
            nops, r_mix_ns, r_mix_cold_ns, r_mix_res_peak / 1e9, r_mix_req_peak / 1e9, r_mix_ratio);
 out:
-    free(m.slot);
-    free(m.size);
+    mix_free(&m);
     write_json();
 }
 
@@ -799,8 +772,7 @@ static void bench_threads(size_t per_thread, uint64_t seed)
            "ops/s, speedup %.2f\n", r_ceil_t1, r_ceil_t16, r_ceil_t16 / r_ceil_t1);
     for (int t = 0; t < N_THREADS; t++) {
         CK(cudaStreamDestroy(streams[t]));
-        free(mixes[t].slot);
-        free(mixes[t].size);
+        mix_free(&mixes[t]);
     }
     write_json();
 }

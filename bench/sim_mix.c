@@ -25,14 +25,9 @@
 #include <time.h>
 
 #include "gpumem.h"
+#include "mix.h"
 
-#define SLOTS 512
 #define MAX_THREADS 64
-
-typedef struct mix {
-    uint32_t *slot;
-    uint64_t *size;
-} mix_t;
 
 static size_t n_ops = 400000;
 static gm_pool_t *pool;
@@ -40,40 +35,25 @@ static mix_t mixes[MAX_THREADS];
 static uint64_t req_peak[MAX_THREADS]; /* each thread's requested-bytes peak, last pass */
 static gm_stream_t streams[MAX_THREADS];
 
-static uint64_t rng_next(uint64_t *s) /* splitmix64, as alloc_bench */
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static void die(const char *what)
 {
     fprintf(stderr, "sim_mix: %s: %s\n", what, gm_last_error());
     exit(1);
 }
 
-/* alloc_bench's mix: slot uniform over 512, size log-uniform 256 B..64 MiB. */
+/* alloc_bench's mix (bench/mix.h). */
 static mix_t mix_make(uint64_t seed)
 {
-    mix_t m = {malloc(n_ops * sizeof(uint32_t)), malloc(n_ops * sizeof(uint64_t))};
-    if (!m.slot || !m.size) die("out of host memory");
-    const double lo = log(256.0), hi = log(64.0 * 1024 * 1024);
-    for (size_t i = 0; i < n_ops; i++) {
-        m.slot[i] = (uint32_t)(rng_next(&seed) % SLOTS);
-        double u = (double)(rng_next(&seed) >> 11) * (1.0 / 9007199254740992.0);
-        uint64_t sz = (uint64_t)exp(lo + (hi - lo) * u);
-        m.size[i] = sz < 256 ? 256 : sz;
-    }
+    mix_t m;
+    if (!mix_fill(&m, n_ops, seed, MIX_MAX)) die("out of host memory");
     return m;
 }
 
 static void mix_run(int t)
 {
-    void *ptr[SLOTS] = {0};
+    void *ptr[MIX_SLOTS] = {0};
     const mix_t *m = &mixes[t];
-    uint64_t live = 0, peak = 0, sz[SLOTS] = {0};
+    uint64_t live = 0, peak = 0, sz[MIX_SLOTS] = {0};
     for (size_t i = 0; i < n_ops; i++) {
         uint32_t k = m->slot[i];
         if (ptr[k]) {
@@ -89,7 +69,7 @@ static void mix_run(int t)
         }
     }
     req_peak[t] = peak;
-    for (int k = 0; k < SLOTS; k++)
+    for (int k = 0; k < MIX_SLOTS; k++)
         if (ptr[k] && gm_free(pool, ptr[k], streams[t]) != GM_OK) die("gm_free");
 }
 
@@ -210,8 +190,7 @@ int main(int argc, char **argv)
     }
     for (int t = 0; t < n; t++) {
         if (streams[t]) gm_stream_destroy(pool, streams[t]);
-        free(mixes[t].slot);
-        free(mixes[t].size);
+        mix_free(&mixes[t]);
     }
     gm_pool_destroy(pool);
     return 0;

@@ -1,17 +1,29 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test.h — the tiny test helper every test program uses: CHECK macros that
- * count, and a closing summary line "N passed, N failed" that CI reads.
+ * count, a closing summary line "N passed, N failed" that CI reads, and a
+ * seeded random generator.
  * A test program returns test_summary() from main: 0 when nothing failed.
  */
 #ifndef GM_TEST_H
 #define GM_TEST_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static unsigned long test_passed_, test_failed_;
+
+/* The tests' seeded generator (splitmix64): the same numbers on every
+ * platform, so a seed names one sequence of operations. */
+static inline uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
 
 /* 1 in an ASan or TSan build: tests scale their work and their time bounds
  * by it (such builds run several times slower, and their processes start

@@ -33,14 +33,6 @@ static const uint64_t seeds[] = {4};
 static const uint64_t seeds[] = {1, 2, 3, 4, 5, 6, 7, 8};
 #endif
 
-static uint64_t rng_next(uint64_t *s) /* splitmix64 */
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 typedef struct mix {
     uint32_t slot[OPS];
     size_t size[OPS];

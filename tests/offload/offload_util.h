@@ -53,11 +53,6 @@ static inline uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-static inline uint64_t rng_next(uint64_t *s) /* splitmix64 */
-{
-    return mix64(*s += 0x9E3779B97F4A7C15ull);
-}
-
 /* The pattern of `seed`: byte j is byte (j % 8) of word j / 8. */
 static inline void pattern(void *buf, size_t n, uint64_t seed)
 {

@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * share_util.h — what the multi-process sharing tests share: a seeded random
- * generator, a monotonic clock, sleeps, a bounded wait, and the count of
+ * share_util.h — what the multi-process sharing tests share: a monotonic clock, sleeps, a bounded wait, and the count of
  * this process's open descriptors (the leak check of every fault test).
  */
 #ifndef GM_TEST_SHARE_UTIL_H
@@ -12,13 +11,7 @@
 #include <stdint.h>
 #include <time.h>
 
-static inline uint64_t rng_next(uint64_t *s) /* splitmix64 */
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+#include "../test.h" /* rng_next */
 
 static inline double now_ms(void)
 {
