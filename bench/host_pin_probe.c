@@ -17,6 +17,19 @@
  *                    registered by one thread per chunk at once
  *   pipelined        as touch_register, but chunk i+1 is touched (by N-1
  *                    threads) while chunk i is registered
+ *   pipe_copy        as pipelined, and each chunk's copy from the device is
+ *                    queued as soon as it is registered: make_ms is then the
+ *                    time until all the data is in host memory (a cold
+ *                    offload's host side, less its device page releases)
+ *
+ *   stage            no pinned memory of SIZE at all: the device copies into
+ *                    a ring of STAGE_SLOTS pinned slots of STAGE_SLOT bytes
+ *                    (made during the measurement), and N-1 threads copy
+ *                    each slot out into fresh pageable memory; make_ms is
+ *                    the time until all the data is there (the copies
+ *                    after it are then from pageable memory)
+ *
+ * PROBE_CHUNK_MiB (default 256) sets the chunk size.
  *
  * Not part of the build; one line of JSON per measurement:
  *   cc -O2 -o host_pin_probe bench/host_pin_probe.c -I$CUDA/include -lcuda -lpthread
@@ -41,12 +54,12 @@
         if (!probe_ok((x), #x, __FILE__, __LINE__)) return -1;                             \
     } while (0)
 
-#define CHUNK ((size_t)256 << 20)
-#define MAX_CHUNKS 256
+static size_t CHUNK = (size_t)256 << 20; /* PROBE_CHUNK_MiB */
+#define MAX_CHUNKS 1024
 
-enum { TOUCH_REGISTER, REGISTER, HOST_ALLOC, VMM_HOST, PAR_REGISTER, PIPELINED, N_WAYS };
+enum { TOUCH_REGISTER, REGISTER, HOST_ALLOC, VMM_HOST, PAR_REGISTER, PIPELINED, PIPE_COPY, STAGE, N_WAYS };
 static const char *way_name[N_WAYS] = {"touch_register", "register", "host_alloc", "vmm_host",
-                                       "par_register", "pipelined"};
+                                       "par_register", "pipelined", "pipe_copy", "stage"};
 
 typedef struct chunk {
     void *p;
@@ -117,12 +130,15 @@ static int unmake(int way, chunk_t *c)
     case REGISTER:
     case PAR_REGISTER:
     case PIPELINED:
+    case PIPE_COPY:
         CK(cuMemHostUnregister(c->p));
         munmap(c->p, CHUNK);
         return 0;
     case HOST_ALLOC:
         CK(cuMemFreeHost(c->p));
         return 0;
+    case STAGE:
+        return 0; /* one mapping, unmapped by the caller */
     case VMM_HOST:
         CK(cuMemUnmap(c->va, CHUNK));
         CK(cuMemRelease(c->h));
@@ -155,7 +171,7 @@ static void *touch_chunk_main(void *arg)
 }
 
 /* The two ways that make all chunks together; 0 or -1. */
-static int make_batch(int way, chunk_t *c, size_t n)
+static int make_batch(int way, chunk_t *c, size_t n, CUdeviceptr src, CUstream st)
 {
     for (size_t i = 0; i < n; i++) {
         memset(&c[i], 0, sizeof c[i]);
@@ -183,10 +199,106 @@ static int make_batch(int way, chunk_t *c, size_t n)
         int started = i + 1 < n && pthread_create(&th, NULL, touch_chunk_main, &c[i + 1]) == 0;
         reg_job_t j = {&c[i], 0};
         reg_main(&j);
+        if (way == PIPE_COPY && !j.rc) CK(cuMemcpyAsync(c[i].va, src + i * CHUNK, CHUNK, st));
         if (started) pthread_join(th, NULL);
         else if (i + 1 < n) touch_chunk_main(&c[i + 1]);
         if (j.rc) return -1;
     }
+    if (way == PIPE_COPY) CK(cuStreamSynchronize(st));
+    return 0;
+}
+
+/* ---- stage: a pinned ring and threads copying out of it ---- */
+#define STAGE_SLOTS 4
+#define STAGE_SLOT ((size_t)32 << 20)
+
+typedef struct stage_ctl {
+    pthread_barrier_t go, done;
+    char *src, *dst; /* this round's slot and destination */
+    size_t n;
+    int workers;
+    int quit;
+} stage_ctl_t;
+
+typedef struct stage_worker {
+    stage_ctl_t *ctl;
+    int id;
+} stage_worker_t;
+
+static void *stage_main(void *arg)
+{
+    stage_worker_t *w = arg;
+    stage_ctl_t *c = w->ctl;
+    for (;;) {
+        pthread_barrier_wait(&c->go);
+        if (c->quit) return NULL;
+        size_t per = (c->n / (size_t)c->workers + 4095) & ~(size_t)4095;
+        size_t lo = per * (size_t)w->id;
+        if (lo < c->n) memcpy(c->dst + lo, c->src + lo, lo + per > c->n ? c->n - lo : per);
+        pthread_barrier_wait(&c->done);
+    }
+}
+
+/* Make SIZE bytes of host data from the device through the ring; the data
+ * lands in c[0] (one pageable mapping of all of it). */
+static int stage_run(chunk_t *c, size_t bytes, CUdeviceptr src, CUstream st)
+{
+    static stage_ctl_t ctl;
+    static stage_worker_t w[PROBE_TOUCH_MAX];
+    static pthread_t th[PROBE_TOUCH_MAX];
+    char *ring = NULL;
+    CUevent ev[STAGE_SLOTS];
+    int workers = g_threads > 2 ? g_threads - 1 : 1;
+    memset(c, 0, sizeof *c);
+    ring = mmap(NULL, STAGE_SLOTS * STAGE_SLOT, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ring == MAP_FAILED) return -1;
+    probe_touch(ring, STAGE_SLOTS * STAGE_SLOT, g_threads);
+    CK(cuMemHostRegister(ring, STAGE_SLOTS * STAGE_SLOT, CU_MEMHOSTREGISTER_PORTABLE));
+    c->p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (c->p == MAP_FAILED) return -1;
+    (void)madvise(c->p, bytes, MADV_HUGEPAGE);
+    c->va = (CUdeviceptr)(uintptr_t)c->p;
+    for (int i = 0; i < STAGE_SLOTS; i++) CK(cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
+    ctl.workers = workers;
+    ctl.quit = 0;
+    pthread_barrier_init(&ctl.go, NULL, (unsigned)workers + 1);
+    pthread_barrier_init(&ctl.done, NULL, (unsigned)workers + 1);
+    for (int i = 0; i < workers; i++) {
+        w[i] = (stage_worker_t){&ctl, i};
+        pthread_create(&th[i], NULL, stage_main, &w[i]);
+    }
+    size_t n = (bytes + STAGE_SLOT - 1) / STAGE_SLOT, queued = 0;
+    for (; queued < n && queued < STAGE_SLOTS; queued++) {
+        size_t len = bytes - queued * STAGE_SLOT < STAGE_SLOT ? bytes - queued * STAGE_SLOT : STAGE_SLOT;
+        CK(cuMemcpyAsync((CUdeviceptr)(uintptr_t)(ring + (queued % STAGE_SLOTS) * STAGE_SLOT),
+                         src + queued * STAGE_SLOT, len, st));
+        CK(cuEventRecord(ev[queued % STAGE_SLOTS], st));
+    }
+    for (size_t k = 0; k < n; k++) {
+        CK(cuEventSynchronize(ev[k % STAGE_SLOTS]));
+        ctl.src = ring + (k % STAGE_SLOTS) * STAGE_SLOT;
+        ctl.dst = (char *)c->p + k * STAGE_SLOT;
+        ctl.n = bytes - k * STAGE_SLOT < STAGE_SLOT ? bytes - k * STAGE_SLOT : STAGE_SLOT;
+        pthread_barrier_wait(&ctl.go);
+        pthread_barrier_wait(&ctl.done);
+        if (queued < n) {
+            size_t len = bytes - queued * STAGE_SLOT < STAGE_SLOT ? bytes - queued * STAGE_SLOT : STAGE_SLOT;
+            CK(cuMemcpyAsync((CUdeviceptr)(uintptr_t)(ring + (queued % STAGE_SLOTS) * STAGE_SLOT),
+                             src + queued * STAGE_SLOT, len, st));
+            CK(cuEventRecord(ev[queued % STAGE_SLOTS], st));
+            queued++;
+        }
+    }
+    ctl.quit = 1;
+    pthread_barrier_wait(&ctl.go);
+    for (int i = 0; i < workers; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&ctl.go);
+    pthread_barrier_destroy(&ctl.done);
+    for (int i = 0; i < STAGE_SLOTS; i++) cuEventDestroy(ev[i]);
+    CK(cuMemHostUnregister(ring));
+    munmap(ring, STAGE_SLOTS * STAGE_SLOT);
+    for (size_t i = 0; i < bytes; i += 4093) /* the data arrived (src is 0x5a) */
+        if (((unsigned char *)c->p)[i] != 0x5a) return -1;
     return 0;
 }
 
@@ -194,8 +306,12 @@ static int one(int way, size_t n_chunks, CUdeviceptr src, CUstream st, int round
 {
     static chunk_t c[MAX_CHUNKS];
     double t0 = now_ms();
-    if (way == PAR_REGISTER || way == PIPELINED) {
-        if (make_batch(way, c, n_chunks)) return -1;
+    if (way == STAGE) {
+        if (stage_run(&c[0], n_chunks * CHUNK, src, st)) return -1;
+        for (size_t i = 1; i < n_chunks; i++) c[i] = c[0], c[i].p = (char *)c[0].p + i * CHUNK,
+                                             c[i].va = (CUdeviceptr)(uintptr_t)c[i].p;
+    } else if (way == PAR_REGISTER || way == PIPELINED || way == PIPE_COPY) {
+        if (make_batch(way, c, n_chunks, src, st)) return -1;
     } else {
         for (size_t i = 0; i < n_chunks; i++)
             if (make(way, &c[i])) return -1;
@@ -212,11 +328,12 @@ static int one(int way, size_t n_chunks, CUdeviceptr src, CUstream st, int round
     unsigned char probe = ((volatile unsigned char *)c[n_chunks - 1].p)[CHUNK - 1];
     double t2 = now_ms();
     for (size_t i = 0; i < n_chunks; i++) CK(unmake(way, &c[i]));
+    if (way == STAGE) munmap(c[0].p, n_chunks * CHUNK);
     double t3 = now_ms();
     double bytes = (double)(n_chunks * CHUNK);
     printf("{\"way\":\"%s\",\"round\":%d,\"bytes\":%.0f,\"threads\":%d,\"hugetlb\":%d,\"make_ms\":%.2f,"
-           "\"make_GBps\":%.2f,\"copy1_GBps\":%.2f,\"copy2_GBps\":%.2f,\"free_ms\":%.2f,\"probe\":%u}\n",
-           way_name[way], round, bytes, g_threads, c[0].hugetlb, t1 - t0, bytes / (t1 - t0) / 1e6,
+           "\"chunk_MiB\":%zu,\"make_GBps\":%.2f,\"copy1_GBps\":%.2f,\"copy2_GBps\":%.2f,\"free_ms\":%.2f,\"probe\":%u}\n",
+           way_name[way], round, bytes, g_threads, c[0].hugetlb, t1 - t0, CHUNK >> 20, bytes / (t1 - t0) / 1e6,
            bytes / copy_ms[0] / 1e6, bytes / copy_ms[1] / 1e6, t3 - t2, probe);
     fflush(stdout);
     return 0;
@@ -227,6 +344,8 @@ int main(int argc, char **argv)
     size_t mib = argc > 1 ? strtoul(argv[1], NULL, 0) : 1024;
     int rounds = argc > 2 ? atoi(argv[2]) : 3;
     unsigned ways = argc > 3 ? (unsigned)strtoul(argv[3], NULL, 0) : ~0u;
+    const char *ch = getenv("PROBE_CHUNK_MiB");
+    if (ch && strtoul(ch, NULL, 0)) CHUNK = (size_t)strtoul(ch, NULL, 0) << 20;
     size_t n_chunks = (mib << 20) / CHUNK;
     if (n_chunks < 1 || n_chunks > MAX_CHUNKS) return 2;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
