@@ -29,7 +29,8 @@
  *                    the time until all the data is there (the copies
  *                    after it are then from pageable memory)
  *
- * PROBE_CHUNK_MiB (default 256) sets the chunk size.
+ * PROBE_CHUNK_MiB (default 256) sets the chunk size; PROBE_NO_THP=1 asks for
+ * no huge pages (neither MAP_HUGETLB nor MADV_HUGEPAGE).
  *
  * Not part of the build; one line of JSON per measurement:
  *   cc -O2 -o host_pin_probe bench/host_pin_probe.c -I$CUDA/include -lcuda -lpthread
@@ -72,14 +73,17 @@ static CUdevice dev;
 static CUcontext g_ctx; /* made current on the registering threads */
 static int g_threads;
 
+static int g_no_thp; /* PROBE_NO_THP=1: neither huge page kind asked for */
+
 static void *map_thp(size_t n, int *hugetlb)
 {
-    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+    void *p = MAP_FAILED;
+    if (!g_no_thp) p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
     *hugetlb = p != MAP_FAILED;
     if (p == MAP_FAILED) {
         p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) return NULL;
-        (void)madvise(p, n, MADV_HUGEPAGE);
+        if (!g_no_thp) (void)madvise(p, n, MADV_HUGEPAGE);
     }
     return p;
 }
@@ -332,8 +336,8 @@ static int one(int way, size_t n_chunks, CUdeviceptr src, CUstream st, int round
     double t3 = now_ms();
     double bytes = (double)(n_chunks * CHUNK);
     printf("{\"way\":\"%s\",\"round\":%d,\"bytes\":%.0f,\"threads\":%d,\"hugetlb\":%d,\"make_ms\":%.2f,"
-           "\"chunk_MiB\":%zu,\"make_GBps\":%.2f,\"copy1_GBps\":%.2f,\"copy2_GBps\":%.2f,\"free_ms\":%.2f,\"probe\":%u}\n",
-           way_name[way], round, bytes, g_threads, c[0].hugetlb, t1 - t0, CHUNK >> 20, bytes / (t1 - t0) / 1e6,
+           "\"chunk_MiB\":%zu,\"no_thp\":%d,\"make_GBps\":%.2f,\"copy1_GBps\":%.2f,\"copy2_GBps\":%.2f,\"free_ms\":%.2f,\"probe\":%u}\n",
+           way_name[way], round, bytes, g_threads, c[0].hugetlb, t1 - t0, CHUNK >> 20, g_no_thp, bytes / (t1 - t0) / 1e6,
            bytes / copy_ms[0] / 1e6, bytes / copy_ms[1] / 1e6, t3 - t2, probe);
     fflush(stdout);
     return 0;
@@ -344,6 +348,7 @@ int main(int argc, char **argv)
     size_t mib = argc > 1 ? strtoul(argv[1], NULL, 0) : 1024;
     int rounds = argc > 2 ? atoi(argv[2]) : 3;
     unsigned ways = argc > 3 ? (unsigned)strtoul(argv[3], NULL, 0) : ~0u;
+    g_no_thp = getenv("PROBE_NO_THP") && atoi(getenv("PROBE_NO_THP"));
     const char *ch = getenv("PROBE_CHUNK_MiB");
     if (ch && strtoul(ch, NULL, 0)) CHUNK = (size_t)strtoul(ch, NULL, 0) << 20;
     size_t n_chunks = (mib << 20) / CHUNK;
