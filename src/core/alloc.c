@@ -286,6 +286,19 @@ static size_t process_pending(gm_pool_t *pool)
 
 /* ---- the stream rule ------------------------------------------------------------ */
 
+/* Could reclaim_streams(pool, except) do anything: a block waiting for its
+ * recorded streams, or another stream holding free blocks or an event not
+ * yet known done?  (If not, it would make no call and move nothing.) */
+static bool others_hold(const gm_pool_t *pool, const gm__stream_t *except)
+{
+    if (pool->pending) return true;
+    for (size_t i = 0; i < pool->streams.n; i++) {
+        const gm__stream_t *t = pool->streams.all[i];
+        if (t != except && (t->ev_pending || gm__fm_held(t))) return true;
+    }
+    return false;
+}
+
 /* Let other streams' freed blocks reach the global index without waiting:
  * the engine's reclaim step on every stream but `except` (one query per
  * stream holding blocks, one record when its last event was consumed). */
@@ -545,7 +558,8 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s
     /* Blocks other streams finished with may serve it with no mapping —
      * worth asking their events only when this block needs backend calls
      * (the move may also have merged b away: look again). */
-    if (pool->streams.n > 1 && !gm__pages_ready_locked(b->arena, b->addr, asize, pool->page_shift) &&
+    if (pool->streams.n > 1 && others_hold(pool, s) &&
+        !gm__pages_ready_locked(b->arena, b->addr, asize, pool->page_shift) &&
         !gm__pages_cheap_locked(pool, b->arena, b->addr, asize, s) && reclaim_streams(pool, s) > 0)
         b = find_for(pool, s, cls, want);
     if (GM_UNLIKELY(pool->churning) && cls == GM_CLASS_LARGE && asize >= pool->page &&

@@ -930,6 +930,14 @@ static int ensure_mapped(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t
         return GM_OK;
     }
 
+    /* First the pages whose own mapping is free: they cost nothing, and no
+     * other page of the range should take their physical page.  Often that
+     * is all the range needs. */
+    for (size_t q = p0; q < p1; q++)
+        if (!bit_get(a->owned, q) && takes_back(pool, a, q, s) && !(solo && is_ext(pool, a, q)))
+            own(pool, a, q);
+    if (p1 - p0 > 1 && range_all_set(a->owned, p0, p1)) return GM_OK;
+
     /* Pages that may be created before free ones are reused: a budget over
      * the larger of the live bytes and their peak so far (the slack is the
      * pool's, see gm__pages_budget).  With heaps, over the pool: the sum of
@@ -942,12 +950,6 @@ static int ensure_mapped(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t
     uint64_t allow, cap;
     gm__pages_budget(pool, live, &allow, &cap);
     bool drained = false;
-
-    /* First the pages whose own mapping is free: they cost nothing, and no
-     * other page of the range should take their physical page. */
-    for (size_t q = p0; q < p1; q++)
-        if (!bit_get(a->owned, q) && takes_back(pool, a, q, s) && !(solo && is_ext(pool, a, q)))
-            own(pool, a, q);
 
     /* Extents: only on pages wholly inside the range (a tagged block, or a
      * restore's piece of one), so that they go back with its offload. */
