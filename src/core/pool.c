@@ -406,16 +406,26 @@ static int alloc_slow_locked(gm_pool_t *pool, size_t size, size_t align, gm_stre
         }
     }
 
-    /* The handlers are the root's, called with the root: the user's handle
-     * (a heap reads them under the root's lock, its own dropped). */
+    /* The handlers are the root's, called with the root: the user's handle.
+     * They are copied under the root's lock (gm_set_oom_handler and
+     * gm_remove_oom_handler change them under it): the root copies them
+     * before it drops its own, a heap takes the root's once its own is
+     * dropped. */
     bool nested = oom_handlers_running(root);
     for (int round = 0; round < GM_OOM_MAX_ROUNDS && !nested; round++) {
         struct gm__oom_handler h[GM_OOM_MAX_HANDLERS];
-        gm__unlock(&pool->lock);
-        if (root != pool) gm__lock(&root->lock);
-        unsigned n = root->n_oom_handlers;
-        memcpy(h, root->oom_handlers, n * sizeof h[0]);
-        if (root != pool) gm__unlock(&root->lock);
+        unsigned n = 0;
+        if (root == pool) {
+            n = root->n_oom_handlers;
+            memcpy(h, root->oom_handlers, n * sizeof h[0]);
+            gm__unlock(&pool->lock);
+        } else {
+            gm__unlock(&pool->lock);
+            gm__lock(&root->lock);
+            n = root->n_oom_handlers;
+            memcpy(h, root->oom_handlers, n * sizeof h[0]);
+            gm__unlock(&root->lock);
+        }
         int again = 0;
         unsigned calls = 0;
         oom_running[oom_depth++] = root;
