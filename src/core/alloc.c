@@ -681,8 +681,9 @@ int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed)
     }
     /* A page this block shared with an offloaded neighbour holds nothing
      * resident once the free has passed: the next trim looks (offload.c). */
-    if (GM_UNLIKELY(pool->st.offloaded) && ((b->prev && b->prev->offloaded && !b->prev->free) ||
-                                            (b->next && b->next->offloaded && !b->next->free)))
+    if (GM_UNLIKELY(pool->st.offloaded) &&
+        ((b->prev && !b->prev->free && gm__block_off_device(b->prev)) ||
+         (b->next && !b->next->free && gm__block_off_device(b->next))))
         pool->offl_dirty = true;
     release_block(pool, b, s);
     return GM_OK;

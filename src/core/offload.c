@@ -430,7 +430,7 @@ void gm__offload_trim_locked(gm_pool_t *h)
     for (size_t i = 0; i < h->live.cap; i++) {
         if (!h->live.keys[i]) continue;
         gm__block_t *b = h->live.vals[i];
-        if (!b->offloaded) continue;
+        if (!gm__block_off_device(b)) continue; /* resident, or being restored */
         int rc = gm__pages_evict_locked(h, b, NULL, &kept);
         if (rc != GM_OK && first == GM_OK) first = rc;
     }
@@ -952,6 +952,9 @@ static int restore_map(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, gm_stream_t 
         if (rc == GM_OK) rc = r3;
     }
     bool copied = rc == GM_OK;
+    /* Mapped and filled: until restore_finish (or restore_undo) takes the
+     * heap's lock again, no trim may give these pages back. */
+    for (size_t i = 0; copied && i < bl.n; i++) bl.b[i]->offloaded |= GM__OFFLOADED_RESTORING;
     if (!copied) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s", gm_last_error());
@@ -998,8 +1001,10 @@ static void restore_undo(gm_pool_t *h, gm_tag_t tag)
 {
     blist_t bl = {0};
     gm__lock(&h->lock);
-    if (collect_locked(h, tag, true, &bl) == GM_OK)
+    if (collect_locked(h, tag, true, &bl) == GM_OK) {
+        for (size_t i = 0; i < bl.n; i++) bl.b[i]->offloaded &= (uint8_t)~GM__OFFLOADED_RESTORING;
         (void)evict_range_locked(h, bl.b, 0, bl.n, &(result_t){0});
+    }
     gm__unlock(&h->lock);
     free(bl.b);
 }

@@ -1168,7 +1168,8 @@ int gm__pages_trim_locked(gm_pool_t *pool, size_t keep, size_t *released)
 static bool evict_ok(const gm__block_t *x)
 {
     if (x->free) return x->owner->is_global || x->owner->done_seq >= x->free_seq;
-    return !x->pending && x->offloaded && !atomic_load_explicit(&x->tc_cached, memory_order_relaxed);
+    return !x->pending && gm__block_off_device(x) &&
+           !atomic_load_explicit(&x->tc_cached, memory_order_relaxed);
 }
 
 /* Every block overlapping VA page p of a (b is one of them) allows evicting it. */
@@ -1322,7 +1323,7 @@ int gm__pages_check_locked(gm_pool_t *pool)
                     return gm__set_error(GM_INTERNAL, "arena %d: page %zu under a live block is "
                                          "not marked used", c, p);
                 /* An offloaded block's pages may be given back. */
-                if (!bit_get(a->owned, p) && !b->offloaded)
+                if (!bit_get(a->owned, p) && !gm__block_off_device(b))
                     return gm__set_error(GM_INTERNAL, "arena %d: page %zu under a live block at "
                                          "%#lx is not owned", c, p, (unsigned long)b->addr);
             }

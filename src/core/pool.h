@@ -520,8 +520,22 @@ void gm__alloc_fini(gm_pool_t *pool);
 /* ---- defined in src/core/offload.c ------------------------------------------- */
 
 /* GM__OFFLOADED_*: a live block's data is on the device (NONE), in its
- * host copy (COPIED), or was discarded (DISCARDED). */
-enum { GM__OFFLOADED_NONE = 0, GM__OFFLOADED_COPIED = 1, GM__OFFLOADED_DISCARDED = 2 };
+ * host copy (COPIED), or was discarded (DISCARDED).  RESTORING, added to
+ * either, marks a block a gm_restore has mapped and filled again but not
+ * yet finished (offload.c, restore_all: the heap's lock is dropped between
+ * the two): the offload's books still count it offloaded, but its pages
+ * hold its data, so nothing may give them back. */
+enum {
+    GM__OFFLOADED_NONE = 0,
+    GM__OFFLOADED_COPIED = 1,
+    GM__OFFLOADED_DISCARDED = 2,
+    GM__OFFLOADED_RESTORING = 4
+};
+/* Is live block b's data off the device (its pages free to go back)? */
+static inline bool gm__block_off_device(const gm__block_t *b)
+{
+    return b->offloaded && !(b->offloaded & GM__OFFLOADED_RESTORING);
+}
 /* This thread's current tag (gm_tag_scope), and how many threads have one
  * set: while none has, gm_alloc skips the thread-local read (a call into
  * the dynamic loader from a shared library). */
