@@ -292,7 +292,9 @@ GM_API int gm_stream_create(gm_pool_t *pool, gm_stream_t *stream);
 /* Before a stream that gpumem has seen is destroyed: when the pool (or its
  * host pool) holds blocks freed on it, wait for the stream's work and make
  * them reusable by every stream, so that no event is recorded on the stream
- * again.  Call it before destroying a stream yourself (cudaStreamDestroy,
+ * again; when live blocks were allocated or recorded on it, wait for its
+ * work too, and never name it to the backend again (their gm_free,
+ * gm_offload and the stream rule count its work as done).  Call it before destroying a stream yourself (cudaStreamDestroy,
  * a CuPy stream going away); gm_stream_destroy calls it.  A stream with work
  * held in flight (sim) gives GM_NOT_READY and stays known. */
 GM_API int gm_stream_forget(gm_pool_t *pool, gm_stream_t stream);

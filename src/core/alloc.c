@@ -230,6 +230,10 @@ void gm__block_drop_recorded_locked(gm_pool_t *pool, gm__block_t *b)
 static void order_recorded(gm_pool_t *pool, gm__recorded_t *r)
 {
     int rc;
+    if (r->stream->retired) { /* its work was waited for when it was forgotten */
+        r->unordered = false;
+        return;
+    }
     if (!r->event) {
         GM_BK(rc, pool, event_create, (pool->bk, &r->event));
         if (rc != GM_OK) r->event = 0;
@@ -366,7 +370,25 @@ int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
         if (rc == GM_OK) s->ev_pending = false;
         gm__clear_error();
     }
-    if (stream_idle(s)) forget_stream(pool, s);
+    if (stream_idle(s)) {
+        forget_stream(pool, s);
+        return GM_OK;
+    }
+    if (s->pinned) return GM_OK; /* the default stream is never destroyed */
+    /* Live blocks allocated on it, or gm_record_stream entries, still name
+     * it: wait for its work once, and from now on nothing calls the backend
+     * with its handle (an offload's stream rule, a free's event for a
+     * recorded stream); the handle finds a new state (gm__streams_detach). */
+    int rc;
+    GM_BK(rc, pool, stream_sync, (pool->bk, s->handle));
+    if (rc != GM_OK) return rc;
+    s->ev_pending = false;
+    s->done_seq = s->mig_seq = s->free_seq;
+    if (s->active) { /* it allocates no more */
+        s->active = false;
+        pool->n_active--;
+    }
+    gm__streams_detach(&pool->streams, s);
     return GM_OK;
 }
 

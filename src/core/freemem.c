@@ -94,12 +94,26 @@ static void event_drop(gm_pool_t *pool, gm__stream_t *s)
     if (rc != GM_OK) gm__clear_error();
 }
 
+void gm__streams_detach(gm__streams_t *r, gm__stream_t *s)
+{
+    gm_assert_internal(!s->retired && s->slot < r->n && r->all[s->slot] == s);
+    if (s->handle) gm__hash_take(&r->of, (uintptr_t)s->handle);
+    else r->null_state = NULL;
+    if (r->last == s) r->last = NULL;
+    s->retired = true;
+}
+
 void gm__streams_forget(gm_pool_t *pool, gm__streams_t *r, gm__stream_t *s)
 {
     gm_assert_internal(s->slot < r->n && r->all[s->slot] == s);
     event_drop(pool, s);
-    if (s->handle) gm__hash_take(&r->of, (uintptr_t)s->handle);
-    else r->null_state = NULL;
+    if (s->retired) {
+        /* out of the table already */
+    } else if (s->handle) {
+        gm__hash_take(&r->of, (uintptr_t)s->handle);
+    } else {
+        r->null_state = NULL;
+    }
     gm__stream_t *last = r->all[--r->n];
     r->all[s->slot] = last;
     last->slot = s->slot;
@@ -120,17 +134,30 @@ void gm__streams_fini(gm_pool_t *pool, gm__streams_t *r)
 
 int gm__streams_check(const gm__streams_t *r)
 {
+    size_t retired = 0;
     for (size_t i = 0; i < r->n; i++) {
         const gm__stream_t *t = r->all[i];
         const gm__stream_t *found =
             !t->handle ? r->null_state
                        : r->of.cap ? gm__hash_get(&r->of, (uintptr_t)t->handle) : NULL;
-        if (t->slot != i || found != t)
+        if (t->slot != i)
+            return gm__set_error(GM_INTERNAL, "stream state %zu is not in its slot", i);
+        if (t->retired) {
+            retired++;
+            if (found == t)
+                return gm__set_error(GM_INTERNAL, "retired stream state %zu still found by its "
+                                     "handle", i);
+            if (t->ev_pending || t->done_seq != t->free_seq)
+                return gm__set_error(GM_INTERNAL, "retired stream state %zu has work not known "
+                                     "done", i);
+        } else if (found != t) {
             return gm__set_error(GM_INTERNAL, "stream state %zu not found by its handle", i);
+        }
     }
     size_t in_tab = r->of.count + (r->null_state != NULL);
-    if (in_tab != r->n)
-        return gm__set_error(GM_INTERNAL, "stream table holds %zu states, list %zu", in_tab, r->n);
+    if (in_tab + retired != r->n)
+        return gm__set_error(GM_INTERNAL, "stream table holds %zu states, list %zu (%zu retired)",
+                             in_tab, r->n, retired);
     return GM_OK;
 }
 

@@ -129,6 +129,12 @@ typedef struct gm__stream {
     uint64_t ev_seq;            /* free_seq when event was recorded */
     gm__event_t event;          /* 0 until first needed */
     bool ev_pending;
+    /* Device: forgotten (gm_stream_forget) while live blocks or
+     * gm_record_stream entries still name it.  Its work was waited for then
+     * and its frees all count as passed; no backend call names it again
+     * (the handle may be destroyed, or reused by a new stream, which gets
+     * a state of its own: this one is out of the table, gm__streams_detach). */
+    bool retired;
 } gm__stream_t;
 
 /* The stream states of one side, found by handle. */
@@ -462,6 +468,10 @@ static inline gm__stream_t *gm__streams_find(gm__streams_t *r, gm_stream_t handl
 }
 /* A new state for handle (not known yet), or NULL (out of host memory). */
 gm__stream_t *gm__streams_add(gm__streams_t *r, gm_stream_t handle);
+/* Take s out of the handle table (its handle finds nothing, so a new state
+ * can be made for it); s stays in the list until it is dropped.  Marks it
+ * retired. */
+void gm__streams_detach(gm__streams_t *r, gm__stream_t *s);
 /* Drop state s: its event is destroyed (failures cleared). */
 void gm__streams_forget(gm_pool_t *pool, gm__streams_t *r, gm__stream_t *s);
 /* Destroy every state and the registry (teardown: failures ignored). */

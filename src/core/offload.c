@@ -341,9 +341,11 @@ static int sync_blocks_locked(gm_pool_t *h, const blist_t *bl, gm_stream_t strea
     GM_CHECK(sync_once(h, stream, seen, &n_seen, 64));
     for (size_t i = 0; i < bl->n; i++) {
         const gm__block_t *b = bl->b[i];
-        GM_CHECK(sync_once(h, b->owner->handle, seen, &n_seen, 64));
+        /* A forgotten stream's work was waited for then (its handle may
+         * be gone). */
+        if (!b->owner->retired) GM_CHECK(sync_once(h, b->owner->handle, seen, &n_seen, 64));
         for (const gm__recorded_t *r = b->recorded; r; r = r->next)
-            GM_CHECK(sync_once(h, r->stream->handle, seen, &n_seen, 64));
+            if (!r->stream->retired) GM_CHECK(sync_once(h, r->stream->handle, seen, &n_seen, 64));
     }
     return GM_OK;
 }
