@@ -65,10 +65,17 @@ static inline bool observing(void)
 }
 
 /* Is tc bound to this live pool, and may the fast paths run? */
+/* A live pool, or a live heap of one (heaps.c: a thread's cache binds to
+ * the heap it allocates from). */
+static inline bool live_magic(const gm_pool_t *pool)
+{
+    return pool->magic == GM_POOL_MAGIC || pool->magic == GM_HEAP_MAGIC;
+}
+
 static inline bool bound(const gm__tcache_t *tc, const gm_pool_t *pool)
 {
-    return tc && tc->pool == pool && pool->magic == GM_POOL_MAGIC &&
-           tc->pool_gen == pool->tc_gen && !observing() && pool->leaks == NULL;
+    return tc && tc->pool == pool && live_magic(pool) && tc->pool_gen == pool->tc_gen &&
+           !observing() && pool->leaks == NULL;
 }
 
 static inline void count_add(_Atomic uint64_t *c, uint64_t v)
@@ -220,7 +227,7 @@ static void forget_all(gm__tcache_t *tc)
 /* Is tc bound to a pool that is still the one it was bound to? */
 static bool bound_live(const gm__tcache_t *tc)
 {
-    return tc->pool && tc->pool->magic == GM_POOL_MAGIC && tc->pool_gen == tc->pool->tc_gen;
+    return tc->pool && live_magic(tc->pool) && tc->pool_gen == tc->pool->tc_gen;
 }
 
 /* tc goes out of its pool's sight (that pool's lock held): its cached

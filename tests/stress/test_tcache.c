@@ -142,6 +142,73 @@ static void *churn(void *arg)
     return NULL;
 }
 
+/* A pool of several heaps: a thread's cache serves the heap it allocates
+ * from (it used to serve heap 0 only, so threads given other heaps took the
+ * lock for every pair).  The thread (given heap 1) leaves a freed block in
+ * its cache; a second free of it from the main thread must be told it
+ * waits in a thread's cache. */
+typedef struct heap_job {
+    gm_pool_t *pool;
+    pthread_barrier_t cached, checked;
+    void *block;
+    intptr_t bad;
+} heap_job_t;
+
+static void *heap_thread(void *arg)
+{
+    heap_job_t *j = arg;
+    void *a = NULL, *b = NULL;
+    for (int i = 0; i < 100; i++) {
+        if (gm_alloc(j->pool, 512, NULL, &a) != GM_OK || gm_free(j->pool, a, NULL) != GM_OK) j->bad++;
+        if (gm_alloc(j->pool, 512, NULL, &b) != GM_OK || b != a) j->bad++;
+        if (i < 99 && gm_free(j->pool, b, NULL) != GM_OK) j->bad++;
+    }
+    if (gm_free(j->pool, b, NULL) != GM_OK) j->bad++;
+    j->block = b;
+    pthread_barrier_wait(&j->cached);
+    pthread_barrier_wait(&j->checked); /* the main thread tried its free */
+    gm_stats_t st = pool_stats_of(j->pool);
+    if (st.alloc_count != 201 || st.free_count != 200 || st.live_blocks != 1) j->bad++;
+    return NULL;
+}
+
+static void heaps_cache(void)
+{
+    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
+    cfg.backend = test_backend();
+    cfg.sim_capacity = (size_t)1 << 30;
+    cfg.heaps = 4;
+    gm_pool_t *pool = pool_from(&cfg);
+    if (!pool) {
+        CHECK(pool != NULL);
+        return;
+    }
+    void *root_block = NULL; /* this thread takes heap 0 */
+    CHECK_OK(gm_alloc(pool, 512, NULL, &root_block));
+    heap_job_t j = {.pool = pool};
+    pthread_barrier_init(&j.cached, NULL, 2);
+    pthread_barrier_init(&j.checked, NULL, 2);
+    pthread_t t;
+    if (pthread_create(&t, NULL, heap_thread, &j) == 0) {
+        pthread_barrier_wait(&j.cached);
+        CHECK_RC(gm_free(pool, j.block, NULL), GM_DOUBLE_FREE);
+        CHECK(strstr(gm_last_error(), "thread's cache") != NULL);
+        pthread_barrier_wait(&j.checked);
+        pthread_join(t, NULL);
+    } else {
+        CHECK(!"pthread_create");
+    }
+    CHECK(j.bad == 0);
+    pthread_barrier_destroy(&j.cached);
+    pthread_barrier_destroy(&j.checked);
+    /* The thread's exit gave its cache back. */
+    gm_stats_t st = pool_stats_of(pool);
+    CHECK(st.live_blocks == 1 && st.allocated == 512 && st.alloc_count == st.free_count + 1);
+    CHECK_OK(gm_free(pool, root_block, NULL));
+    CHECK_OK(gm_pool_check(pool));
+    gm_pool_destroy(pool);
+}
+
 int main(int argc, char **argv)
 {
     int rc = stress_args(argc, argv, &n_threads, &scale, &iterations, &seed, 1);
@@ -150,6 +217,7 @@ int main(int argc, char **argv)
     REQUIRE(pool != NULL);
     gm_stream_t s1 = (gm_stream_t)0, s2;
     CHECK_OK(gm_stream_create(pool, &s2));
+    heaps_cache();
 
     /* Reuse, and the books. */
     void *a = NULL, *b = NULL;
