@@ -68,7 +68,7 @@ static void *failer(void *arg)
 static void run(unsigned heaps)
 {
     gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = GM_BACKEND_SIM;
+    cfg.backend = test_backend(); /* GPUMEM_TEST_BACKEND */
     cfg.sim_capacity = 256 * MiB;
     cfg.limit = 4 * MiB;
     cfg.heaps = heaps;

@@ -21,7 +21,7 @@
 
 static void offload_after_destroy(void)
 {
-    gm_pool_t *pool = sim_pool(64 * MiB, 0);
+    gm_pool_t *pool = test_pool(64 * MiB, 0);
     gm_tag_t tag;
     gm_stream_t s = NULL, other = NULL;
     void *blk = NULL, *rec = NULL;
@@ -56,7 +56,7 @@ static void offload_after_destroy(void)
 
 static void recorded_free_after_destroy(void)
 {
-    gm_pool_t *pool = sim_pool(64 * MiB, 0);
+    gm_pool_t *pool = test_pool(64 * MiB, 0);
     gm_stream_t s = NULL;
     void *blk = NULL;
     if (!pool || gm_stream_create(pool, &s) != GM_OK) {
@@ -89,7 +89,7 @@ static void recorded_free_after_destroy(void)
  * keeps the stream): the handle gets a fresh state, and both blocks free. */
 static void forgotten_then_used(void)
 {
-    gm_pool_t *pool = sim_pool(64 * MiB, 0);
+    gm_pool_t *pool = test_pool(64 * MiB, 0);
     gm_stream_t s = NULL;
     void *a = NULL, *b = NULL;
     if (!pool || gm_stream_create(pool, &s) != GM_OK) {

@@ -46,7 +46,7 @@ static void *heap_job_main(void *arg)
 static void heaps_under_limit(void)
 {
     gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = GM_BACKEND_SIM;
+    cfg.backend = test_backend(); /* GPUMEM_TEST_BACKEND */
     cfg.sim_capacity = 256 * MiB;
     cfg.heaps = 2;
     gm_pool_t *pool = pool_from(&cfg);
@@ -113,7 +113,7 @@ static void *trimmer(void *arg)
 static void trim_beside(void)
 {
     static const size_t sz[3] = {300, 3 * MiB + 1, MiB + 5};
-    gm_pool_t *pool = sim_pool(256 * MiB, 0);
+    gm_pool_t *pool = test_pool(256 * MiB, 0);
     gm_tag_t tag;
     if (!pool || gm_tag_get("window_trim", 0, &tag) != GM_OK) {
         CHECK(pool != NULL && !"tag");
