@@ -336,6 +336,18 @@ void gm__drain_streams_locked(gm_pool_t *pool)
  * its state is forgotten when that leaves it idle. */
 int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
 {
+    /* Blocks freed on it may wait in threads' caches, which belong to their
+     * threads: wait for the stream now and note it (forget_epoch); a cache
+     * gives such a block back later as passed (tcache.c). */
+    if (handle && gm__tcache_held_any_locked(pool)) {
+        int rc;
+        GM_BK(rc, pool, stream_sync, (pool->bk, handle));
+        if (rc != GM_OK) return rc;
+        uint32_t e = atomic_load_explicit(&pool->forget_epoch, memory_order_relaxed) + 1;
+        pool->forgot[pool->forgot_next++ % GM_FORGOT_RING].handle = handle;
+        pool->forgot[(pool->forgot_next - 1) % GM_FORGOT_RING].epoch = e;
+        atomic_store_explicit(&pool->forget_epoch, e, memory_order_release);
+    }
     gm__stream_t *s = gm__streams_find(&pool->streams, handle);
     if (!s) return GM_OK;
     size_t held = gm__fm_held(s);
@@ -390,6 +402,16 @@ int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
     }
     gm__streams_detach(&pool->streams, s);
     return GM_OK;
+}
+
+gm__stream_t *gm__stream_forgotten_locked(gm_pool_t *pool, gm_stream_t handle)
+{
+    for (size_t i = 0; i < pool->streams.n; i++) {
+        gm__stream_t *t = pool->streams.all[i];
+        if (t->retired && t->handle == handle) return t;
+    }
+    gm__stream_t *s = gm__streams_add_detached(&pool->streams, handle);
+    return s ? s : gm__stream_get_locked(pool, handle);
 }
 
 /* ---- allocation ---------------------------------------------------------------- */

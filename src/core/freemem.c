@@ -94,6 +94,24 @@ static void event_drop(gm_pool_t *pool, gm__stream_t *s)
     if (rc != GM_OK) gm__clear_error();
 }
 
+gm__stream_t *gm__streams_add_detached(gm__streams_t *r, gm_stream_t handle)
+{
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 8;
+        gm__stream_t **a = gm__realloc(r->all, cap * sizeof *a);
+        if (!a) return NULL;
+        r->all = a;
+        r->cap = cap;
+    }
+    gm__stream_t *s = gm__calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->handle = handle;
+    s->retired = true;
+    s->slot = r->n;
+    r->all[r->n++] = s;
+    return s;
+}
+
 void gm__streams_detach(gm__streams_t *r, gm__stream_t *s)
 {
     gm_assert_internal(!s->retired && s->slot < r->n && r->all[s->slot] == s);
@@ -309,7 +327,8 @@ int gm__fm_sync_migrate(gm_pool_t *pool, const gm__fm_policy_t *pol, gm__slab_t 
     gm_assert_internal(!s->is_global && global->is_global);
     int rc;
     uint64_t upto = s->free_seq;
-    GM_BK(rc, pool, stream_sync, (pool->bk, s->handle));
+    if (s->retired) rc = GM_OK; /* waited for when it was forgotten */
+    else GM_BK(rc, pool, stream_sync, (pool->bk, s->handle));
     if (rc == GM_OK) {
         gm__fm_migrate(pool, pol, slab, s, global, UINT64_MAX);
         mark_done(s, upto);

@@ -407,7 +407,11 @@ GM_FM_INLINE gm__block_t *gm__fm_release(gm_pool_t *pool, const gm__fm_policy_t 
     b->free = 1;
     b->pending = 0;
     b->owner = owner;
-    if (!owner->is_global) b->free_seq = ++owner->free_seq;
+    if (!owner->is_global) {
+        b->free_seq = ++owner->free_seq;
+        /* A forgotten stream's work was waited for: its frees pass at once. */
+        if (GM_UNLIKELY(owner->retired)) owner->done_seq = owner->free_seq;
+    }
     gm__fm_insert(&owner->idx[b->cls], b, pol->sl_bits);
     if (pol->freed) {
         if (GM_UNLIKELY(overflow)) {
@@ -468,6 +472,9 @@ static inline gm__stream_t *gm__streams_find(gm__streams_t *r, gm_stream_t handl
 }
 /* A new state for handle (not known yet), or NULL (out of host memory). */
 gm__stream_t *gm__streams_add(gm__streams_t *r, gm_stream_t handle);
+/* A new retired state for handle, in the list only (NULL: out of host
+ * memory): where blocks freed on a forgotten stream come back. */
+gm__stream_t *gm__streams_add_detached(gm__streams_t *r, gm_stream_t handle);
 /* Take s out of the handle table (its handle finds nothing, so a new state
  * can be made for it); s stays in the list until it is dropped.  Marks it
  * retired. */

@@ -125,6 +125,7 @@ typedef struct gm__ppage {
  * pool zeroes it (MADV_DONTNEED), so a stale handle reads magic 0.  In a
  * child of fork() every pool of the parent reads GM_POOL_FORKED. */
 #define GM_POOL_MAGIC UINT64_C(0x4c4f4f504d454d47)  /* "GMEMPOOL" */
+#define GM_FORGOT_RING 16 /* streams forgotten while thread caches held blocks */
 #define GM_POOL_FORKED UINT64_C(0x4b524f464d454d47) /* "GMEMFORK" */
 #define GM_HEAP_MAGIC UINT64_C(0x5041454850454d47)  /* "GMEPHEAP": a heap, not a handle */
 /* Most heaps one pool may have (gm_pool_config_t.heaps). */
@@ -143,10 +144,21 @@ struct gm_pool {
     uint64_t magic;              /* GM_POOL_MAGIC while usable (see above) */
     uint64_t tc_gen;             /* this pool's number for the thread caches
                                     (unique per pool made; 0 once destroyed) */
+    /* gm_stream_forget calls that found blocks in thread caches: the count
+     * (read by the caches' fast free, stored in each cached entry), and the
+     * last GM_FORGOT_RING handles with the count after each (lock held).  A
+     * cached block freed on such a stream before its forget was waited for
+     * then; its cache gives it back as passed (tcache.c, drain_bin_locked). */
+    _Atomic uint32_t forget_epoch;
     struct gm_pool *root;        /* heaps.c: the pool a heap belongs to (itself for the root) */
     unsigned heaps_max;          /* root: heaps a thread may be given (1: none) */
 
     _Alignas(64) gm__lock_t lock;
+    struct {
+        gm_stream_t handle;
+        uint32_t epoch;
+    } forgot[GM_FORGOT_RING];
+    unsigned forgot_next;
     gm_pool_config_t cfg;
     const gm__backend_ops_t *ops;
     void *bk;                    /* backend context */
@@ -509,6 +521,10 @@ void gm__drain_streams_locked(gm_pool_t *pool);
 /* Before a stream is destroyed: wait for it if it holds free blocks and move
  * them to the global index.  GM_NOT_READY etc. from the sync. */
 int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle);
+/* A retired state of `handle` (gm_stream_forget waited for that stream):
+ * where a thread cache gives back a block freed on it before it was
+ * forgotten.  Falls back to gm__stream_get_locked when out of host memory. */
+gm__stream_t *gm__stream_forgotten_locked(gm_pool_t *pool, gm_stream_t handle);
 /* After gm__arena_init: the whole arena becomes one free block of the
  * global index.  GM_NO_HOST_MEMORY when no block record can be had. */
 int gm__alloc_arena_ready_locked(gm_pool_t *pool, gm__arena_t *a);

@@ -145,6 +145,7 @@ int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     bin->stream = stream;
     bin->slot[bin->n++] = (uint16_t)i;
     e->cached = 1;
+    e->fepoch = atomic_load_explicit(&pool->forget_epoch, memory_order_acquire);
     atomic_store_explicit(&e->blk->tc_cached, 1, memory_order_relaxed);
     tc->held += e->asize;
     count_add(&tc->c.held_req, e->req);
@@ -159,6 +160,18 @@ int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
 
 /* Give the blocks of one of tc's bins back to its pool (that pool's lock
  * held). */
+/* Was stream `handle` forgotten (and waited for, gm__stream_retire_locked)
+ * after a block was cached at forget epoch `fepoch`? */
+static bool forgotten_since(const gm_pool_t *pool, gm_stream_t handle, uint32_t fepoch)
+{
+    if (!handle || atomic_load_explicit(&pool->forget_epoch, memory_order_relaxed) == fepoch)
+        return false;
+    for (unsigned i = 0; i < GM_FORGOT_RING; i++)
+        if (pool->forgot[i].handle == handle && (int32_t)(pool->forgot[i].epoch - fepoch) > 0)
+            return true;
+    return false;
+}
+
 static void drain_bin_locked(gm_pool_t *pool, gm__tcache_t *tc, gm__tc_bin_t *bin)
 {
     if (bin->n && bin->req > GM_TC_MAX) tc->large_bin = 0;
@@ -172,7 +185,11 @@ static void drain_bin_locked(gm_pool_t *pool, gm__tcache_t *tc, gm__tc_bin_t *bi
         /* Counted as a free already (c.frees): the pool's own books
          * take it now, so the cache's tally gives it back. */
         if (atomic_load_explicit(&e->blk->tc_gen, memory_order_relaxed) == e->gen) {
-            gm__stream_t *s = gm__stream_get_locked(pool, bin->stream);
+            /* Freed on a stream forgotten since: passed (a fresh state of
+             * that handle would name a stream that may be gone). */
+            gm__stream_t *s = forgotten_since(pool, bin->stream, e->fepoch)
+                                  ? gm__stream_forgotten_locked(pool, bin->stream)
+                                  : gm__stream_get_locked(pool, bin->stream);
             size_t freed = 0;
             if (s && gm__free_locked(pool, (void *)e->addr, s, &freed) == GM_OK) {
                 count_sub(&tc->c.frees, 1);
@@ -328,6 +345,17 @@ void gm__tcache_note_alloc_locked(gm_pool_t *pool, gm__block_t *b)
 }
 
 /* ---- what the pool's books see ------------------------------------------------------ */
+
+bool gm__tcache_held_any_locked(gm_pool_t *pool)
+{
+    bool any = false;
+    pthread_mutex_lock(&cache_mu);
+    for (gm__tcache_t *tc = caches; tc && !any; tc = tc->next)
+        any = tc->pool == pool && tc->pool_gen == pool->tc_gen &&
+              atomic_load_explicit(&tc->c.held_n, memory_order_relaxed) > 0;
+    pthread_mutex_unlock(&cache_mu);
+    return any;
+}
 
 void gm__tcache_adjust_locked(gm_pool_t *pool, gm_stats_t *s)
 {

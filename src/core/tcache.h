@@ -55,6 +55,7 @@ typedef struct gm__tc_entry {
     uint64_t gen;                /* blk->tc_gen when the entry was made */
     size_t req, asize;
     uint8_t cached;              /* freed by the program, sitting in a bin */
+    uint32_t fepoch;             /* cached: the pool's forget_epoch at the free */
 } gm__tc_entry_t;
 
 typedef struct gm__tc_bin {
@@ -109,6 +110,8 @@ static inline void gm__tcache_release_large_locked(gm_pool_t *pool)
 /* Pool lock held: give this thread's cached blocks back (before an OOM
  * retry, a trim, or when tracing started). */
 void gm__tcache_flush_self_locked(gm_pool_t *pool);
+/* Does any thread's cache hold blocks of pool (pool lock held)? */
+bool gm__tcache_held_any_locked(gm_pool_t *pool);
 /* Pool lock held: subtract from *s what every cache of the pool holds and
  * add what they served. */
 void gm__tcache_adjust_locked(gm_pool_t *pool, gm_stats_t *s);

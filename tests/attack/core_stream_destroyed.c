@@ -11,9 +11,14 @@
  *   - gm_free of a block recorded on it recorded an event there, failed,
  *     and left the block pending for good: its memory never reusable, never
  *     trimmed.
- * Also: a new stream whose handle equals the destroyed one's is a stream of
- * its own (the sim hands out new handles, so this checks the state only).
+ *   - a block freed on it into ANOTHER thread's cache came back (at that
+ *     thread's exit) to a fresh state of the dead handle, whose event the
+ *     pool could never record: its page was lost until the pool was
+ *     destroyed, and a second gm_stream_forget failed.
+ * Also: a stream forgotten and then used again keeps working.
  */
+#include <pthread.h>
+
 #include "gpumem.h"
 #include "../test.h"
 
@@ -110,8 +115,71 @@ static void forgotten_then_used(void)
     gm_pool_destroy(pool);
 }
 
+/* A worker frees a 4 KiB block on s into its own cache; the main thread
+ * destroys s; the worker exits (its cache goes back).  Under a limit of one
+ * page, the page must serve the default stream afterwards. */
+typedef struct cache_job {
+    gm_pool_t *pool;
+    gm_stream_t s;
+    pthread_barrier_t cached, destroyed;
+    int rc;
+} cache_job_t;
+
+static void *cache_worker(void *arg)
+{
+    cache_job_t *j = arg;
+    void *p = NULL;
+    j->rc = gm_alloc(j->pool, 4096, j->s, &p);
+    if (j->rc == GM_OK) j->rc = gm_free(j->pool, p, j->s); /* into this thread's cache */
+    pthread_barrier_wait(&j->cached);
+    pthread_barrier_wait(&j->destroyed);
+    return NULL; /* exit: the cache goes back to the pool */
+}
+
+static void cached_in_other_thread(void)
+{
+    gm_pool_t *pool = test_pool(64 * MiB, 2 * MiB); /* a limit of one page */
+    cache_job_t j = {.pool = pool};
+    if (!pool || gm_stream_create(pool, &j.s) != GM_OK) {
+        CHECK(!"setup");
+        if (pool) gm_pool_destroy(pool);
+        return;
+    }
+    pthread_barrier_init(&j.cached, NULL, 2);
+    pthread_barrier_init(&j.destroyed, NULL, 2);
+    pthread_t t;
+    if (pthread_create(&t, NULL, cache_worker, &j) != 0) {
+        CHECK(!"pthread_create");
+    } else {
+        pthread_barrier_wait(&j.cached);
+        CHECK_OK(gm_stream_destroy(pool, j.s));
+        pthread_barrier_wait(&j.destroyed);
+        pthread_join(t, NULL);
+        CHECK_OK(j.rc);
+    }
+    pthread_barrier_destroy(&j.cached);
+    pthread_barrier_destroy(&j.destroyed);
+    enum { N = 512 };
+    static void *v[N];
+    int failed = 0;
+    for (int i = 0; i < N; i++)
+        if (gm_alloc(pool, 4096, NULL, &v[i]) != GM_OK) failed++, v[i] = NULL;
+    CHECK(failed == 0); /* the whole page serves the default stream */
+    for (int i = 0; i < N; i++)
+        if (v[i]) CHECK_OK(gm_free(pool, v[i], NULL));
+    size_t released = 0;
+    CHECK_OK(gm_trim(pool, 0, &released));
+    gm_stats_t st = GM_STATS_INIT;
+    CHECK_OK(gm_pool_stats(pool, &st));
+    CHECK(st.reserved == 0 && st.allocated == 0);
+    CHECK_OK(gm_stream_forget(pool, j.s)); /* nothing names the dead handle */
+    CHECK_OK(gm_pool_check(pool));
+    gm_pool_destroy(pool);
+}
+
 int main(void)
 {
+    cached_in_other_thread();
     offload_after_destroy();
     recorded_free_after_destroy();
     forgotten_then_used();
