@@ -62,9 +62,10 @@ gm__stream_t *gm__streams_lookup(gm__streams_t *r, gm_stream_t handle)
     return s;
 }
 
-gm__stream_t *gm__streams_add(gm__streams_t *r, gm_stream_t handle)
+/* A zeroed state for handle with room for it in the list (not added yet);
+ * NULL when out of host memory. */
+static gm__stream_t *state_new(gm__streams_t *r, gm_stream_t handle)
 {
-    gm_assert_internal(gm__streams_find(r, handle) == NULL);
     if (r->n == r->cap) {
         size_t cap = r->cap ? r->cap * 2 : 8;
         gm__stream_t **a = gm__realloc(r->all, cap * sizeof *a);
@@ -73,17 +74,30 @@ gm__stream_t *gm__streams_add(gm__streams_t *r, gm_stream_t handle)
         r->cap = cap;
     }
     gm__stream_t *s = gm__calloc(1, sizeof *s);
+    if (s) s->handle = handle;
+    return s;
+}
+
+/* Put new state s at the end of the list. */
+static gm__stream_t *state_list(gm__streams_t *r, gm__stream_t *s)
+{
+    s->slot = r->n;
+    r->all[r->n++] = s;
+    return s;
+}
+
+gm__stream_t *gm__streams_add(gm__streams_t *r, gm_stream_t handle)
+{
+    gm_assert_internal(gm__streams_find(r, handle) == NULL);
+    gm__stream_t *s = state_new(r, handle);
     if (!s) return NULL;
-    s->handle = handle;
     if (!handle) {
         r->null_state = s;
     } else if (gm__hash_put(&r->of, (uintptr_t)handle, s) != GM_OK) {
         gm__free(s);
         return NULL;
     }
-    s->slot = r->n;
-    r->all[r->n++] = s;
-    return r->last = s;
+    return r->last = state_list(r, s);
 }
 
 static void event_drop(gm_pool_t *pool, gm__stream_t *s)
@@ -96,20 +110,10 @@ static void event_drop(gm_pool_t *pool, gm__stream_t *s)
 
 gm__stream_t *gm__streams_add_detached(gm__streams_t *r, gm_stream_t handle)
 {
-    if (r->n == r->cap) {
-        size_t cap = r->cap ? r->cap * 2 : 8;
-        gm__stream_t **a = gm__realloc(r->all, cap * sizeof *a);
-        if (!a) return NULL;
-        r->all = a;
-        r->cap = cap;
-    }
-    gm__stream_t *s = gm__calloc(1, sizeof *s);
+    gm__stream_t *s = state_new(r, handle);
     if (!s) return NULL;
-    s->handle = handle;
     s->retired = true;
-    s->slot = r->n;
-    r->all[r->n++] = s;
-    return s;
+    return state_list(r, s);
 }
 
 void gm__streams_detach(gm__streams_t *r, gm__stream_t *s)
