@@ -339,13 +339,16 @@ int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
     /* Blocks freed on it may wait in threads' caches, which belong to their
      * threads: wait for the stream now and note it (forget_epoch); a cache
      * gives such a block back later as passed (tcache.c). */
+    bool synced = false;
     if (handle && gm__tcache_held_any_locked(pool)) {
         int rc;
         GM_BK(rc, pool, stream_sync, (pool->bk, handle));
         if (rc != GM_OK) return rc;
+        synced = true;
         uint32_t e = atomic_load_explicit(&pool->forget_epoch, memory_order_relaxed) + 1;
-        pool->forgot[pool->forgot_next++ % GM_FORGOT_RING].handle = handle;
-        pool->forgot[(pool->forgot_next - 1) % GM_FORGOT_RING].epoch = e;
+        pool->forgot[pool->forgot_next % GM_FORGOT_RING].handle = handle;
+        pool->forgot[pool->forgot_next % GM_FORGOT_RING].epoch = e;
+        pool->forgot_next++;
         atomic_store_explicit(&pool->forget_epoch, e, memory_order_release);
     }
     gm__stream_t *s = gm__streams_find(&pool->streams, handle);
@@ -391,9 +394,11 @@ int gm__stream_retire_locked(gm_pool_t *pool, gm_stream_t handle)
      * it: wait for its work once, and from now on nothing calls the backend
      * with its handle (an offload's stream rule, a free's event for a
      * recorded stream); the handle finds a new state (gm__streams_detach). */
-    int rc;
-    GM_BK(rc, pool, stream_sync, (pool->bk, s->handle));
-    if (rc != GM_OK) return rc;
+    if (!synced) { /* waited for above already, when caches held blocks */
+        int rc;
+        GM_BK(rc, pool, stream_sync, (pool->bk, s->handle));
+        if (rc != GM_OK) return rc;
+    }
     s->ev_pending = false;
     s->done_seq = s->mig_seq = s->free_seq;
     if (s->active) { /* it allocates no more */

@@ -64,7 +64,6 @@ static inline bool observing(void)
            atomic_load_explicit(&gm__trace_on, memory_order_relaxed);
 }
 
-/* Is tc bound to this live pool, and may the fast paths run? */
 /* A live pool, or a live heap of one (heaps.c: a thread's cache binds to
  * the heap it allocates from). */
 static inline bool live_magic(const gm_pool_t *pool)
@@ -72,6 +71,7 @@ static inline bool live_magic(const gm_pool_t *pool)
     return pool->magic == GM_POOL_MAGIC || pool->magic == GM_HEAP_MAGIC;
 }
 
+/* Is tc bound to this live pool, and may the fast paths run? */
 static inline bool bound(const gm__tcache_t *tc, const gm_pool_t *pool)
 {
     return tc && tc->pool == pool && live_magic(pool) && tc->pool_gen == pool->tc_gen &&
@@ -158,8 +158,6 @@ int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
 
 /* ---- binding --------------------------------------------------------------------- */
 
-/* Give the blocks of one of tc's bins back to its pool (that pool's lock
- * held). */
 /* Was stream `handle` forgotten (and waited for, gm__stream_retire_locked)
  * after a block was cached at forget epoch `fepoch`? */
 static bool forgotten_since(const gm_pool_t *pool, gm_stream_t handle, uint32_t fepoch)
@@ -172,6 +170,8 @@ static bool forgotten_since(const gm_pool_t *pool, gm_stream_t handle, uint32_t 
     return false;
 }
 
+/* Give the blocks of one of tc's bins back to its pool (that pool's lock
+ * held). */
 static void drain_bin_locked(gm_pool_t *pool, gm__tcache_t *tc, gm__tc_bin_t *bin)
 {
     if (bin->n && bin->req > GM_TC_MAX) tc->large_bin = 0;
