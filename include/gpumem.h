@@ -126,7 +126,7 @@ GM_API int gm_call_from_name(const char *name);
 
 typedef struct gm_pool gm_pool_t;
 
-#define GM_POOL_CONFIG_VERSION 5
+#define GM_POOL_CONFIG_VERSION 6
 
 typedef struct gm_pool_config {
     size_t size;                /* sizeof(gm_pool_config_t) */
@@ -146,12 +146,14 @@ typedef struct gm_pool_config {
      * before free pages are remapped instead of new ones made.  The pool
      * starts at reserve_slack; when a window of 32 Ki allocations makes more
      * than churn_target remapping calls (map, unmap, event, sync) per 1000
-     * operations, the slack grows by 0.004 up to reserve_slack_max, and
+     * operations, the slack grows by steps of 0.004 up to reserve_slack_max, and
      * after 16 windows without one it shrinks back by a step.  While so
      * churning, a pool that one stream allocates from places a large block
      * where no page must be remapped, when such a free range is at hand
      * (docs/pages.md, "Placement while churning").  A KV-cache server that
-     * wants no remaps sets reserve_slack_max near 0.12. */
+     * wants no remaps sets reserve_slack_max near 0.12.  A window that
+     * remapped k times the target raises the slack by k steps (at most 16),
+     * so such a ceiling is reached within a few windows. */
     double reserve_slack;       /* default 1/64 (GPUMEM_RESERVE_SLACK) */
     double reserve_slack_max;   /* default 0.018 (GPUMEM_RESERVE_SLACK_MAX) */
     double churn_target;        /* calls per 1000 ops, default 1 (GPUMEM_CHURN_TARGET) */
@@ -186,6 +188,16 @@ typedef struct gm_pool_config {
      * named device does not exist.  With GM_POOL_CONFIG_INIT: GPUMEM_PEERS
      * (all, none, or a list of ordinals such as 0,1,3). */
     uint64_t peers;
+    /* Version 6: with heaps > 1, the most each heap's churn controller may
+     * raise its reserve slack to (the larger of this and reserve_slack_max
+     * applies).  Heaps trade memory for speed, and a heap sees one thread's
+     * share of the work, so its controller looks at windows of 4 Ki
+     * allocations and may go further than one heap's: a random mix on 16
+     * heaps settles near 1.13x the threads' requested peaks with almost no
+     * page churn, where the one-heap ceiling keeps 1.03x and remaps pages
+     * all the time (docs/pages.md).  0: heaps stop at reserve_slack_max.
+     * Default 0.2 (GPUMEM_HEAP_SLACK_MAX). */
+    double heap_slack_max;
 } gm_pool_config_t;
 
 /* gm_pool_config_t.peers: every other device of the machine. */
@@ -193,12 +205,12 @@ typedef struct gm_pool_config {
 
 #define GM_POOL_CONFIG_INIT                                                    \
     { sizeof(gm_pool_config_t), GM_POOL_CONFIG_VERSION, GM_BACKEND_AUTO, 0,    \
-      0, 0, SIZE_MAX, 0, 0u, 0u, 0, 0.015625, 0.018, 1.0, 1u, "", 0, 0 }
+      0, 0, SIZE_MAX, 0, 0u, 0u, 0, 0.015625, 0.018, 1.0, 1u, "", 0, 0, 0.2 }
 
 /* Fill *cfg with the defaults, overridden by the environment (GPUMEM_BACKEND,
  * GPUMEM_LIMIT, GPUMEM_SIM_CAPACITY, GPUMEM_RELEASE_THRESHOLD, GPUMEM_DEVICE,
  * GPUMEM_RESERVE_SLACK, GPUMEM_RESERVE_SLACK_MAX, GPUMEM_CHURN_TARGET,
- * GPUMEM_HEAPS, GPUMEM_BROKER, GPUMEM_BROKER_LEASE, GPUMEM_PEERS, GPUMEM_NCCL,
+ * GPUMEM_HEAPS, GPUMEM_HEAP_SLACK_MAX, GPUMEM_BROKER, GPUMEM_BROKER_LEASE, GPUMEM_PEERS, GPUMEM_NCCL,
  * GPUMEM_COMPRESSIBLE; the
  * whole table: gpumem info --options). */
 GM_API int gm_config_from_env(gm_pool_config_t *cfg);

@@ -519,11 +519,24 @@ static gm__block_t *place_churning(gm_pool_t *pool, gm__stream_t *s, int cls, gm
 
 /* ---- the churn controller ---------------------------------------------------------- */
 
-/* Allocations per window (about twice as many operations). */
+/* Allocations per window (about twice as many operations): a pool's, and a
+ * heap's where the pool has several (a heap sees one thread's share of the
+ * work, so a window of the pool's size would take it a whole run). */
 #define CTL_WINDOW 32768
-/* Slack step, and quiet windows before a step back. */
+#define CTL_WINDOW_HEAP 4096
+/* Slack step, the most steps one window may take, and the allocations
+ * without a remapping call (whole windows) before a step back. */
 #define CTL_STEP 0.004
-#define CTL_QUIET 16
+#define CTL_STEPS_MAX 16
+#define CTL_QUIET_ALLOCS (16u * CTL_WINDOW)
+
+void gm__controller_init(gm_pool_t *pool)
+{
+    pool->slack_eff = pool->cfg.reserve_slack;
+    pool->ctl_window = pool->root->heaps_max > 1 ? CTL_WINDOW_HEAP : CTL_WINDOW;
+    pool->ctl_allocs = 0;
+    pool->ctl_quiet = 0;
+}
 
 /* Calls that move pages without growing the pool: maps beyond the new
  * pages' own, unmaps, and the events and waits that fence them. */
@@ -540,9 +553,11 @@ static uint64_t remap_calls(gm_pool_t *pool)
 }
 
 /* End of a window: more remapping than the user's target raises the slack
- * one step (up to the ceiling); a long quiet stretch lowers it one step
- * (down to the floor; gm_trim or the release threshold returns the pages
- * no longer needed). */
+ * (up to the ceiling) by a step per multiple of the target the window made,
+ * at most CTL_STEPS_MAX: a workload churning far over the target reaches
+ * the slack it needs in a few windows, not in one window per 0.004.  A long
+ * quiet stretch lowers it one step (down to the floor; gm_trim or the
+ * release threshold returns the pages no longer needed). */
 static void controller_step(gm_pool_t *pool)
 {
     pool->ctl_allocs = 0;
@@ -550,14 +565,18 @@ static void controller_step(gm_pool_t *pool)
     uint64_t delta = calls - pool->ctl_calls;
     pool->ctl_calls = calls;
     const gm_pool_config_t *cfg = &pool->cfg;
-    if ((double)delta * 1000.0 > cfg->churn_target * 2.0 * CTL_WINDOW) {
+    double target = cfg->churn_target * 2.0 * pool->ctl_window / 1000.0; /* calls a window */
+    if ((double)delta > target) {
         pool->ctl_quiet = 0;
         pool->churning = true;
-        double up = pool->slack_eff + CTL_STEP;
+        double steps = target > 0 ? (double)delta / target : CTL_STEPS_MAX;
+        if (steps > CTL_STEPS_MAX) steps = CTL_STEPS_MAX;
+        double up = pool->slack_eff + CTL_STEP * (double)(int)steps;
         double top = cfg->reserve_slack_max > cfg->reserve_slack ? cfg->reserve_slack_max
                                                                  : cfg->reserve_slack;
+        if (pool->root->heaps_max > 1 && cfg->heap_slack_max > top) top = cfg->heap_slack_max;
         pool->slack_eff = up < top ? up : top;
-    } else if (delta == 0 && ++pool->ctl_quiet >= CTL_QUIET) {
+    } else if (delta == 0 && ++pool->ctl_quiet >= CTL_QUIET_ALLOCS / pool->ctl_window) {
         pool->ctl_quiet = 0;
         pool->churning = false;
         double down = pool->slack_eff - CTL_STEP;
@@ -580,7 +599,7 @@ static gm__block_t *align_free_block(gm_pool_t *pool, gm__block_t *b, size_t ali
 int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s, gm_tag_t tag,
                      void **ptr)
 {
-    if (GM_UNLIKELY(++pool->ctl_allocs >= CTL_WINDOW)) controller_step(pool);
+    if (GM_UNLIKELY(++pool->ctl_allocs >= pool->ctl_window)) controller_step(pool);
     gm_assert_internal(size > 0 && size <= GM_MAX_REQUEST && s != NULL && !s->is_global);
     size_t asize = GM_ALIGN_UP(size, align); /* whole pages for an aligned block */
     int cls = asize <= GM_SMALL_MAX ? GM_CLASS_SMALL : GM_CLASS_LARGE;

@@ -55,7 +55,7 @@ static gm_pool_t *heap_make(gm_pool_t *root)
     gm__lock(&root->lock);
     h->limit = root->limit;
     gm__unlock(&root->lock);
-    h->slack_eff = h->cfg.reserve_slack;
+    gm__controller_init(h);
     gm__provider_local_init(&h->provider, h);
     /* One broker connection for the whole pool (its provider is thread-safe). */
     if (root->provider.ops->flags & GM__PROVIDER_SHARED) h->provider = root->provider;

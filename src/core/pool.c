@@ -70,10 +70,12 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: unknown flags %#x", d.flags);
     if (d.sim_capacity == 0) d.sim_capacity = gm__option_sim_capacity();
     if (!(d.reserve_slack >= 0 && d.reserve_slack <= 1 && d.reserve_slack_max >= 0 &&
-          d.reserve_slack_max <= 1 && d.churn_target >= 0 && d.churn_target <= 1e6))
-        return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: reserve_slack %g and "
-                             "reserve_slack_max %g must lie in [0, 1], churn_target %g in "
-                             "[0, 1e6]", d.reserve_slack, d.reserve_slack_max, d.churn_target);
+          d.reserve_slack_max <= 1 && d.churn_target >= 0 && d.churn_target <= 1e6 &&
+          d.heap_slack_max >= 0 && d.heap_slack_max <= 1))
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: reserve_slack %g, "
+                             "reserve_slack_max %g and heap_slack_max %g must lie in [0, 1], "
+                             "churn_target %g in [0, 1e6]", d.reserve_slack, d.reserve_slack_max,
+                             d.heap_slack_max, d.churn_target);
     if (d.heaps == 0) { /* GPUMEM_HEAPS (0 there: one) */
         uint64_t x;
         GM_CHECK(gm__option_read(GM_OPT_HEAPS, &x));
@@ -277,7 +279,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
         GM_CHECK_GOTO(gm__broker_provider_init(&pool->provider, pool), rc, fail);
     pool->limit = pool->info.total_memory;
     if (pool->cfg.limit && pool->cfg.limit < pool->limit) pool->limit = pool->cfg.limit;
-    pool->slack_eff = pool->cfg.reserve_slack;
+    gm__controller_init(pool);
 
     GM_CHECK_GOTO(gm__host_init(pool), rc, fail);
     GM_CHECK_GOTO(gm__copy_init(pool), rc, fail);
@@ -302,6 +304,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
         !atomic_load_explicit(&gm__trace_on, memory_order_relaxed) &&
         !(pool->cfg.flags & GM_POOL_SYSMEM_FALLBACK))
         pool->heaps_max = pool->cfg.heaps;
+    gm__controller_init(pool); /* a heap's window, now that heaps_max is known */
     gm__clear_error();
     *out = pool;
     return GM_OK;

@@ -176,6 +176,7 @@ struct gm_pool {
     bool offl_dirty;             /* offloaded blocks may have pages to give back
                                     (gm__offload_trim_locked) */
     uint32_t ctl_allocs;         /* allocations in the controller's window */
+    uint32_t ctl_window;         /* allocations per window (gm__controller_init) */
     uint32_t ctl_quiet;          /* windows in a row without a remapping call */
     bool churning;               /* a window remapped over the churn target, and no
                                     CTL_QUIET quiet windows since: placement avoids
@@ -484,6 +485,10 @@ int gm__pages_evict_span_locked(gm_pool_t *pool, gm__block_t *b, size_t lo, size
                                 size_t *released);
 
 /* ---- defined in src/core/alloc.c -------------------------------------------- */
+
+/* The churn controller's starting state (slack at the floor; the window of
+ * a pool, or of a heap when root->heaps_max > 1).  At creation. */
+void gm__controller_init(gm_pool_t *pool);
 
 /* Allocate size bytes (0 < size <= GM_MAX_REQUEST, checked by gm_alloc) on
  * stream state s; an OOM status with a message when nothing fits. */
