@@ -34,34 +34,11 @@
 #include "gpumem.h"
 #include "../test.h"
 
-#define SLOTS 512
-#define OPS 100000 /* per pass: about 50 000 allocations */
+#include "policy_mix.h"
+
 #define PASSES 3
 #define THREADS 4
 #define PAGE ((uint64_t)2 << 20)
-
-typedef struct mix {
-    uint32_t slot[OPS];
-    size_t size[OPS];
-} mix_t;
-
-/* Sizes over 256 B .. 64 MiB, each power of two as likely (uniform within
- * it), as test_placement's. */
-static void mix_make(mix_t *m, uint64_t seed)
-{
-    for (size_t i = 0; i < OPS; i++) {
-        m->slot[i] = (uint32_t)(rng_next(&seed) % SLOTS);
-        size_t lo = (size_t)256 << (rng_next(&seed) % 18);
-        m->size[i] = lo + (size_t)(rng_next(&seed) % lo);
-    }
-}
-
-static uint64_t calls_of(const gm_stats_t *st)
-{
-    uint64_t n = 0;
-    for (int k = 0; k < GM_CALL_COUNT; k++) n += st->backend_calls[k];
-    return n;
-}
 
 /* One pass of mix m on stream s; everything freed at the end.  Returns the
  * pass's requested peak (0 after a failure, which is CHECKed). */

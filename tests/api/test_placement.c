@@ -22,8 +22,8 @@
 #include "gpumem.h"
 #include "../test.h"
 
-#define SLOTS 512
-#define OPS 100000 /* per pass: about 50 000 allocations, over one controller window */
+#include "policy_mix.h"
+
 #define PASSES 3
 /* Under a sanitizer the library checks the whole pool after every
  * operation (GM_DEBUG=3): one of the mixes only (about two minutes). */
@@ -32,29 +32,6 @@ static const uint64_t seeds[] = {4};
 #else
 static const uint64_t seeds[] = {1, 2, 3, 4, 5, 6, 7, 8};
 #endif
-
-typedef struct mix {
-    uint32_t slot[OPS];
-    size_t size[OPS];
-} mix_t;
-
-/* Sizes over 256 B .. 64 MiB, each power of two as likely (uniform within
- * it): most of the large ones span several 2 MiB pages. */
-static void mix_make(mix_t *m, uint64_t seed)
-{
-    for (size_t i = 0; i < OPS; i++) {
-        m->slot[i] = (uint32_t)(rng_next(&seed) % SLOTS);
-        size_t lo = (size_t)256 << (rng_next(&seed) % 18);
-        m->size[i] = lo + (size_t)(rng_next(&seed) % lo);
-    }
-}
-
-static uint64_t calls_of(const gm_stats_t *st)
-{
-    uint64_t n = 0;
-    for (int k = 0; k < GM_CALL_COUNT; k++) n += st->backend_calls[k];
-    return n;
-}
 
 typedef struct result {
     uint64_t warm_calls; /* backend calls of the last pass */
