@@ -713,7 +713,10 @@ int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed)
     gm_assert_internal(s != NULL && !s->is_global);
     gm__block_t *b = gm__hash_take(&pool->live, (uintptr_t)ptr);
     if (GM_UNLIKELY(!b)) return bad_free(pool, ptr);
-    if (GM_UNLIKELY(atomic_load_explicit(&b->tc_cached, memory_order_relaxed))) {
+    /* Claimed against a thread caching it at this moment (tcache.c claims
+     * it the same way): the loser reports the double free. */
+    uint32_t unclaimed = 0;
+    if (GM_UNLIKELY(!atomic_compare_exchange_strong(&b->tc_cached, &unclaimed, 2))) {
         /* Back where it was: the table just had room for it. */
         int rc = gm__hash_put(&pool->live, b->addr, b);
         gm_assert_internal(rc == GM_OK);
@@ -724,6 +727,7 @@ int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed)
     if (GM_UNLIKELY(b->shared)) {
         /* Published or imported elsewhere: the share layer frees it when the
          * last peer lets go (gm__share_owner_free). */
+        atomic_store_explicit(&b->tc_cached, 0, memory_order_relaxed);
         int rc = gm__hash_put(&pool->live, b->addr, b);
         gm_assert_internal(rc == GM_OK);
         (void)rc;
@@ -732,6 +736,8 @@ int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed)
     *freed = b->requested;
     if (GM_UNLIKELY(b->tag != GM_TAG_NONE)) gm__offload_note_free_locked(pool, b);
     atomic_store_explicit(&b->tc_gen, ++pool->tc_next, memory_order_release);
+    /* After the new generation: a cache that claims it from now on sees it. */
+    atomic_store_explicit(&b->tc_cached, 0, memory_order_release);
     b->owner->users--; /* the stream it was allocated on */
     pool->st.allocated -= b->requested;
     pool->st.active -= b->size;

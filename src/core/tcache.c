@@ -137,16 +137,26 @@ int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     gm__tc_bin_t *bin = &tc->bins[k];
     if (bin->n && (bin->req != e->req || bin->stream != stream)) return GM_NOT_READY;
     if (bin->n == GM_TC_DEPTH || tc->held + e->asize > GM_TC_BYTES) return GM_NOT_READY;
-    if (e->req > GM_TC_MAX) {
-        if (tc->large_bin) return GM_NOT_READY; /* the locked free gives that one back first */
-        tc->large_bin = (uint8_t)(k + 1);
+    if (e->req > GM_TC_MAX && tc->large_bin)
+        return GM_NOT_READY; /* the locked free gives that one back first */
+    /* Claim the block against a free of it on another thread, which takes
+     * the locked path (gm__free_locked claims it the same way): one of the
+     * two wins, the other reports the double free.  A claim of a record the
+     * locked path freed (and perhaps made anew) after the check above shows
+     * as a new generation: let go, and the locked path decides. */
+    uint32_t zero = 0;
+    if (!atomic_compare_exchange_strong(&e->blk->tc_cached, &zero, 1)) return GM_NOT_READY;
+    if (atomic_load(&e->blk->tc_gen) != e->gen) {
+        atomic_store_explicit(&e->blk->tc_cached, 0, memory_order_relaxed);
+        if (!e->cached) e->addr = 0;
+        return GM_NOT_READY;
     }
+    if (e->req > GM_TC_MAX) tc->large_bin = (uint8_t)(k + 1);
     bin->req = e->req;
     bin->stream = stream;
     bin->slot[bin->n++] = (uint16_t)i;
     e->cached = 1;
     e->fepoch = atomic_load_explicit(&pool->forget_epoch, memory_order_acquire);
-    atomic_store_explicit(&e->blk->tc_cached, 1, memory_order_relaxed);
     tc->held += e->asize;
     count_add(&tc->c.held_req, e->req);
     count_add(&tc->c.held_act, e->asize);

@@ -18,7 +18,10 @@
  * path, or recorded on another stream): an entry whose generation differs is
  * stale and goes the locked way.  A block freed by another thread therefore
  * never comes back through this one's cache, and a double free of a cached
- * block is caught (the entry says "cached").
+ * block is caught (the entry says "cached").  The block's tc_cached word
+ * decides a free on this thread racing one on another: the cache claims it
+ * 0 -> 1 and the locked free 0 -> 2, each with a compare-and-swap, so one
+ * wins and the other reports GM_DOUBLE_FREE.
  *
  * Bounded: blocks of at most GM_TC_MAX bytes, GM_TC_DEPTH per bin, at most
  * GM_TC_BYTES held per thread.  The statistics subtract what the caches hold
