@@ -10,7 +10,8 @@
  * fell between them), and the double free went unreported.
  *
  * Sizes: 512 B (the cache's bins) and 1 MiB (its one large slot), by turns.
- * The pool passes gm_pool_check at the end and holds no live block.
+ * The pool passes gm_pool_check at the end and holds no live block.  On the
+ * sim or a GPU (test_backend()).
  */
 // ctest-valgrind: skip
 #include <pthread.h>
@@ -53,10 +54,8 @@ static void *other(void *arg)
 
 int main(void)
 {
-    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = GM_BACKEND_SIM;
-    cfg.sim_capacity = (size_t)1 << 30;
-    CHECK_OK(gm_pool_create(&cfg, &pool));
+    pool = test_pool((size_t)1 << 30, 0); /* the sim, or the GPU under GPUMEM_TEST_BACKEND=cuda */
+    CHECK(pool != NULL);
     if (!pool) return test_summary();
     pthread_t t;
     CHECK(pthread_create(&t, NULL, other, NULL) == 0);
