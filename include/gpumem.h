@@ -147,7 +147,7 @@ typedef struct gm_pool_config {
      * starts at reserve_slack; when a window of 32 Ki allocations makes more
      * than churn_target remapping calls (map, unmap, event, sync) per 1000
      * operations, the slack grows by steps of 0.004 up to reserve_slack_max, and
-     * after 16 windows without one it shrinks back by a step.  While so
+     * after 512 Ki allocations without one it shrinks back by a step.  While so
      * churning, a pool that one stream allocates from places a large block
      * where no page must be remapped, when such a free range is at hand
      * (docs/pages.md, "Placement while churning").  A KV-cache server that
