@@ -569,9 +569,9 @@ static void controller_step(gm_pool_t *pool)
     if ((double)delta > target) {
         pool->ctl_quiet = 0;
         pool->churning = true;
-        double steps = target > 0 ? (double)delta / target : CTL_STEPS_MAX;
-        if (steps > CTL_STEPS_MAX) steps = CTL_STEPS_MAX;
-        double up = pool->slack_eff + CTL_STEP * (double)(int)steps;
+        double k = target > 0 ? (double)delta / target : CTL_STEPS_MAX;
+        unsigned steps = k < CTL_STEPS_MAX ? (unsigned)k : CTL_STEPS_MAX;
+        double up = pool->slack_eff + CTL_STEP * steps;
         double top = cfg->reserve_slack_max > cfg->reserve_slack ? cfg->reserve_slack_max
                                                                  : cfg->reserve_slack;
         if (pool->root->heaps_max > 1 && cfg->heap_slack_max > top) top = cfg->heap_slack_max;

@@ -129,12 +129,9 @@ void gm__streams_forget(gm_pool_t *pool, gm__streams_t *r, gm__stream_t *s)
 {
     gm_assert_internal(s->slot < r->n && r->all[s->slot] == s);
     event_drop(pool, s);
-    if (s->retired) {
-        /* out of the table already */
-    } else if (s->handle) {
-        gm__hash_take(&r->of, (uintptr_t)s->handle);
-    } else {
-        r->null_state = NULL;
+    if (!s->retired) { /* a retired one left the table already */
+        if (s->handle) gm__hash_take(&r->of, (uintptr_t)s->handle);
+        else r->null_state = NULL;
     }
     gm__stream_t *last = r->all[--r->n];
     r->all[s->slot] = last;

@@ -279,7 +279,6 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
         GM_CHECK_GOTO(gm__broker_provider_init(&pool->provider, pool), rc, fail);
     pool->limit = pool->info.total_memory;
     if (pool->cfg.limit && pool->cfg.limit < pool->limit) pool->limit = pool->cfg.limit;
-    gm__controller_init(pool);
 
     GM_CHECK_GOTO(gm__host_init(pool), rc, fail);
     GM_CHECK_GOTO(gm__copy_init(pool), rc, fail);
@@ -304,7 +303,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
         !atomic_load_explicit(&gm__trace_on, memory_order_relaxed) &&
         !(pool->cfg.flags & GM_POOL_SYSMEM_FALLBACK))
         pool->heaps_max = pool->cfg.heaps;
-    gm__controller_init(pool); /* a heap's window, now that heaps_max is known */
+    gm__controller_init(pool); /* once heaps_max is known: it picks the window */
     gm__clear_error();
     *out = pool;
     return GM_OK;

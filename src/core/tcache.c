@@ -148,7 +148,7 @@ int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     if (!atomic_compare_exchange_strong(&e->blk->tc_cached, &zero, 1)) return GM_NOT_READY;
     if (atomic_load(&e->blk->tc_gen) != e->gen) {
         atomic_store_explicit(&e->blk->tc_cached, 0, memory_order_relaxed);
-        if (!e->cached) e->addr = 0;
+        e->addr = 0; /* stale (not cached: checked above) */
         return GM_NOT_READY;
     }
     if (e->req > GM_TC_MAX) tc->large_bin = (uint8_t)(k + 1);
