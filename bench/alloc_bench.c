@@ -22,6 +22,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -295,11 +296,21 @@ static double r_pair[N_PAIR];
 static double r_mix_ns = -1, r_mix_cold_ns = -1, r_mix_ratio = -1, r_mix_ratio_own = -1;
 static uint64_t r_mix_ops, r_mix_req_peak, r_mix_res_peak;
 static double r_t1_ops = -1, r_t16_ops = -1;
-static double r_t1_ops_1heap = -1, r_t16_ops_1heap = -1; /* gpumem: one heap (the default) */
 static double r_ceil_t1 = -1, r_ceil_t16 = -1;            /* the same loop without an allocator */
 static unsigned r_heaps;                                  /* gpumem: heaps of the thread run */
-static double r_t1_ops_slack = -1, r_t16_ops_slack = -1;  /* gpumem: 16 heaps, reserve slack THREAD_SLACK */
-static double r_t16_calls[3] = {-1, -1, -1};              /* gpumem: backend calls in the timed 16-thread run */
+static double r_t16_calls[3] = {-1, -1, -1};              /* gpumem: backend calls in a timed 16-thread run, median of the rounds */
+static double r_t16_calls_first[3] = {-1, -1, -1};        /* ... in the first timed round */
+/* The 16-thread speedups: the median of THREAD_ROUNDS timed rounds (each
+ * one thread's ops/s, then 16 threads'), the first round's (the figure of
+ * earlier runs: the second run of each), and every round's; [0] gpumem's
+ * one heap, [1] the leading figure (gpumem: 16 heaps; the other
+ * allocators: theirs), [2] gpumem's 16 heaps with THREAD_SLACK. */
+#define THREAD_ROUNDS 5 /* ALLOC_BENCH_THREAD_ROUNDS overrides it */
+#define MAX_ROUNDS 16
+static int thread_rounds = THREAD_ROUNDS;
+static double r_sp[3] = {-1, -1, -1}, r_sp_first[3] = {-1, -1, -1};
+static double r_sp_rounds[3][MAX_ROUNDS];
+static double r_ceil = -1, r_ceil_rounds[MAX_ROUNDS];          /* host ceiling: median, rounds */
 #define THREAD_SLACK 0.12 /* ALLOC_BENCH_THREAD_SLACK overrides it */
 static double thread_slack = THREAD_SLACK;
 /* gpumem: the pool's reserved peak over the sum of the threads' requested
@@ -322,6 +333,20 @@ static void jnum(FILE *f, double v)
 {
     if (v < 0 || v != v) fprintf(f, "null");
     else fprintf(f, "%.6g", v);
+}
+
+/* The median of v[0..n-1] (n >= 1); v is left as it is. */
+static double median(const double *v, int n)
+{
+    double w[MAX_ROUNDS];
+    memcpy(w, v, (size_t)n * sizeof *w);
+    for (int i = 1; i < n; i++) /* insertion sort: n <= MAX_ROUNDS */
+        for (int j = i; j > 0 && w[j - 1] > w[j]; j--) {
+            double t = w[j];
+            w[j] = w[j - 1];
+            w[j - 1] = t;
+        }
+    return n % 2 ? w[n / 2] : (w[n / 2 - 1] + w[n / 2]) / 2;
 }
 
 /* ,"key":{"one_heap":v[0],"heaps":v[1],"heaps_slack":v[2]} (the thread passes) */
@@ -370,21 +395,32 @@ static void write_json(void)
     jnum(f, r_t1_ops);
     fprintf(f, ",\"sixteen_threads_ops_per_s\":");
     jnum(f, r_t16_ops);
-    fprintf(f, "},\"threads16_speedup\":");
-    double sp = (r_t1_ops > 0 && r_t16_ops > 0) ? r_t16_ops / r_t1_ops : -1;
-    double ceil = (r_ceil_t1 > 0 && r_ceil_t16 > 0) ? r_ceil_t16 / r_ceil_t1 : -1;
-    jnum(f, sp);
-    fprintf(f, ",\"threads16_heaps\":%u,\"threads16_speedup_one_heap\":", r_heaps);
-    jnum(f, (r_t1_ops_1heap > 0 && r_t16_ops_1heap > 0) ? r_t16_ops_1heap / r_t1_ops_1heap : -1);
+    fprintf(f, ",\"rounds\":%d},\"threads16_speedup\":", thread_rounds);
+    jnum(f, r_sp[1]);
+    fprintf(f, ",\"threads16_speedup_first_round\":");
+    jnum(f, r_sp_first[1]);
+    fprintf(f, ",\"threads16_speedup_rounds\":[");
+    for (int r = 0; r < thread_rounds; r++) {
+        fprintf(f, "%s", r ? "," : "");
+        jnum(f, r_sp[1] > 0 ? r_sp_rounds[1][r] : -1);
+    }
+    fprintf(f, "],\"threads16_heaps\":%u,\"threads16_speedup_one_heap\":", r_heaps);
+    jnum(f, r_sp[0]);
     fprintf(f, ",\"threads16_speedup_slack\":");
-    jnum(f, (r_t1_ops_slack > 0 && r_t16_ops_slack > 0) ? r_t16_ops_slack / r_t1_ops_slack : -1);
+    jnum(f, r_sp[2]);
     fprintf(f, ",\"threads16_slack\":%g", thread_slack);
     jpasses(f, "threads16_reserved_over_requested", r_t16_reserved_ratio);
     jpasses(f, "threads16_backend_calls", r_t16_calls);
+    jpasses(f, "threads16_backend_calls_first_round", r_t16_calls_first);
     fprintf(f, ",\"host_parallel_ceiling\":");
-    jnum(f, ceil);
-    fprintf(f, ",\"threads16_of_ceiling\":");
-    jnum(f, sp > 0 && ceil > 0 ? sp / ceil : -1);
+    jnum(f, r_ceil);
+    fprintf(f, ",\"host_parallel_ceiling_rounds\":[");
+    for (int r = 0; r < thread_rounds; r++) {
+        fprintf(f, "%s", r ? "," : "");
+        jnum(f, r_ceil > 0 ? r_ceil_rounds[r] : -1);
+    }
+    fprintf(f, "],\"threads16_of_ceiling\":");
+    jnum(f, r_sp[1] > 0 && r_ceil > 0 ? r_sp[1] / r_ceil : -1);
     fprintf(f, ",\n \"trace_ratio\":{");
     for (int i = 0; i < n_traces; i++) {
         fprintf(f, "%s\"%s\":", i ? "," : "", r_trace_name[i]);
@@ -722,54 +758,84 @@ static void bench_threads(size_t per_thread, uint64_t seed)
     char slack_name[64];
     snprintf(slack_name, sizeof slack_name, " (16 heaps, slack %g)", thread_slack);
     const char *pass_name[3] = {" (1 heap)", " (16 heaps)", slack_name};
+    const char *tr = getenv("ALLOC_BENCH_THREAD_ROUNDS");
+    if (tr && atoi(tr) >= 1) thread_rounds = atoi(tr) < MAX_ROUNDS ? atoi(tr) : MAX_ROUNDS;
     for (int pass = 0; pass < (g_pool ? 3 : 1); pass++) {
         if (g_pool) g_heaps = pass ? N_THREADS : 1, g_slack = pass == 2 ? thread_slack : 0;
         A.reset();
         workers_start(mixes, streams);
-        /* Each figure is the second of two runs: the first warms the caches. */
-        double one = run_threads(1, streams);
-        if (one > 0) one = run_threads(1, streams);
-        double all = one > 0 ? run_threads(N_THREADS, streams) : -1;
+        /* One run of each first to warm the caches (and, for gpumem, to
+         * let the pool grow to what the threads need); then the timed
+         * rounds, each one thread alone and then all 16. */
+        double one[MAX_ROUNDS], all[MAX_ROUNDS], sp[MAX_ROUNDS], calls[MAX_ROUNDS];
+        bool ok = run_threads(1, streams) > 0 && run_threads(N_THREADS, streams) > 0;
         gm_stats_t g0 = GM_STATS_INIT, g1 = GM_STATS_INIT;
-        if (g_pool) g0 = gpumem_stats();
-        if (all > 0) all = run_threads(N_THREADS, streams);
-        if (g_pool) {
-            g1 = gpumem_stats();
-            uint64_t c = 0;
-            for (int k = 0; k < GM_CALL_COUNT; k++) c += g1.backend_calls[k] - g0.backend_calls[k];
-            r_t16_calls[pass] = (double)c;
+        for (int r = 0; r < thread_rounds && ok; r++) {
+            one[r] = run_threads(1, streams);
+            if (g_pool) g0 = gpumem_stats();
+            all[r] = one[r] > 0 ? run_threads(N_THREADS, streams) : -1;
+            ok = one[r] > 0 && all[r] > 0;
+            sp[r] = ok ? all[r] / one[r] : -1;
+            calls[r] = -1;
+            if (g_pool) {
+                g1 = gpumem_stats();
+                uint64_t c = 0;
+                for (int k = 0; k < GM_CALL_COUNT; k++) c += g1.backend_calls[k] - g0.backend_calls[k];
+                calls[r] = (double)c;
+                char kinds[512];
+                gpumem_kinds(&g0, &g1, kinds, sizeof kinds);
+                printf("    16 threads, round %d: %s; %.1f ms inside the backend (all threads)\n", r,
+                       kinds, (double)(g1.backend_ns - g0.backend_ns) / 1e6);
+            }
+        }
+        if (g_pool && ok) {
             uint64_t req = 0;
             for (int t = 0; t < N_THREADS; t++) req += W.r[t].req_peak;
             if (req) r_t16_reserved_ratio[pass] = (double)g1.reserved_peak / (double)req;
             printf("    16 threads: reserved peak %.3f GB over the threads' requested peaks summed %.3f GB: "
                    "%.3f\n", (double)g1.reserved_peak / 1e9, (double)req / 1e9, r_t16_reserved_ratio[pass]);
-            char kinds[512];
-            gpumem_kinds(&g0, &g1, kinds, sizeof kinds);
-            printf("    16 threads, timed run: %s; %.1f ms inside the backend (all threads)\n", kinds,
-                   (double)(g1.backend_ns - g0.backend_ns) / 1e6);
+            r_t16_calls[pass] = median(calls, thread_rounds);
+            r_t16_calls_first[pass] = calls[0];
         }
         workers_stop();
-        if (pass == 0) r_t1_ops = one, r_t16_ops = all;
-        if (g_pool && pass == 0) r_t1_ops_1heap = one, r_t16_ops_1heap = all;
-        if (g_pool && pass == 1) r_t1_ops = one, r_t16_ops = all, r_heaps = g_heaps;
-        if (g_pool && pass == 2) r_t1_ops_slack = one, r_t16_ops_slack = all;
-        if (one > 0 && all > 0)
-            printf("  threads%s: 1 thread %.0f ops/s, 16 threads %.0f ops/s, speedup %.2f%s\n",
-                   g_pool ? pass_name[pass] : "", one, all, all / one, "");
-        else
+        if (!ok) {
             fprintf(stderr, "%s: thread mix failed\n", A.name);
-        if (g_pool) printf("    backend calls in the timed 16-thread run: %.0f\n", r_t16_calls[pass]);
+            continue;
+        }
+        double m1 = median(one, thread_rounds), m16 = median(all, thread_rounds);
+        double msp = median(sp, thread_rounds);
+        int rp = g_pool ? pass : 1; /* the figure the JSON leads with: gpumem's heaps */
+        r_sp[rp] = msp;
+        r_sp_first[rp] = sp[0];
+        memcpy(r_sp_rounds[rp], sp, sizeof sp);
+        if (rp == 1) r_t1_ops = m1, r_t16_ops = m16, r_heaps = g_pool ? g_heaps : 0;
+        printf("  threads%s: median of %d rounds: 1 thread %.0f ops/s, 16 threads %.0f ops/s, "
+               "speedup %.2f (rounds:", g_pool ? pass_name[pass] : "", thread_rounds, m1, m16, msp);
+        for (int r = 0; r < thread_rounds; r++) printf(" %.2f", sp[r]);
+        printf(")\n");
+        if (g_pool) printf("    backend calls in a timed 16-thread run: median %.0f, first round %.0f\n",
+                           r_t16_calls[pass], r_t16_calls_first[pass]);
     }
     g_heaps = 0;
     g_slack = 0;
     A.reset(); /* while the streams live: torch's expandable segments sync them */
-    /* The host's ceiling, measured in the same run. */
-    r_ceil_t1 = run_ceiling(1, mixes);
-    r_ceil_t1 = run_ceiling(1, mixes);
-    r_ceil_t16 = run_ceiling(N_THREADS, mixes);
-    r_ceil_t16 = run_ceiling(N_THREADS, mixes);
-    printf("  host ceiling (the loop without an allocator): 1 thread %.0f ops/s, 16 threads %.0f "
-           "ops/s, speedup %.2f\n", r_ceil_t1, r_ceil_t16, r_ceil_t16 / r_ceil_t1);
+    /* The host's ceiling, measured in the same run, the same way: one run
+     * of each to warm up, then rounds of one thread and then 16. */
+    double c1[MAX_ROUNDS], c16[MAX_ROUNDS];
+    (void)run_ceiling(1, mixes);
+    (void)run_ceiling(N_THREADS, mixes);
+    for (int r = 0; r < thread_rounds; r++) {
+        c1[r] = run_ceiling(1, mixes);
+        c16[r] = run_ceiling(N_THREADS, mixes);
+        r_ceil_rounds[r] = c16[r] / c1[r];
+    }
+    r_ceil_t1 = median(c1, thread_rounds);
+    r_ceil_t16 = median(c16, thread_rounds);
+    r_ceil = median(r_ceil_rounds, thread_rounds);
+    printf("  host ceiling (the loop without an allocator), median of %d rounds: 1 thread %.0f ops/s, "
+           "16 threads %.0f ops/s, speedup %.2f (rounds:", thread_rounds, r_ceil_t1, r_ceil_t16, r_ceil);
+    for (int r = 0; r < thread_rounds; r++) printf(" %.2f", r_ceil_rounds[r]);
+    printf(")\n");
     for (int t = 0; t < N_THREADS; t++) {
         CK(cudaStreamDestroy(streams[t]));
         mix_free(&mixes[t]);

@@ -97,7 +97,7 @@ driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/nul
 commit="${GM_COMMIT:-$(git rev-parse --short --verify -q HEAD 2>/dev/null || echo none)}"
 mkdir -p bench/results
 base="bench/results/$date-$label-alloc"
-cmdline="${ALLOCATORS_SET:+ALLOCATORS=\"$ALLOCATORS\" }${ALLOC_BENCH_THREAD_SLACK:+ALLOC_BENCH_THREAD_SLACK=$ALLOC_BENCH_THREAD_SLACK }bench/run_alloc_bench.sh $tdir"
+cmdline="${ALLOCATORS_SET:+ALLOCATORS=\"$ALLOCATORS\" }${ALLOC_BENCH_THREAD_SLACK:+ALLOC_BENCH_THREAD_SLACK=$ALLOC_BENCH_THREAD_SLACK }${ALLOC_BENCH_THREAD_ROUNDS:+ALLOC_BENCH_THREAD_ROUNDS=$ALLOC_BENCH_THREAD_ROUNDS }bench/run_alloc_bench.sh $tdir"
 python3 - "$base" "$date" "$gpu" "$driver" "$commit" "$cmdline" "${parts[@]}" <<'PY'
 import json, sys
 base, date, gpu, driver, commit, cmdline, *parts = sys.argv[1:]
@@ -121,13 +121,17 @@ out = {
     "mix_ratio": {a: P[a]["mix_ratio"] for a in names if a in P},
     "trace_ratio": {a: P[a]["trace_ratio"] for a in names if a in P},
     "threads16_speedup": {a: P[a]["threads16_speedup"] for a in names if a in P},
+    "threads16_speedup_first_round": {a: P[a].get("threads16_speedup_first_round") for a in names if a in P},
+    "threads16_speedup_rounds": {a: P[a].get("threads16_speedup_rounds") for a in names if a in P},
     "threads16_speedup_one_heap": P.get("gpumem", {}).get("threads16_speedup_one_heap"),
     "threads16_heaps": P.get("gpumem", {}).get("threads16_heaps"),
     "threads16_speedup_slack": P.get("gpumem", {}).get("threads16_speedup_slack"),
     "threads16_backend_calls": P.get("gpumem", {}).get("threads16_backend_calls"),
+    "threads16_backend_calls_first_round": P.get("gpumem", {}).get("threads16_backend_calls_first_round"),
     "threads16_slack": P.get("gpumem", {}).get("threads16_slack"),
     "threads16_reserved_over_requested": P.get("gpumem", {}).get("threads16_reserved_over_requested"),
     "host_parallel_ceiling": {a: P[a].get("host_parallel_ceiling") for a in names if a in P},
+    "host_parallel_ceiling_rounds": {a: P[a].get("host_parallel_ceiling_rounds") for a in names if a in P},
     "threads16_of_ceiling": {a: P[a].get("threads16_of_ceiling") for a in names if a in P},
     "steady_state_driver_calls": {a: P[a]["steady_state_driver_calls"] for a in names if a in P},
     "details": P,
@@ -147,8 +151,8 @@ L.append(f"- code: commit {commit}; GPU {gpu}, driver {driver}; gpumem built Rel
 L.append("- mix p99: a third run of the same sequence with each op timed alone (the clock reads add to each op; not the ns/op run)")
 L.append("- pair: median over 21 batches of the mean alloc+free pair time (2000 pairs per batch; cudaMalloc 5)")
 L.append("- mix: 512 slots, log-uniform 256 B–64 MiB, one op = one alloc or one free, seed 12345; ns/op on the second (warm) run of the same sequence; ratio = reserved peak / requested-bytes peak of the first run from a trimmed allocator. cudaMalloc: 20 000 ops, one cold run, ratio 1.0 by definition")
-L.append("- threads: 16 threads, each its own non-blocking stream and mix (100 000 ops; cudaMalloc 1 000), aggregate ops/s / one thread's ops/s (warm runs); gpumem with `heaps = 16` (a heap per thread), and with its default of one heap in the line below the table")
-L.append("- host ceiling: the same mix loop with the allocator taken out (200 rounds of each thread's sequence), 16 threads / 1 thread, measured in each allocator's process; of ceiling = 16-thread speedup / ceiling")
+L.append("- threads: 16 threads, each its own non-blocking stream and mix (100 000 ops; cudaMalloc 1 000), aggregate ops/s / one thread's ops/s; one warm-up run of each, then rounds (one thread alone, then 16), the median of the rounds' speedups (the first round's, the figure of earlier runs of this bench, in the line below the table); gpumem with `heaps = 16` (a heap per thread), and with its default of one heap in the line below the table")
+L.append("- host ceiling: the same mix loop with the allocator taken out (200 rounds of each thread's sequence), 16 threads / 1 thread, measured in each allocator's process, the median of as many rounds; of ceiling = 16-thread speedup / ceiling")
 L.append("- traces: reserved peak over 3 passes / trace live peak; cudaMalloc: 1 pass, peak of device memory in use (cudaMemGetInfo) above the start")
 L.append("- steady calls: driver calls in passes 2..3, summed over the traces — " + "; ".join(f"{a}: {P[a]['steady_state_calls_label']}" for a in present))
 L.append("")
@@ -163,6 +167,11 @@ for a in present:
     row += [f(d["threads16_speedup"], "{:.2f}"), f(d.get("host_parallel_ceiling"), "{:.2f}"),
             f(d.get("threads16_of_ceiling"), "{:.0%}"), f(d["steady_state_driver_calls"], "{:.0f}")]
     L.append("| " + " | ".join(row) + " |")
+L.append("\n16-thread speedup by round, and the host ceiling by round: " + "; ".join(
+    f"{a}: " + " ".join(f(v, "{:.2f}") for v in (P[a].get("threads16_speedup_rounds") or []))
+    + " (first round " + f(P[a].get("threads16_speedup_first_round"), "{:.2f}") + "; ceiling "
+    + " ".join(f(v, "{:.2f}") for v in (P[a].get("host_parallel_ceiling_rounds") or [])) + ")"
+    for a in present))
 missing = [a for a in names if a not in P]
 if missing:
     L.append("\nNot measured: " + ", ".join(missing))
@@ -178,10 +187,13 @@ if "gpumem" in P:
     g = P["gpumem"]
     bc = g.get("threads16_backend_calls") or {}
     L.append(f"\ngpumem 16 threads: {f(g.get('threads16_speedup'), '{:.2f}')}x with {g.get('threads16_heaps')} heaps "
-             f"({f(bc.get('heaps'), '{:.0f}')} backend calls in the timed run), "
+             f"(median of the rounds; a timed run made {f(bc.get('heaps'), '{:.0f}')} backend calls, median), "
              f"{f(g.get('threads16_speedup_slack'), '{:.2f}')}x with 16 heaps and reserve slack {g.get('threads16_slack')} "
              f"({f(bc.get('heaps_slack'), '{:.0f}')} calls), "
              f"{f(g.get('threads16_speedup_one_heap'), '{:.2f}')}x with the default of one heap ({f(bc.get('one_heap'), '{:.0f}')} calls)")
+    bf = g.get("threads16_backend_calls_first_round") or {}
+    L.append(f"\ngpumem 16 heaps, first timed round: {f(g.get('threads16_speedup_first_round'), '{:.2f}')}x "
+             f"({f(bf.get('heaps'), '{:.0f}')} backend calls)")
     rr = g.get("threads16_reserved_over_requested") or {}
     L.append(f"\ngpumem 16 threads, the pool's reserved peak over the threads' requested peaks summed: "
              f"{f(rr.get('heaps'), '{:.3f}')} with 16 heaps, {f(rr.get('heaps_slack'), '{:.3f}')} with slack "
