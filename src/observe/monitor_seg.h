@@ -24,15 +24,12 @@
 #define GM_MON_NAME 32       /* bytes of a field name, terminator included */
 
 #define MON_MAGIC 0x314d454d55504d47ull /* "GMPUMEM1" little-endian */
-#define MON_VERSION 2 /* 2: slots padded to whole cache lines */
+#define MON_VERSION 1
 #define MON_SLOTS 16
 
-/* One pool's copy of its counters; seq is odd while the writer is in it.
- * A slot fills whole cache lines of its own: each heap of a pool has one,
- * written by its thread at its operations, and a line shared by two slots
- * would bounce between their threads' cores. */
+/* One pool's copy of its counters; seq is odd while the writer is in it. */
 struct gm__mon_slot {
-    _Alignas(64) _Atomic uint64_t seq; /* odd while being written */
+    _Atomic uint64_t seq;        /* odd while being written */
     uint32_t in_use;
     int32_t device;
     char backend[16];
