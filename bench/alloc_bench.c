@@ -296,7 +296,6 @@ static double r_pair[N_PAIR];
 static double r_mix_ns = -1, r_mix_cold_ns = -1, r_mix_ratio = -1, r_mix_ratio_own = -1;
 static uint64_t r_mix_ops, r_mix_req_peak, r_mix_res_peak;
 static double r_t1_ops = -1, r_t16_ops = -1;
-static double r_ceil_t1 = -1, r_ceil_t16 = -1;            /* the same loop without an allocator */
 static unsigned r_heaps;                                  /* gpumem: heaps of the thread run */
 static double r_t16_calls[3] = {-1, -1, -1};              /* gpumem: backend calls in a timed 16-thread run, median of the rounds */
 static double r_t16_calls_first[3] = {-1, -1, -1};        /* ... in the first timed round */
@@ -305,12 +304,15 @@ static double r_t16_calls_first[3] = {-1, -1, -1};        /* ... in the first ti
  * earlier runs: the second run of each), and every round's; [0] gpumem's
  * one heap, [1] the leading figure (gpumem: 16 heaps; the other
  * allocators: theirs), [2] gpumem's 16 heaps with THREAD_SLACK. */
-#define THREAD_ROUNDS 5 /* ALLOC_BENCH_THREAD_ROUNDS overrides it */
+#define THREAD_ROUNDS 7 /* ALLOC_BENCH_THREAD_ROUNDS overrides it */
 #define MAX_ROUNDS 16
 static int thread_rounds = THREAD_ROUNDS;
 static double r_sp[3] = {-1, -1, -1}, r_sp_first[3] = {-1, -1, -1};
 static double r_sp_rounds[3][MAX_ROUNDS];
 static double r_ceil = -1, r_ceil_rounds[MAX_ROUNDS];          /* host ceiling: median, rounds */
+/* Each round's speedup over the ceiling measured in the same round, and
+ * their median: threads16_of_ceiling. */
+static double r_of_ceil = -1, r_of_ceil_rounds[MAX_ROUNDS];
 #define THREAD_SLACK 0.12 /* ALLOC_BENCH_THREAD_SLACK overrides it */
 static double thread_slack = THREAD_SLACK;
 /* gpumem: the pool's reserved peak over the sum of the threads' requested
@@ -420,7 +422,13 @@ static void write_json(void)
         jnum(f, r_ceil > 0 ? r_ceil_rounds[r] : -1);
     }
     fprintf(f, "],\"threads16_of_ceiling\":");
-    jnum(f, r_sp[1] > 0 && r_ceil > 0 ? r_sp[1] / r_ceil : -1);
+    jnum(f, r_of_ceil);
+    fprintf(f, ",\"threads16_of_ceiling_rounds\":[");
+    for (int r = 0; r < thread_rounds; r++) {
+        fprintf(f, "%s", r ? "," : "");
+        jnum(f, r_of_ceil > 0 ? r_of_ceil_rounds[r] : -1);
+    }
+    fprintf(f, "]");
     fprintf(f, ",\n \"trace_ratio\":{");
     for (int i = 0; i < n_traces; i++) {
         fprintf(f, "%s\"%s\":", i ? "," : "", r_trace_name[i]);
@@ -767,10 +775,23 @@ static void bench_threads(size_t per_thread, uint64_t seed)
         /* One run of each first to warm the caches (and, for gpumem, to
          * let the pool grow to what the threads need); then the timed
          * rounds, each one thread alone and then all 16. */
-        double one[MAX_ROUNDS], all[MAX_ROUNDS], sp[MAX_ROUNDS], calls[MAX_ROUNDS];
+        double one[MAX_ROUNDS] = {0}, all[MAX_ROUNDS] = {0}, sp[MAX_ROUNDS] = {0}, calls[MAX_ROUNDS] = {0};
         bool ok = run_threads(1, streams) > 0 && run_threads(N_THREADS, streams) > 0;
+        /* The leading pass measures the host's ceiling in each round too,
+         * just before the allocator's runs, so that each round's speedup is
+         * set against the ceiling of the same moment: these hosts run fast
+         * or slow by turns. */
+        bool lead = !g_pool || pass == 1;
+        if (lead) {
+            (void)run_ceiling(1, mixes);
+            (void)run_ceiling(N_THREADS, mixes);
+        }
         gm_stats_t g0 = GM_STATS_INIT, g1 = GM_STATS_INIT;
         for (int r = 0; r < thread_rounds && ok; r++) {
+            if (lead) {
+                double c1 = run_ceiling(1, mixes), c16 = run_ceiling(N_THREADS, mixes);
+                r_ceil_rounds[r] = c16 / c1;
+            }
             one[r] = run_threads(1, streams);
             if (g_pool) g0 = gpumem_stats();
             all[r] = one[r] > 0 ? run_threads(N_THREADS, streams) : -1;
@@ -819,23 +840,17 @@ static void bench_threads(size_t per_thread, uint64_t seed)
     g_heaps = 0;
     g_slack = 0;
     A.reset(); /* while the streams live: torch's expandable segments sync them */
-    /* The host's ceiling, measured in the same run, the same way: one run
-     * of each to warm up, then rounds of one thread and then 16. */
-    double c1[MAX_ROUNDS], c16[MAX_ROUNDS];
-    (void)run_ceiling(1, mixes);
-    (void)run_ceiling(N_THREADS, mixes);
-    for (int r = 0; r < thread_rounds; r++) {
-        c1[r] = run_ceiling(1, mixes);
-        c16[r] = run_ceiling(N_THREADS, mixes);
-        r_ceil_rounds[r] = c16[r] / c1[r];
+    if (r_sp[1] > 0) {
+        r_ceil = median(r_ceil_rounds, thread_rounds);
+        for (int r = 0; r < thread_rounds; r++) r_of_ceil_rounds[r] = r_sp_rounds[1][r] / r_ceil_rounds[r];
+        r_of_ceil = median(r_of_ceil_rounds, thread_rounds);
+        printf("  host ceiling (the loop without an allocator, in the rounds of the%s run): median %.2f "
+               "(rounds:", g_pool ? " 16-heap" : "", r_ceil);
+        for (int r = 0; r < thread_rounds; r++) printf(" %.2f", r_ceil_rounds[r]);
+        printf("); each round's speedup over its ceiling: median %.3f (rounds:", r_of_ceil);
+        for (int r = 0; r < thread_rounds; r++) printf(" %.3f", r_of_ceil_rounds[r]);
+        printf(")\n");
     }
-    r_ceil_t1 = median(c1, thread_rounds);
-    r_ceil_t16 = median(c16, thread_rounds);
-    r_ceil = median(r_ceil_rounds, thread_rounds);
-    printf("  host ceiling (the loop without an allocator), median of %d rounds: 1 thread %.0f ops/s, "
-           "16 threads %.0f ops/s, speedup %.2f (rounds:", thread_rounds, r_ceil_t1, r_ceil_t16, r_ceil);
-    for (int r = 0; r < thread_rounds; r++) printf(" %.2f", r_ceil_rounds[r]);
-    printf(")\n");
     for (int t = 0; t < N_THREADS; t++) {
         CK(cudaStreamDestroy(streams[t]));
         mix_free(&mixes[t]);

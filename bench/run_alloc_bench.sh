@@ -99,7 +99,7 @@ mkdir -p bench/results
 base="bench/results/$date-$label-alloc"
 cmdline="${ALLOCATORS_SET:+ALLOCATORS=\"$ALLOCATORS\" }${ALLOC_BENCH_THREAD_SLACK:+ALLOC_BENCH_THREAD_SLACK=$ALLOC_BENCH_THREAD_SLACK }${ALLOC_BENCH_THREAD_ROUNDS:+ALLOC_BENCH_THREAD_ROUNDS=$ALLOC_BENCH_THREAD_ROUNDS }bench/run_alloc_bench.sh $tdir"
 python3 - "$base" "$date" "$gpu" "$driver" "$commit" "$cmdline" "${parts[@]}" <<'PY'
-import json, sys
+import json, math, sys
 base, date, gpu, driver, commit, cmdline, *parts = sys.argv[1:]
 names = ["gpumem", "cudaMalloc", "cudaMallocAsync", "torch", "torch_expandable"]
 P = {}
@@ -133,6 +133,7 @@ out = {
     "host_parallel_ceiling": {a: P[a].get("host_parallel_ceiling") for a in names if a in P},
     "host_parallel_ceiling_rounds": {a: P[a].get("host_parallel_ceiling_rounds") for a in names if a in P},
     "threads16_of_ceiling": {a: P[a].get("threads16_of_ceiling") for a in names if a in P},
+    "threads16_of_ceiling_rounds": {a: P[a].get("threads16_of_ceiling_rounds") for a in names if a in P},
     "steady_state_driver_calls": {a: P[a]["steady_state_driver_calls"] for a in names if a in P},
     "details": P,
 }
@@ -140,6 +141,8 @@ json.dump(out, open(base + ".json", "w"), indent=1)
 
 def f(v, fmt):
     return "—" if v is None else fmt.format(v)
+def pct_down(v):  # a share, rounded down to 0.1 %: 0.89997 shows as 89.9 %, not 90 %
+    return "—" if v is None else "{:.1f}%".format(math.floor(v * 1000) / 10)
 def ns(v):
     if v is None: return "—"
     return "{:.0f}".format(v) if v >= 100 else "{:.1f}".format(v)
@@ -152,7 +155,7 @@ L.append("- mix p99: a third run of the same sequence with each op timed alone (
 L.append("- pair: median over 21 batches of the mean alloc+free pair time (2000 pairs per batch; cudaMalloc 5)")
 L.append("- mix: 512 slots, log-uniform 256 B–64 MiB, one op = one alloc or one free, seed 12345; ns/op on the second (warm) run of the same sequence; ratio = reserved peak / requested-bytes peak of the first run from a trimmed allocator. cudaMalloc: 20 000 ops, one cold run, ratio 1.0 by definition")
 L.append("- threads: 16 threads, each its own non-blocking stream and mix (100 000 ops; cudaMalloc 1 000), aggregate ops/s / one thread's ops/s; one warm-up run of each, then rounds (one thread alone, then 16), the median of the rounds' speedups (the first round's, the figure of earlier runs of this bench, in the line below the table); gpumem with `heaps = 16` (a heap per thread), and with its default of one heap in the line below the table")
-L.append("- host ceiling: the same mix loop with the allocator taken out (200 rounds of each thread's sequence), 16 threads / 1 thread, measured in each allocator's process, the median of as many rounds; of ceiling = 16-thread speedup / ceiling")
+L.append("- host ceiling: the same mix loop with the allocator taken out (200 rounds of each thread's sequence), 16 threads / 1 thread, measured in each allocator's process in every round of its leading thread run (gpumem: 16 heaps), just before the allocator's own runs; host ceiling = the median of the rounds; of ceiling = the median of each round's speedup over that round's ceiling")
 L.append("- traces: reserved peak over 3 passes / trace live peak; cudaMalloc: 1 pass, peak of device memory in use (cudaMemGetInfo) above the start")
 L.append("- steady calls: driver calls in passes 2..3, summed over the traces — " + "; ".join(f"{a}: {P[a]['steady_state_calls_label']}" for a in present))
 L.append("")
@@ -165,12 +168,14 @@ for a in present:
     row += [ns(d["mix_ns_per_op"]), ns(d.get("mix_p99_ns")), f(d["mix_ratio"], "{:.3f}")]
     row += [f(d["trace_ratio"].get(t), "{:.3f}") for t in traces]
     row += [f(d["threads16_speedup"], "{:.2f}"), f(d.get("host_parallel_ceiling"), "{:.2f}"),
-            f(d.get("threads16_of_ceiling"), "{:.0%}"), f(d["steady_state_driver_calls"], "{:.0f}")]
+            pct_down(d.get("threads16_of_ceiling")), f(d["steady_state_driver_calls"], "{:.0f}")]
     L.append("| " + " | ".join(row) + " |")
 L.append("\n16-thread speedup by round, and the host ceiling by round: " + "; ".join(
     f"{a}: " + " ".join(f(v, "{:.2f}") for v in (P[a].get("threads16_speedup_rounds") or []))
     + " (first round " + f(P[a].get("threads16_speedup_first_round"), "{:.2f}") + "; ceiling "
-    + " ".join(f(v, "{:.2f}") for v in (P[a].get("host_parallel_ceiling_rounds") or [])) + ")"
+    + " ".join(f(v, "{:.2f}") for v in (P[a].get("host_parallel_ceiling_rounds") or [])) + "; of ceiling "
+    + " ".join(f(v, "{:.3f}") for v in (P[a].get("threads16_of_ceiling_rounds") or [])) + ", median "
+    + f(P[a].get("threads16_of_ceiling"), "{:.4f}") + ")"
     for a in present))
 missing = [a for a in names if a not in P]
 if missing:
