@@ -307,6 +307,12 @@ static double r_t16_calls_first[3] = {-1, -1, -1};        /* ... in the first ti
 #define THREAD_ROUNDS 7 /* ALLOC_BENCH_THREAD_ROUNDS overrides it */
 #define MAX_ROUNDS 16
 static int thread_rounds = THREAD_ROUNDS;
+/* Untimed runs of each (one thread, then 16) before the rounds: they warm
+ * the caches and let a pool grow to what the threads need.  Their speedups
+ * are kept (threads16_speedup_warmups) but are not the figure. */
+#define THREAD_WARMUPS 3 /* ALLOC_BENCH_THREAD_WARMUPS overrides it */
+static int thread_warmups = THREAD_WARMUPS;
+static double r_sp_warm[MAX_ROUNDS];
 static double r_sp[3] = {-1, -1, -1}, r_sp_first[3] = {-1, -1, -1};
 static double r_sp_rounds[3][MAX_ROUNDS];
 static double r_ceil = -1, r_ceil_rounds[MAX_ROUNDS];          /* host ceiling: median, rounds */
@@ -397,7 +403,7 @@ static void write_json(void)
     jnum(f, r_t1_ops);
     fprintf(f, ",\"sixteen_threads_ops_per_s\":");
     jnum(f, r_t16_ops);
-    fprintf(f, ",\"rounds\":%d},\"threads16_speedup\":", thread_rounds);
+    fprintf(f, ",\"rounds\":%d,\"warmups\":%d},\"threads16_speedup\":", thread_rounds, thread_warmups);
     jnum(f, r_sp[1]);
     fprintf(f, ",\"threads16_speedup_first_round\":");
     jnum(f, r_sp_first[1]);
@@ -405,6 +411,11 @@ static void write_json(void)
     for (int r = 0; r < thread_rounds; r++) {
         fprintf(f, "%s", r ? "," : "");
         jnum(f, r_sp[1] > 0 ? r_sp_rounds[1][r] : -1);
+    }
+    fprintf(f, "],\"threads16_speedup_warmups\":[");
+    for (int w = 0; w < thread_warmups; w++) {
+        fprintf(f, "%s", w ? "," : "");
+        jnum(f, r_sp[1] > 0 ? r_sp_warm[w] : -1);
     }
     fprintf(f, "],\"threads16_heaps\":%u,\"threads16_speedup_one_heap\":", r_heaps);
     jnum(f, r_sp[0]);
@@ -768,6 +779,8 @@ static void bench_threads(size_t per_thread, uint64_t seed)
     const char *pass_name[3] = {" (1 heap)", " (16 heaps)", slack_name};
     const char *tr = getenv("ALLOC_BENCH_THREAD_ROUNDS");
     if (tr && atoi(tr) >= 1) thread_rounds = atoi(tr) < MAX_ROUNDS ? atoi(tr) : MAX_ROUNDS;
+    const char *tw = getenv("ALLOC_BENCH_THREAD_WARMUPS");
+    if (tw && atoi(tw) >= 1) thread_warmups = atoi(tw) < MAX_ROUNDS ? atoi(tw) : MAX_ROUNDS;
     for (int pass = 0; pass < (g_pool ? 3 : 1); pass++) {
         if (g_pool) g_heaps = pass ? N_THREADS : 1, g_slack = pass == 2 ? thread_slack : 0;
         A.reset();
@@ -776,7 +789,12 @@ static void bench_threads(size_t per_thread, uint64_t seed)
          * let the pool grow to what the threads need); then the timed
          * rounds, each one thread alone and then all 16. */
         double one[MAX_ROUNDS] = {0}, all[MAX_ROUNDS] = {0}, sp[MAX_ROUNDS] = {0}, calls[MAX_ROUNDS] = {0};
-        bool ok = run_threads(1, streams) > 0 && run_threads(N_THREADS, streams) > 0;
+        bool ok = true;
+        for (int w = 0; w < thread_warmups && ok; w++) {
+            double w1 = run_threads(1, streams), w16 = w1 > 0 ? run_threads(N_THREADS, streams) : -1;
+            ok = w1 > 0 && w16 > 0;
+            if (ok && (!g_pool || pass == 1)) r_sp_warm[w] = w16 / w1;
+        }
         /* The leading pass measures the host's ceiling in each round too,
          * just before the allocator's runs, so that each round's speedup is
          * set against the ceiling of the same moment: these hosts run fast

@@ -97,7 +97,7 @@ driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/nul
 commit="${GM_COMMIT:-$(git rev-parse --short --verify -q HEAD 2>/dev/null || echo none)}"
 mkdir -p bench/results
 base="bench/results/$date-$label-alloc"
-cmdline="${ALLOCATORS_SET:+ALLOCATORS=\"$ALLOCATORS\" }${ALLOC_BENCH_THREAD_SLACK:+ALLOC_BENCH_THREAD_SLACK=$ALLOC_BENCH_THREAD_SLACK }${ALLOC_BENCH_THREAD_ROUNDS:+ALLOC_BENCH_THREAD_ROUNDS=$ALLOC_BENCH_THREAD_ROUNDS }bench/run_alloc_bench.sh $tdir"
+cmdline="${ALLOCATORS_SET:+ALLOCATORS=\"$ALLOCATORS\" }${ALLOC_BENCH_THREAD_SLACK:+ALLOC_BENCH_THREAD_SLACK=$ALLOC_BENCH_THREAD_SLACK }${ALLOC_BENCH_THREAD_ROUNDS:+ALLOC_BENCH_THREAD_ROUNDS=$ALLOC_BENCH_THREAD_ROUNDS }${ALLOC_BENCH_THREAD_WARMUPS:+ALLOC_BENCH_THREAD_WARMUPS=$ALLOC_BENCH_THREAD_WARMUPS }bench/run_alloc_bench.sh $tdir"
 python3 - "$base" "$date" "$gpu" "$driver" "$commit" "$cmdline" "${parts[@]}" <<'PY'
 import json, math, sys
 base, date, gpu, driver, commit, cmdline, *parts = sys.argv[1:]
@@ -123,6 +123,7 @@ out = {
     "threads16_speedup": {a: P[a]["threads16_speedup"] for a in names if a in P},
     "threads16_speedup_first_round": {a: P[a].get("threads16_speedup_first_round") for a in names if a in P},
     "threads16_speedup_rounds": {a: P[a].get("threads16_speedup_rounds") for a in names if a in P},
+    "threads16_speedup_warmups": {a: P[a].get("threads16_speedup_warmups") for a in names if a in P},
     "threads16_speedup_one_heap": P.get("gpumem", {}).get("threads16_speedup_one_heap"),
     "threads16_heaps": P.get("gpumem", {}).get("threads16_heaps"),
     "threads16_speedup_slack": P.get("gpumem", {}).get("threads16_speedup_slack"),
@@ -154,7 +155,7 @@ L.append(f"- code: commit {commit}; GPU {gpu}, driver {driver}; gpumem built Rel
 L.append("- mix p99: a third run of the same sequence with each op timed alone (the clock reads add to each op; not the ns/op run)")
 L.append("- pair: median over 21 batches of the mean alloc+free pair time (2000 pairs per batch; cudaMalloc 5)")
 L.append("- mix: 512 slots, log-uniform 256 B–64 MiB, one op = one alloc or one free, seed 12345; ns/op on the second (warm) run of the same sequence; ratio = reserved peak / requested-bytes peak of the first run from a trimmed allocator. cudaMalloc: 20 000 ops, one cold run, ratio 1.0 by definition")
-L.append("- threads: 16 threads, each its own non-blocking stream and mix (100 000 ops; cudaMalloc 1 000), aggregate ops/s / one thread's ops/s; one warm-up run of each, then rounds (one thread alone, then 16), the median of the rounds' speedups (the first round's, the figure of earlier runs of this bench, in the line below the table); gpumem with `heaps = 16` (a heap per thread), and with its default of one heap in the line below the table")
+L.append("- threads: 16 threads, each its own non-blocking stream and mix (100 000 ops; cudaMalloc 1 000), aggregate ops/s / one thread's ops/s; three untimed warm-up runs of each, then timed rounds (one thread alone, then 16), the median of the rounds' speedups (every round's, and the warm-ups', below the table; the second warm-up is what this bench reported before 2026-11-27); gpumem with `heaps = 16` (a heap per thread), and with its default of one heap in the line below the table")
 L.append("- host ceiling: the same mix loop with the allocator taken out (200 rounds of each thread's sequence), 16 threads / 1 thread, measured in each allocator's process in every round of its leading thread run (gpumem: 16 heaps), just before the allocator's own runs; host ceiling = the median of the rounds; of ceiling = the median of each round's speedup over that round's ceiling")
 L.append("- traces: reserved peak over 3 passes / trace live peak; cudaMalloc: 1 pass, peak of device memory in use (cudaMemGetInfo) above the start")
 L.append("- steady calls: driver calls in passes 2..3, summed over the traces — " + "; ".join(f"{a}: {P[a]['steady_state_calls_label']}" for a in present))
@@ -172,7 +173,7 @@ for a in present:
     L.append("| " + " | ".join(row) + " |")
 L.append("\n16-thread speedup by round, and the host ceiling by round: " + "; ".join(
     f"{a}: " + " ".join(f(v, "{:.2f}") for v in (P[a].get("threads16_speedup_rounds") or []))
-    + " (first round " + f(P[a].get("threads16_speedup_first_round"), "{:.2f}") + "; ceiling "
+    + " (warm-ups " + " ".join(f(v, "{:.2f}") for v in (P[a].get("threads16_speedup_warmups") or [])) + "; ceiling "
     + " ".join(f(v, "{:.2f}") for v in (P[a].get("host_parallel_ceiling_rounds") or [])) + "; of ceiling "
     + " ".join(f(v, "{:.3f}") for v in (P[a].get("threads16_of_ceiling_rounds") or [])) + ", median "
     + f(P[a].get("threads16_of_ceiling"), "{:.4f}") + ")"
@@ -198,7 +199,8 @@ if "gpumem" in P:
              f"{f(g.get('threads16_speedup_one_heap'), '{:.2f}')}x with the default of one heap ({f(bc.get('one_heap'), '{:.0f}')} calls)")
     bf = g.get("threads16_backend_calls_first_round") or {}
     L.append(f"\ngpumem 16 heaps, first timed round: {f(g.get('threads16_speedup_first_round'), '{:.2f}')}x "
-             f"({f(bf.get('heaps'), '{:.0f}')} backend calls)")
+             f"({f(bf.get('heaps'), '{:.0f}')} backend calls); warm-up runs: "
+             + " ".join(f(v, "{:.2f}") for v in (g.get("threads16_speedup_warmups") or [])))
     rr = g.get("threads16_reserved_over_requested") or {}
     L.append(f"\ngpumem 16 threads, the pool's reserved peak over the threads' requested peaks summed: "
              f"{f(rr.get('heaps'), '{:.3f}')} with 16 heaps, {f(rr.get('heaps_slack'), '{:.3f}')} with slack "
