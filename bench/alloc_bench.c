@@ -343,6 +343,17 @@ static void jnum(FILE *f, double v)
     else fprintf(f, "%.6g", v);
 }
 
+/* ,"key":[v[0],...,v[n-1]], or nulls where measured is false. */
+static void jlist(FILE *f, const char *key, const double *v, int n, bool measured)
+{
+    fprintf(f, ",\"%s\":[", key);
+    for (int i = 0; i < n; i++) {
+        fprintf(f, "%s", i ? "," : "");
+        jnum(f, measured ? v[i] : -1);
+    }
+    fprintf(f, "]");
+}
+
 /* The median of v[0..n-1] (n >= 1); v is left as it is. */
 static double median(const double *v, int n)
 {
@@ -407,17 +418,9 @@ static void write_json(void)
     jnum(f, r_sp[1]);
     fprintf(f, ",\"threads16_speedup_first_round\":");
     jnum(f, r_sp_first[1]);
-    fprintf(f, ",\"threads16_speedup_rounds\":[");
-    for (int r = 0; r < thread_rounds; r++) {
-        fprintf(f, "%s", r ? "," : "");
-        jnum(f, r_sp[1] > 0 ? r_sp_rounds[1][r] : -1);
-    }
-    fprintf(f, "],\"threads16_speedup_warmups\":[");
-    for (int w = 0; w < thread_warmups; w++) {
-        fprintf(f, "%s", w ? "," : "");
-        jnum(f, r_sp[1] > 0 ? r_sp_warm[w] : -1);
-    }
-    fprintf(f, "],\"threads16_heaps\":%u,\"threads16_speedup_one_heap\":", r_heaps);
+    jlist(f, "threads16_speedup_rounds", r_sp_rounds[1], thread_rounds, r_sp[1] > 0);
+    jlist(f, "threads16_speedup_warmups", r_sp_warm, thread_warmups, r_sp[1] > 0);
+    fprintf(f, ",\"threads16_heaps\":%u,\"threads16_speedup_one_heap\":", r_heaps);
     jnum(f, r_sp[0]);
     fprintf(f, ",\"threads16_speedup_slack\":");
     jnum(f, r_sp[2]);
@@ -427,19 +430,10 @@ static void write_json(void)
     jpasses(f, "threads16_backend_calls_first_round", r_t16_calls_first);
     fprintf(f, ",\"host_parallel_ceiling\":");
     jnum(f, r_ceil);
-    fprintf(f, ",\"host_parallel_ceiling_rounds\":[");
-    for (int r = 0; r < thread_rounds; r++) {
-        fprintf(f, "%s", r ? "," : "");
-        jnum(f, r_ceil > 0 ? r_ceil_rounds[r] : -1);
-    }
-    fprintf(f, "],\"threads16_of_ceiling\":");
+    jlist(f, "host_parallel_ceiling_rounds", r_ceil_rounds, thread_rounds, r_ceil > 0);
+    fprintf(f, ",\"threads16_of_ceiling\":");
     jnum(f, r_of_ceil);
-    fprintf(f, ",\"threads16_of_ceiling_rounds\":[");
-    for (int r = 0; r < thread_rounds; r++) {
-        fprintf(f, "%s", r ? "," : "");
-        jnum(f, r_of_ceil > 0 ? r_of_ceil_rounds[r] : -1);
-    }
-    fprintf(f, "]");
+    jlist(f, "threads16_of_ceiling_rounds", r_of_ceil_rounds, thread_rounds, r_of_ceil > 0);
     fprintf(f, ",\n \"trace_ratio\":{");
     for (int i = 0; i < n_traces; i++) {
         fprintf(f, "%s\"%s\":", i ? "," : "", r_trace_name[i]);
