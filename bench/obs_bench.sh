@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 runs=${1:-5}
 [[ -x build/bench/obs_bench ]] || make >/dev/null
 date=$(date -u +%F)
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+. bench/commit_id.sh
+commit="$(gm_commit_id)"
 machine="$(uname -sm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

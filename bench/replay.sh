@@ -63,8 +63,8 @@ with open(sys.argv[1], "w") as f:
         per_trace = sorted(per_trace, key=lambda d: d["allocator_ns_per_op"])
         f.write(json.dumps(per_trace[len(per_trace) // 2], separators=(",", ":")) + "\n")
 PY
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-[ -z "$(git status --porcelain --untracked-files=no -- . ':!bench/results' 2>/dev/null)" ] || commit="$commit (with local changes)"
+. bench/commit_id.sh
+commit="$(gm_commit_id)"
 machine="$(uname -sm), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//')"
 if [ "$backend" = cuda ]; then
     machine="$machine; GPU $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1)"

@@ -94,7 +94,8 @@ gpu="${gpu:-unknown-GPU}"
 label="$(tr ' ' '-' <<<"$gpu")"
 driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
 # GM_COMMIT overrides the label (a copy of the tree without its git history).
-commit="${GM_COMMIT:-$(git rev-parse --short --verify -q HEAD 2>/dev/null || echo none)}"
+. bench/commit_id.sh
+commit="$(gm_commit_id)"
 mkdir -p bench/results
 base="bench/results/$date-$label-alloc"
 cmdline="${ALLOCATORS_SET:+ALLOCATORS=\"$ALLOCATORS\" }${ALLOC_BENCH_THREAD_SLACK:+ALLOC_BENCH_THREAD_SLACK=$ALLOC_BENCH_THREAD_SLACK }${ALLOC_BENCH_THREAD_ROUNDS:+ALLOC_BENCH_THREAD_ROUNDS=$ALLOC_BENCH_THREAD_ROUNDS }${ALLOC_BENCH_THREAD_WARMUPS:+ALLOC_BENCH_THREAD_WARMUPS=$ALLOC_BENCH_THREAD_WARMUPS }bench/run_alloc_bench.sh $tdir"

@@ -20,7 +20,7 @@
 #   TORCH=0|1  skip / insist on the PyTorch part (default: run it when the
 #              bench ran on cuda and PyTorch sees a GPU)
 #   PYTHON     python3 (default)
-#   GM_COMMIT  the commit recorded (default: git rev-parse --short HEAD)
+#   GM_COMMIT  the commit recorded (default: HEAD's short hash, +changes when the tree differs; bench/commit_id.sh)
 #   BENCH_TIMEOUT, TORCH_TIMEOUT  seconds for each part (120, 120); broker_bench
 #              skips a part that might not end 20 s before its timeout, and
 #              broker_torch.py a run that would not end 10 s before its own
@@ -57,7 +57,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 echo "host: $(nproc) cores; open files limit $(ulimit -n) (hard $(ulimit -Hn)); backend ${GPUMEM_BACKEND:-auto}"
 
 date="$(date -u +%Y-%m-%d)"
-export GM_COMMIT="${GM_COMMIT:-$(git rev-parse --short --verify -q HEAD 2>/dev/null || echo none)}"
+. bench/commit_id.sh
+GM_COMMIT="$(gm_commit_id)"
+export GM_COMMIT
 command="bench/run_broker_bench.sh"
 args=()
 if [ "$QUICK" = 1 ]; then

@@ -68,7 +68,8 @@ echo "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 
 
 date="$(date -u +%Y-%m-%d)"
 label="$(tr ' ' '-' <<<"$gpu")"
-commit="$(git rev-parse --short --verify -q HEAD 2>/dev/null || echo none)"
+. bench/commit_id.sh
+commit="$(gm_commit_id)"
 command="bench/run_host_bench.sh"
 [ "$SIM" = 1 ] && command="SIM=1 bench/run_host_bench.sh"
 

@@ -15,7 +15,7 @@
 #              the smallest size; 0: none)
 #   OUT        also copy the results and the log there (default: none; off the
 #              cuda backend the results go to OUT, else BUILD_DIR/bench-results)
-#   GM_COMMIT  the commit recorded (default: git rev-parse --short HEAD)
+#   GM_COMMIT  the commit recorded (default: HEAD's short hash, +changes when the tree differs; bench/commit_id.sh)
 #   BENCH_TIMEOUT  seconds for the bench (300); it skips a size that might not
 #              end 20 s before then
 #   PYTHON     python3 (reads the JSON for the file name and the summary)
@@ -53,7 +53,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
 echo "host: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo) of memory; backend ${GPUMEM_BACKEND:-auto}"
 
 date="$(date -u +%Y-%m-%d)"
-export GM_COMMIT="${GM_COMMIT:-$(git rev-parse --short --verify -q HEAD 2>/dev/null || echo none)}"
+. bench/commit_id.sh
+GM_COMMIT="$(gm_commit_id)"
+export GM_COMMIT
 command="bench/run_offload_bench.sh"
 args=(--sizes "$SIZES" --block "$BLOCK" --reps "$REPS")
 [ "$SIZES" != "1GiB,16GiB" ] && command="SIZES=$SIZES $command"

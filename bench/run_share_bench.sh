@@ -11,7 +11,7 @@
 #   OUT        also copy the results and the log there (default: none)
 #   BUILD_DIR  gpumem build directory (default build-device)
 #   QUICK=1    weight sync at 1 GiB instead of 8 GiB (SHARE_BENCH_QUICK=1)
-#   GM_COMMIT  the commit recorded (default: git rev-parse --short HEAD)
+#   GM_COMMIT  the commit recorded (default: HEAD's short hash, +changes when the tree differs; bench/commit_id.sh)
 # The bench runs with GPUMEM_BACKEND unset (auto: cuda where an NVIDIA
 # driver is installed).  When the pool ends up on another backend (no
 # driver: the sim) the results go to $OUT only, never to bench/results.
@@ -37,7 +37,9 @@ echo "host: $(nproc) cores; open files limit $(ulimit -n) (hard $(ulimit -Hn))"
 
 date="$(date -u +%Y-%m-%d)"
 # GM_COMMIT overrides the label (a copy of the tree without its git history).
-export GM_COMMIT="${GM_COMMIT:-$(git rev-parse --short --verify -q HEAD 2>/dev/null || echo none)}"
+. bench/commit_id.sh
+GM_COMMIT="$(gm_commit_id)"
+export GM_COMMIT
 command="bench/run_share_bench.sh"
 quick_env=()
 if [ "$QUICK" = 1 ]; then
