@@ -188,15 +188,17 @@ typedef struct gm_pool_config {
      * named device does not exist.  With GM_POOL_CONFIG_INIT: GPUMEM_PEERS
      * (all, none, or a list of ordinals such as 0,1,3). */
     uint64_t peers;
-    /* Version 6: with heaps > 1, the most each heap's churn controller may
-     * raise its reserve slack to (the larger of this and reserve_slack_max
-     * applies).  Heaps trade memory for speed, and a heap sees one thread's
-     * share of the work, so its controller looks at windows of 4 Ki
-     * allocations and may go further than one heap's: a random mix on 16
-     * heaps settles near 1.13x the threads' requested peaks with almost no
-     * page churn, where the one-heap ceiling keeps 1.03x and remaps pages
-     * all the time (docs/pages.md).  0: heaps stop at reserve_slack_max.
-     * Default 0.2 (GPUMEM_HEAP_SLACK_MAX). */
+    /* Version 6: with heaps > 1, each heap's reserve slack ceiling (the
+     * larger of this and reserve_slack_max applies).  Heaps trade memory for
+     * speed, so a heap starts at this ceiling, not at reserve_slack, and its
+     * controller steps it down after quiet windows (of 4 Ki allocations: a
+     * heap sees one thread's share of the work) and back up when pages move.
+     * A random mix on 16 heaps settles near 1.13x the threads' requested
+     * peaks with almost no page churn, where the one-heap ceiling keeps 1.03x
+     * and remaps pages all the time; two heaps under PyTorch training hold
+     * what one heap holds there (docs/pages.md).  0: heaps stay within
+     * reserve_slack_max, starting at reserve_slack.  Default 0.2
+     * (GPUMEM_HEAP_SLACK_MAX). */
     double heap_slack_max;
 } gm_pool_config_t;
 

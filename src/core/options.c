@@ -73,8 +73,8 @@ static const gm__option_t table[GM_OPT_COUNT] = {
                       "more: threads allocating at once do not wait for each other)",
                       CFG(heaps)},
     [GM_OPT_HEAP_SLACK_MAX] = {"GPUMEM_HEAP_SLACK_MAX", T_FRACTION, "0.2",
-                               "with more than one heap, the most each heap's churn controller "
-                               "may raise its reserve slack to (0 to 1; the larger of this and "
+                               "with more than one heap, each heap's reserve slack ceiling, where "
+                               "it starts (0 to 1; the larger of this and "
                                "GPUMEM_RESERVE_SLACK_MAX applies)", CFG(heap_slack_max)},
     [GM_OPT_BROKER] = {"GPUMEM_BROKER", T_CFG_PATH, "",
                        "socket of a gpumem broker to lease physical pages from (empty: make "
