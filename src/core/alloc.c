@@ -551,8 +551,9 @@ void gm__controller_init(gm_pool_t *pool)
      * on the sim: 118 000 calls in the first pass, against 48 000, nearly
      * all of them new pages, when started at 0.2, for the same reserved
      * peak).  Quiet windows step it back down, as for one heap. */
-    pool->slack_eff = pool->root->heaps_max > 1 ? ctl_top(pool) : pool->cfg.reserve_slack;
-    pool->ctl_window = pool->root->heaps_max > 1 ? CTL_WINDOW_HEAP : CTL_WINDOW;
+    bool heaps = pool->root->heaps_max > 1;
+    pool->slack_eff = heaps ? ctl_top(pool) : pool->cfg.reserve_slack;
+    pool->ctl_window = heaps ? CTL_WINDOW_HEAP : CTL_WINDOW;
     pool->ctl_allocs = 0;
     pool->ctl_quiet = 0;
 }

@@ -486,8 +486,9 @@ int gm__pages_evict_span_locked(gm_pool_t *pool, gm__block_t *b, size_t lo, size
 
 /* ---- defined in src/core/alloc.c -------------------------------------------- */
 
-/* The churn controller's starting state (slack at the floor; the window of
- * a pool, or of a heap when root->heaps_max > 1).  At creation. */
+/* The churn controller's starting state: one heap's slack at reserve_slack
+ * and a pool's window; with root->heaps_max > 1, a heap's slack at its
+ * ceiling and a heap's window.  At creation. */
 void gm__controller_init(gm_pool_t *pool);
 
 /* Allocate size bytes (0 < size <= GM_MAX_REQUEST, checked by gm_alloc) on

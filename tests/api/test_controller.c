@@ -44,37 +44,6 @@
 #define THREADS 4
 #define PAGE ((uint64_t)2 << 20)
 
-/* One pass of mix m on stream s; everything freed at the end.  Returns the
- * pass's requested peak (0 after a failure, which is CHECKed). */
-static uint64_t run_mix(gm_pool_t *pool, gm_stream_t s, const mix_t *m)
-{
-    void *ptr[SLOTS] = {0};
-    size_t sz[SLOTS] = {0};
-    uint64_t live = 0, peak = 0;
-    for (size_t i = 0; i < OPS; i++) {
-        uint32_t k = m->slot[i];
-        if (ptr[k]) {
-            CHECK_OK(gm_free(pool, ptr[k], s));
-            ptr[k] = NULL;
-            live -= sz[k];
-        } else {
-            int rc = gm_alloc(pool, m->size[i], s, &ptr[k]);
-            CHECK_OK(rc);
-            if (rc != GM_OK) {
-                ptr[k] = NULL;
-                peak = 0;
-                break;
-            }
-            sz[k] = m->size[i];
-            live += sz[k];
-            if (live > peak) peak = live;
-        }
-    }
-    for (int k = 0; k < SLOTS; k++)
-        if (ptr[k]) CHECK_OK(gm_free(pool, ptr[k], s));
-    return peak;
-}
-
 typedef struct result {
     uint64_t last_calls;    /* backend calls of the last pass */
     uint64_t reserved_peak;
@@ -98,22 +67,11 @@ static result_t one_heap(const mix_t *m, double slack_max)
     result_t r = {0, 0, 0, 0};
     gm_pool_config_t cfg = base_config(3);
     cfg.reserve_slack_max = slack_max;
-    gm_pool_t *pool = NULL;
-    CHECK_OK(gm_pool_create(&cfg, &pool));
-    if (!pool) return r;
-    gm_stream_t s;
-    CHECK_OK(gm_stream_create(pool, &s));
-    for (int pass = 0; pass < PASSES; pass++) {
-        gm_stats_t a = pool_stats_of(pool);
-        CHECK(run_mix(pool, s, m) > 0);
-        CHECK_OK(gm_pool_check(pool));
-        gm_stats_t b = pool_stats_of(pool);
-        r.last_calls = calls_of(&b) - calls_of(&a);
+    gm_stats_t b = GM_STATS_INIT;
+    if (mix_passes(&cfg, m, PASSES, false, true, &r.last_calls, &b)) {
         r.reserved_peak = b.reserved_peak;
         r.requested = b.allocated_peak;
     }
-    CHECK_OK(gm_stream_destroy(pool, s));
-    gm_pool_destroy(pool);
     return r;
 }
 
@@ -131,7 +89,7 @@ static void *heap_thread(void *arg)
         CHECK(0);
         return NULL;
     }
-    hpeak[t] = run_mix(hpool, s, hmix[t]);
+    hpeak[t] = mix_run(hpool, s, hmix[t], false);
     CHECK_OK(gm_stream_destroy(hpool, s));
     return NULL;
 }

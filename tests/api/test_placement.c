@@ -46,38 +46,8 @@ static result_t run_pool(const mix_t *m, double churn_target)
     cfg.sim_capacity = (size_t)8 << 30;
     cfg.reserve_slack_max = cfg.reserve_slack; /* the slack stays put: placement alone differs */
     cfg.churn_target = churn_target;
-    gm_pool_t *pool = NULL;
-    CHECK_OK(gm_pool_create(&cfg, &pool));
-    if (!pool) return r;
-    gm_stream_t s;
-    CHECK_OK(gm_stream_create(pool, &s));
-    for (int pass = 0; pass < PASSES; pass++) {
-        void *ptr[SLOTS] = {0};
-        gm_stats_t a = pool_stats_of(pool);
-        for (size_t i = 0; i < OPS; i++) {
-            uint32_t k = m->slot[i];
-            if (ptr[k]) {
-                CHECK_OK(gm_free(pool, ptr[k], s));
-                ptr[k] = NULL;
-            } else {
-                int rc = gm_alloc(pool, m->size[i], s, &ptr[k]);
-                CHECK_OK(rc);
-                if (rc != GM_OK) {
-                    ptr[k] = NULL;
-                    break;
-                }
-            }
-        }
-        CHECK_OK(gm_pool_check(pool));
-        for (int k = 0; k < SLOTS; k++)
-            if (ptr[k]) CHECK_OK(gm_free(pool, ptr[k], s));
-        CHECK_OK(gm_pool_check(pool));
-        gm_stats_t b = pool_stats_of(pool);
-        r.warm_calls = calls_of(&b) - calls_of(&a);
-        r.reserved_peak = b.reserved_peak;
-    }
-    CHECK_OK(gm_stream_destroy(pool, s));
-    gm_pool_destroy(pool);
+    gm_stats_t b = GM_STATS_INIT;
+    if (mix_passes(&cfg, m, PASSES, true, false, &r.warm_calls, &b)) r.reserved_peak = b.reserved_peak;
     return r;
 }
 
