@@ -13,7 +13,8 @@
 # creation, map and access) and moving (unmaps, maps of pages that existed,
 # events, waits): growth is what a higher live peak needs, moving is churn.  Run
 # from the repository root on the GPU machine (after `make`).  Knobs: OUT
-# (build/train-calls), STEPS (20), BATCH (8), SEQ (512).
+# (build/train-calls), STEPS (20), BATCH (8), SEQ (512), GM_COMMIT (the
+# commit recorded; bench/commit_id.sh).
 set -u -o pipefail
 OUT="${OUT:-build/train-calls}"
 STEPS="${STEPS:-20}" BATCH="${BATCH:-8}" SEQ="${SEQ:-512}"
@@ -33,17 +34,18 @@ for model in gpt2 llama; do
     done
 done
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr ' ' '-')"
-python3 - "$OUT" "$(date -u +%Y-%m-%d)" "${gpu:-GPU}" <<'PY'
+. bench/commit_id.sh
+python3 - "$OUT" "$(date -u +%Y-%m-%d)" "${gpu:-GPU}" "$(gm_commit_id)" <<'PY'
 import json, os, sys
-out, date, gpu = sys.argv[1:]
-commit = os.environ.get("GM_COMMIT", "")
+out, date, gpu, commit = sys.argv[1:]
 res = {"date": date, "gpu": gpu, "commit": commit, "command": "scripts/device/train_calls.sh",
        "models": {}}
 
 
 def moving(kinds):
     """Calls of a by-kind dict that move pages or fence them: unmaps, maps
-    beyond the new pages' own, events and waits (the rest is growth)."""
+    beyond the new pages' own, events and waits (the rest is growth); the
+    churn controller counts the same (remap_calls in src/core/alloc.c)."""
     if kinds is None:
         return None
     k = lambda n: kinds.get(n, 0)
