@@ -21,6 +21,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -316,6 +317,19 @@ static double r_sp_warm[MAX_ROUNDS];
 static double r_sp[3] = {-1, -1, -1}, r_sp_first[3] = {-1, -1, -1};
 static double r_sp_rounds[3][MAX_ROUNDS];
 static double r_ceil = -1, r_ceil_rounds[MAX_ROUNDS];          /* host ceiling: median, rounds */
+/* The rates each round's speedups divide, ops/s: the leading pass's one
+ * thread and 16 threads, and the ceiling loop's (which of the two moves
+ * when a round's speedup does). */
+static double r_one_rounds[MAX_ROUNDS], r_all_rounds[MAX_ROUNDS];
+static double r_ceil1_rounds[MAX_ROUNDS], r_ceil16_rounds[MAX_ROUNDS];
+/* The same speedups over one thread's mean rate on each of 16 CPUs (see
+ * cpus_find): gpumem's 16 heaps (or the allocator), the ceiling loop, and
+ * the one over the other; medians of the rounds, and every round's. */
+static double r_sp_cpu = -1, r_sp_cpu_rounds[MAX_ROUNDS];
+static double r_ceil_cpu = -1, r_ceil_cpu_rounds[MAX_ROUNDS];
+static double r_of_ceil_cpu = -1, r_of_ceil_cpu_rounds[MAX_ROUNDS];
+static double r_cpu_one[N_THREADS][MAX_ROUNDS], r_cpu_ceil[N_THREADS][MAX_ROUNDS];
+static int cpu_list[N_THREADS], n_cpus; /* 0: fewer than 16 CPUs, or not measured */
 /* Each round's speedup over the ceiling measured in the same round, and
  * their median: threads16_of_ceiling. */
 static double r_of_ceil = -1, r_of_ceil_rounds[MAX_ROUNDS];
@@ -434,6 +448,26 @@ static void write_json(void)
     fprintf(f, ",\"threads16_of_ceiling\":");
     jnum(f, r_of_ceil);
     jlist(f, "threads16_of_ceiling_rounds", r_of_ceil_rounds, thread_rounds, r_of_ceil > 0);
+    jlist(f, "threads16_one_thread_ops_rounds", r_one_rounds, thread_rounds, r_sp[1] > 0);
+    jlist(f, "threads16_sixteen_threads_ops_rounds", r_all_rounds, thread_rounds, r_sp[1] > 0);
+    jlist(f, "host_ceiling_one_thread_ops_rounds", r_ceil1_rounds, thread_rounds, r_ceil > 0);
+    jlist(f, "host_ceiling_sixteen_threads_ops_rounds", r_ceil16_rounds, thread_rounds, r_ceil > 0);
+    fprintf(f, ",\n \"threads16_speedup_cpu_mean\":");
+    jnum(f, r_sp_cpu);
+    jlist(f, "threads16_speedup_cpu_mean_rounds", r_sp_cpu_rounds, thread_rounds, r_sp_cpu > 0);
+    fprintf(f, ",\"host_parallel_ceiling_cpu_mean\":");
+    jnum(f, r_ceil_cpu);
+    jlist(f, "host_parallel_ceiling_cpu_mean_rounds", r_ceil_cpu_rounds, thread_rounds, r_ceil_cpu > 0);
+    fprintf(f, ",\"threads16_of_ceiling_cpu_mean\":");
+    jnum(f, r_of_ceil_cpu);
+    jlist(f, "threads16_of_ceiling_cpu_mean_rounds", r_of_ceil_cpu_rounds, thread_rounds, r_of_ceil_cpu > 0);
+    double per_cpu[N_THREADS], per_cpu_ceil[N_THREADS];
+    for (int i = 0; i < N_THREADS; i++) {
+        per_cpu[i] = i < n_cpus ? median(r_cpu_one[i], thread_rounds) : -1;
+        per_cpu_ceil[i] = i < n_cpus ? median(r_cpu_ceil[i], thread_rounds) : -1;
+    }
+    jlist(f, "one_thread_ops_per_cpu", per_cpu, n_cpus, r_sp_cpu > 0);
+    jlist(f, "ceiling_one_thread_ops_per_cpu", per_cpu_ceil, n_cpus, r_sp_cpu > 0);
     fprintf(f, ",\n \"trace_ratio\":{");
     for (int i = 0; i < n_traces; i++) {
         fprintf(f, "%s\"%s\":", i ? "," : "", r_trace_name[i]);
@@ -699,8 +733,11 @@ static double run_threads(int nt, cudaStream_t *streams)
  * empty and a size), over the same sequences, many rounds so that a run
  * lasts tens of milliseconds. */
 #define CEIL_ROUNDS 200
+/* The runs of one thread on each CPU in turn: shorter (about 30 ms). */
+#define CEIL_ROUNDS_CPU 50
 typedef struct ceil_run {
     const mix_t *m;
+    int rounds;
     pthread_barrier_t *bar;
     uint64_t t_start, t_end, ops, sink;
 } ceil_run_t;
@@ -712,7 +749,7 @@ static void *ceil_thread(void *arg)
     uint64_t live = 0, peak = 0;
     pthread_barrier_wait(r->bar);
     r->t_start = now_ns();
-    for (int round = 0; round < CEIL_ROUNDS; round++)
+    for (int round = 0; round < r->rounds; round++)
         for (size_t i = 0; i < r->m->n; i++) {
             uint32_t k = r->m->slot[i];
             if (slot[k]) {
@@ -725,21 +762,31 @@ static void *ceil_thread(void *arg)
             }
         }
     r->t_end = now_ns();
-    r->ops = (uint64_t)CEIL_ROUNDS * r->m->n;
+    r->ops = (uint64_t)r->rounds * r->m->n;
     r->sink = peak + live;
     return NULL;
 }
 
-static double run_ceiling(int nt, mix_t *mixes)
+/* cpu >= 0: the one thread (nt == 1) runs on that CPU only. */
+static double run_ceiling_on(int nt, mix_t *mixes, int cpu)
 {
     pthread_t th[N_THREADS];
     ceil_run_t r[N_THREADS];
     pthread_barrier_t bar;
-    if (pthread_barrier_init(&bar, NULL, (unsigned)nt)) die("pthread_barrier_init");
-    for (int t = 0; t < nt; t++) {
-        r[t] = (ceil_run_t){.m = &mixes[t], .bar = &bar};
-        if (pthread_create(&th[t], NULL, ceil_thread, &r[t])) die("pthread_create");
+    pthread_attr_t attr;
+    if (pthread_barrier_init(&bar, NULL, (unsigned)nt) || pthread_attr_init(&attr))
+        die("pthread_barrier_init");
+    if (cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpu, &set);
+        if (pthread_attr_setaffinity_np(&attr, sizeof set, &set)) die("pthread_attr_setaffinity_np");
     }
+    for (int t = 0; t < nt; t++) {
+        r[t] = (ceil_run_t){.m = &mixes[t], .rounds = cpu >= 0 ? CEIL_ROUNDS_CPU : CEIL_ROUNDS, .bar = &bar};
+        if (pthread_create(&th[t], &attr, ceil_thread, &r[t])) die("pthread_create");
+    }
+    pthread_attr_destroy(&attr);
     uint64_t t0 = UINT64_MAX, t1 = 0, ops = 0, sink = 0;
     for (int t = 0; t < nt; t++) {
         pthread_join(th[t], NULL);
@@ -753,6 +800,43 @@ static double run_ceiling(int nt, mix_t *mixes)
     return (double)ops * 1e9 / (double)(t1 - t0);
 }
 
+static double run_ceiling(int nt, mix_t *mixes) { return run_ceiling_on(nt, mixes, -1); }
+
+/* ---- one thread on each CPU ---------------------------------------------------
+ *
+ * On these hosts one thread's rate depends on the CPU it lands on (and the
+ * moment): in one process, rounds read 4.2-5.2 or 7.1-7.3 million ops/s for
+ * gpumem's one thread while 16 threads held 62-66 M together.  A speedup
+ * over one thread on whichever CPU it got swings with that.  So each round
+ * also runs the one thread (worker 0, its mix and stream) once on each of
+ * the first 16 CPUs the process may use, and the ceiling loop's one thread
+ * likewise: 16 threads at perfect scaling would do the sum of those rates,
+ * so the round's second speedup is the 16-thread rate over their mean. */
+
+static void cpus_find(void)
+{
+    cpu_set_t set;
+    n_cpus = 0;
+    if (sched_getaffinity(0, sizeof set, &set)) return;
+    int n = 0;
+    for (int c = 0; c < CPU_SETSIZE && n < N_THREADS; c++)
+        if (CPU_ISSET(c, &set)) cpu_list[n++] = c;
+    if (n == N_THREADS) n_cpus = n;
+}
+
+/* Worker 0 allowed on cpu only (cpu < 0: on every CPU the process may use). */
+static void worker0_pin(int cpu)
+{
+    cpu_set_t set;
+    if (cpu >= 0) {
+        CPU_ZERO(&set);
+        CPU_SET(cpu, &set);
+    } else if (sched_getaffinity(0, sizeof set, &set)) {
+        die("sched_getaffinity");
+    }
+    if (pthread_setaffinity_np(W.th[0], sizeof set, &set)) die("pthread_setaffinity_np");
+}
+
 static void bench_threads(size_t per_thread, uint64_t seed)
 {
     mix_t mixes[N_THREADS];
@@ -762,6 +846,8 @@ static void bench_threads(size_t per_thread, uint64_t seed)
         CK(cudaStreamCreateWithFlags(&streams[t], cudaStreamNonBlocking));
     }
     r_thread_ops = per_thread;
+    const char *pc = getenv("ALLOC_BENCH_PER_CPU");
+    if (!pc || atoi(pc) != 0) cpus_find(); /* else n_cpus stays 0: not measured */
     /* gpumem runs three passes: its default (one heap); a heap per thread
      * (gm_pool_config_t.heaps = 16), the figure the JSON leads with; and
      * that with a reserve slack of THREAD_SLACK (less page churn, more
@@ -803,15 +889,35 @@ static void bench_threads(size_t per_thread, uint64_t seed)
             if (lead) {
                 double c1 = run_ceiling(1, mixes), c16 = run_ceiling(N_THREADS, mixes);
                 r_ceil_rounds[r] = c16 / c1;
+                r_ceil1_rounds[r] = c1;
+                r_ceil16_rounds[r] = c16;
             }
             one[r] = run_threads(1, streams);
             if (g_pool) g0 = gpumem_stats();
             all[r] = one[r] > 0 ? run_threads(N_THREADS, streams) : -1;
             ok = one[r] > 0 && all[r] > 0;
             sp[r] = ok ? all[r] / one[r] : -1;
+            gm_stats_t g16 = g_pool ? gpumem_stats() : g0; /* the calls count the timed run only */
+            if (lead && ok && n_cpus) { /* one thread on each CPU, after the timed runs */
+                double so = 0, sc = 0;
+                for (int i = 0; i < n_cpus && ok; i++) {
+                    worker0_pin(cpu_list[i]);
+                    r_cpu_one[i][r] = run_threads(1, streams);
+                    r_cpu_ceil[i][r] = run_ceiling_on(1, mixes, cpu_list[i]);
+                    ok = r_cpu_one[i][r] > 0;
+                    so += r_cpu_one[i][r];
+                    sc += r_cpu_ceil[i][r];
+                }
+                worker0_pin(-1);
+                if (ok) {
+                    r_sp_cpu_rounds[r] = all[r] / (so / n_cpus);
+                    r_ceil_cpu_rounds[r] = r_ceil16_rounds[r] / (sc / n_cpus);
+                    r_of_ceil_cpu_rounds[r] = r_sp_cpu_rounds[r] / r_ceil_cpu_rounds[r];
+                }
+            }
             calls[r] = -1;
             if (g_pool) {
-                g1 = gpumem_stats();
+                g1 = g16;
                 uint64_t c = 0;
                 for (int k = 0; k < GM_CALL_COUNT; k++) c += g1.backend_calls[k] - g0.backend_calls[k];
                 calls[r] = (double)c;
@@ -841,7 +947,11 @@ static void bench_threads(size_t per_thread, uint64_t seed)
         r_sp[rp] = msp;
         r_sp_first[rp] = sp[0];
         memcpy(r_sp_rounds[rp], sp, sizeof sp);
-        if (rp == 1) r_t1_ops = m1, r_t16_ops = m16, r_heaps = g_pool ? g_heaps : 0;
+        if (rp == 1) {
+            r_t1_ops = m1, r_t16_ops = m16, r_heaps = g_pool ? g_heaps : 0;
+            memcpy(r_one_rounds, one, sizeof one);
+            memcpy(r_all_rounds, all, sizeof all);
+        }
         printf("  threads%s: median of %d rounds: 1 thread %.0f ops/s, 16 threads %.0f ops/s, "
                "speedup %.2f (rounds:", g_pool ? pass_name[pass] : "", thread_rounds, m1, m16, msp);
         for (int r = 0; r < thread_rounds; r++) printf(" %.2f", sp[r]);
@@ -861,7 +971,28 @@ static void bench_threads(size_t per_thread, uint64_t seed)
         for (int r = 0; r < thread_rounds; r++) printf(" %.2f", r_ceil_rounds[r]);
         printf("); each round's speedup over its ceiling: median %.3f (rounds:", r_of_ceil);
         for (int r = 0; r < thread_rounds; r++) printf(" %.3f", r_of_ceil_rounds[r]);
-        printf(")\n");
+        printf(")\n  rates by round, million ops/s (1 thread / 16 threads), allocator:");
+        for (int r = 0; r < thread_rounds; r++) printf(" %.2f/%.1f", r_one_rounds[r] / 1e6, r_all_rounds[r] / 1e6);
+        printf("; ceiling loop:");
+        for (int r = 0; r < thread_rounds; r++) printf(" %.0f/%.0f", r_ceil1_rounds[r] / 1e6, r_ceil16_rounds[r] / 1e6);
+        printf("\n");
+        if (n_cpus) {
+            r_sp_cpu = median(r_sp_cpu_rounds, thread_rounds);
+            r_ceil_cpu = median(r_ceil_cpu_rounds, thread_rounds);
+            r_of_ceil_cpu = median(r_of_ceil_cpu_rounds, thread_rounds);
+            printf("  over one thread's mean rate on each of the %d CPUs: speedup median %.2f (rounds:",
+                   n_cpus, r_sp_cpu);
+            for (int r = 0; r < thread_rounds; r++) printf(" %.2f", r_sp_cpu_rounds[r]);
+            printf("), host ceiling %.2f (rounds:", r_ceil_cpu);
+            for (int r = 0; r < thread_rounds; r++) printf(" %.2f", r_ceil_cpu_rounds[r]);
+            printf("), of ceiling %.3f (rounds:", r_of_ceil_cpu);
+            for (int r = 0; r < thread_rounds; r++) printf(" %.3f", r_of_ceil_cpu_rounds[r]);
+            printf(")\n  one thread by CPU, million ops/s, median of the rounds (allocator / ceiling loop):");
+            for (int i = 0; i < n_cpus; i++)
+                printf(" %d:%.2f/%.0f", cpu_list[i], median(r_cpu_one[i], thread_rounds) / 1e6,
+                       median(r_cpu_ceil[i], thread_rounds) / 1e6);
+            printf("\n");
+        }
     }
     for (int t = 0; t < N_THREADS; t++) {
         CK(cudaStreamDestroy(streams[t]));

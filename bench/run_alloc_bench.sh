@@ -82,7 +82,7 @@ for a in $ALLOCATORS; do
         ;;
     esac
     start=$(date +%s)
-    env "${envs[@]}" timeout --kill-after=5 90 "$bench" "${args[@]}" 2>&1 | tee "$work/log-$a.txt"
+    env "${envs[@]}" timeout --kill-after=5 180 "$bench" "${args[@]}" 2>&1 | tee "$work/log-$a.txt"
     st=${PIPESTATUS[0]}
     echo "--- $a: exit $st, $(($(date +%s) - start)) s"
     [ -f "$work/part-$a.json" ] && parts+=("$work/part-$a.json")
@@ -136,6 +136,9 @@ out = {
     "host_parallel_ceiling_rounds": {a: P[a].get("host_parallel_ceiling_rounds") for a in names if a in P},
     "threads16_of_ceiling": {a: P[a].get("threads16_of_ceiling") for a in names if a in P},
     "threads16_of_ceiling_rounds": {a: P[a].get("threads16_of_ceiling_rounds") for a in names if a in P},
+    "threads16_speedup_cpu_mean": {a: P[a].get("threads16_speedup_cpu_mean") for a in names if a in P},
+    "host_parallel_ceiling_cpu_mean": {a: P[a].get("host_parallel_ceiling_cpu_mean") for a in names if a in P},
+    "threads16_of_ceiling_cpu_mean": {a: P[a].get("threads16_of_ceiling_cpu_mean") for a in names if a in P},
     "steady_state_driver_calls": {a: P[a]["steady_state_driver_calls"] for a in names if a in P},
     "details": P,
 }
@@ -179,6 +182,12 @@ L.append("\n16-thread speedup by round, and the host ceiling by round: " + "; ".
     + " ".join(f(v, "{:.3f}") for v in (P[a].get("threads16_of_ceiling_rounds") or [])) + ", median "
     + f(P[a].get("threads16_of_ceiling"), "{:.4f}") + ")"
     for a in present))
+if any(P[a].get("threads16_speedup_cpu_mean") for a in present):
+    L.append("\nThe same 16-thread rates over one thread's mean rate on each of 16 CPUs (the one thread, and the ceiling loop's, run once on each CPU in every round, after the timed runs; 16 threads scaling perfectly would do the sum of those rates), medians of the rounds: " + "; ".join(
+        f"{a}: speedup {f(P[a].get('threads16_speedup_cpu_mean'), '{:.2f}')}, host ceiling "
+        + f"{f(P[a].get('host_parallel_ceiling_cpu_mean'), '{:.2f}')}, of ceiling {pct_down(P[a].get('threads16_of_ceiling_cpu_mean'))} (rounds "
+        + " ".join(f(v, "{:.3f}") for v in (P[a].get("threads16_of_ceiling_cpu_mean_rounds") or [])) + ")"
+        for a in present))
 missing = [a for a in names if a not in P]
 if missing:
     L.append("\nNot measured: " + ", ".join(missing))
