@@ -368,6 +368,17 @@ static void jlist(FILE *f, const char *key, const double *v, int n, bool measure
     fprintf(f, "]");
 }
 
+/* A figure measured per round: "key" (the median of the rounds; -1 when
+ * not measured) and "key_rounds" (every round's). */
+static void jfigure(FILE *f, const char *key, double med, const double *rounds)
+{
+    char k[96];
+    fprintf(f, ",\"%s\":", key);
+    jnum(f, med);
+    snprintf(k, sizeof k, "%s_rounds", key);
+    jlist(f, k, rounds, thread_rounds, med > 0);
+}
+
 /* The median of v[0..n-1] (n >= 1); v is left as it is. */
 static double median(const double *v, int n)
 {
@@ -442,25 +453,15 @@ static void write_json(void)
     jpasses(f, "threads16_reserved_over_requested", r_t16_reserved_ratio);
     jpasses(f, "threads16_backend_calls", r_t16_calls);
     jpasses(f, "threads16_backend_calls_first_round", r_t16_calls_first);
-    fprintf(f, ",\"host_parallel_ceiling\":");
-    jnum(f, r_ceil);
-    jlist(f, "host_parallel_ceiling_rounds", r_ceil_rounds, thread_rounds, r_ceil > 0);
-    fprintf(f, ",\"threads16_of_ceiling\":");
-    jnum(f, r_of_ceil);
-    jlist(f, "threads16_of_ceiling_rounds", r_of_ceil_rounds, thread_rounds, r_of_ceil > 0);
+    jfigure(f, "host_parallel_ceiling", r_ceil, r_ceil_rounds);
+    jfigure(f, "threads16_of_ceiling", r_of_ceil, r_of_ceil_rounds);
     jlist(f, "threads16_one_thread_ops_rounds", r_one_rounds, thread_rounds, r_sp[1] > 0);
     jlist(f, "threads16_sixteen_threads_ops_rounds", r_all_rounds, thread_rounds, r_sp[1] > 0);
     jlist(f, "host_ceiling_one_thread_ops_rounds", r_ceil1_rounds, thread_rounds, r_ceil > 0);
     jlist(f, "host_ceiling_sixteen_threads_ops_rounds", r_ceil16_rounds, thread_rounds, r_ceil > 0);
-    fprintf(f, ",\n \"threads16_speedup_cpu_mean\":");
-    jnum(f, r_sp_cpu);
-    jlist(f, "threads16_speedup_cpu_mean_rounds", r_sp_cpu_rounds, thread_rounds, r_sp_cpu > 0);
-    fprintf(f, ",\"host_parallel_ceiling_cpu_mean\":");
-    jnum(f, r_ceil_cpu);
-    jlist(f, "host_parallel_ceiling_cpu_mean_rounds", r_ceil_cpu_rounds, thread_rounds, r_ceil_cpu > 0);
-    fprintf(f, ",\"threads16_of_ceiling_cpu_mean\":");
-    jnum(f, r_of_ceil_cpu);
-    jlist(f, "threads16_of_ceiling_cpu_mean_rounds", r_of_ceil_cpu_rounds, thread_rounds, r_of_ceil_cpu > 0);
+    jfigure(f, "threads16_speedup_cpu_mean", r_sp_cpu, r_sp_cpu_rounds);
+    jfigure(f, "host_parallel_ceiling_cpu_mean", r_ceil_cpu, r_ceil_cpu_rounds);
+    jfigure(f, "threads16_of_ceiling_cpu_mean", r_of_ceil_cpu, r_of_ceil_cpu_rounds);
     double per_cpu[N_THREADS], per_cpu_ceil[N_THREADS];
     for (int i = 0; i < N_THREADS; i++) {
         per_cpu[i] = i < n_cpus ? median(r_cpu_one[i], thread_rounds) : -1;
