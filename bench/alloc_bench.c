@@ -330,6 +330,9 @@ static double r_ceil_cpu = -1, r_ceil_cpu_rounds[MAX_ROUNDS];
 static double r_of_ceil_cpu = -1, r_of_ceil_cpu_rounds[MAX_ROUNDS];
 static double r_cpu_one[N_THREADS][MAX_ROUNDS], r_cpu_ceil[N_THREADS][MAX_ROUNDS];
 static int cpu_list[N_THREADS], n_cpus; /* 0: fewer than 16 CPUs, or not measured */
+/* ALLOC_BENCH_PIN=1: thread t runs on cpu_list[t] only, the allocator's and the ceiling
+ * loop's alike (with n_cpus). */
+static int pin_threads;
 /* Each round's speedup over the ceiling measured in the same round, and
  * their median: threads16_of_ceiling. */
 static double r_of_ceil = -1, r_of_ceil_rounds[MAX_ROUNDS];
@@ -785,6 +788,12 @@ static double run_ceiling_on(int nt, mix_t *mixes, int cpu)
     }
     for (int t = 0; t < nt; t++) {
         r[t] = (ceil_run_t){.m = &mixes[t], .rounds = cpu >= 0 ? CEIL_ROUNDS_CPU : CEIL_ROUNDS, .bar = &bar};
+        if (cpu < 0 && pin_threads && n_cpus) {
+            cpu_set_t one;
+            CPU_ZERO(&one);
+            CPU_SET(cpu_list[t], &one);
+            if (pthread_attr_setaffinity_np(&attr, sizeof one, &one)) die("pthread_attr_setaffinity_np");
+        }
         if (pthread_create(&th[t], &attr, ceil_thread, &r[t])) die("pthread_create");
     }
     pthread_attr_destroy(&attr);
@@ -825,17 +834,19 @@ static void cpus_find(void)
     if (n == N_THREADS) n_cpus = n;
 }
 
-/* Worker 0 allowed on cpu only (cpu < 0: on every CPU the process may use). */
-static void worker0_pin(int cpu)
+/* Worker t allowed on cpu only (cpu < 0: on every CPU the process may use,
+ * or its own with ALLOC_BENCH_PIN). */
+static void worker_pin(int t, int cpu)
 {
     cpu_set_t set;
+    if (cpu < 0 && pin_threads && n_cpus) cpu = cpu_list[t];
     if (cpu >= 0) {
         CPU_ZERO(&set);
         CPU_SET(cpu, &set);
     } else if (sched_getaffinity(0, sizeof set, &set)) {
         die("sched_getaffinity");
     }
-    if (pthread_setaffinity_np(W.th[0], sizeof set, &set)) die("pthread_setaffinity_np");
+    if (pthread_setaffinity_np(W.th[t], sizeof set, &set)) die("pthread_setaffinity_np");
 }
 
 static void bench_threads(size_t per_thread, uint64_t seed)
@@ -849,6 +860,9 @@ static void bench_threads(size_t per_thread, uint64_t seed)
     r_thread_ops = per_thread;
     const char *pc = getenv("ALLOC_BENCH_PER_CPU");
     if (!pc || atoi(pc) != 0) cpus_find(); /* else n_cpus stays 0: not measured */
+    const char *pn = getenv("ALLOC_BENCH_PIN");
+    pin_threads = pn && atoi(pn) != 0;
+    if (pin_threads && !n_cpus) printf("  ALLOC_BENCH_PIN: fewer than 16 CPUs (or ALLOC_BENCH_PER_CPU=0): not pinned\n");
     /* gpumem runs three passes: its default (one heap); a heap per thread
      * (gm_pool_config_t.heaps = 16), the figure the JSON leads with; and
      * that with a reserve slack of THREAD_SLACK (less page churn, more
@@ -866,6 +880,8 @@ static void bench_threads(size_t per_thread, uint64_t seed)
         if (g_pool) g_heaps = pass ? N_THREADS : 1, g_slack = pass == 2 ? thread_slack : 0;
         A.reset();
         workers_start(mixes, streams);
+        if (pin_threads && n_cpus)
+            for (int t = 0; t < N_THREADS; t++) worker_pin(t, -1);
         /* One run of each first to warm the caches (and, for gpumem, to
          * let the pool grow to what the threads need); then the timed
          * rounds, each one thread alone and then all 16. */
@@ -902,14 +918,14 @@ static void bench_threads(size_t per_thread, uint64_t seed)
             if (lead && ok && n_cpus) { /* one thread on each CPU, after the timed runs */
                 double so = 0, sc = 0;
                 for (int i = 0; i < n_cpus && ok; i++) {
-                    worker0_pin(cpu_list[i]);
+                    worker_pin(0, cpu_list[i]);
                     r_cpu_one[i][r] = run_threads(1, streams);
                     r_cpu_ceil[i][r] = run_ceiling_on(1, mixes, cpu_list[i]);
                     ok = r_cpu_one[i][r] > 0;
                     so += r_cpu_one[i][r];
                     sc += r_cpu_ceil[i][r];
                 }
-                worker0_pin(-1);
+                worker_pin(0, -1);
                 if (ok) {
                     r_sp_cpu_rounds[r] = all[r] / (so / n_cpus);
                     r_ceil_cpu_rounds[r] = r_ceil16_rounds[r] / (sc / n_cpus);
