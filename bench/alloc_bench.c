@@ -771,7 +771,17 @@ static void *ceil_thread(void *arg)
     return NULL;
 }
 
-/* cpu >= 0: the one thread (nt == 1) runs on that CPU only. */
+/* The set of CPU c alone. */
+static cpu_set_t cpu_only(int c)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(c, &set);
+    return set;
+}
+
+/* cpu >= 0: the one thread (nt == 1) runs on that CPU only; cpu < 0 with
+ * ALLOC_BENCH_PIN: thread t on cpu_list[t]. */
 static double run_ceiling_on(int nt, mix_t *mixes, int cpu)
 {
     pthread_t th[N_THREADS];
@@ -780,19 +790,12 @@ static double run_ceiling_on(int nt, mix_t *mixes, int cpu)
     pthread_attr_t attr;
     if (pthread_barrier_init(&bar, NULL, (unsigned)nt) || pthread_attr_init(&attr))
         die("pthread_barrier_init");
-    if (cpu >= 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(cpu, &set);
-        if (pthread_attr_setaffinity_np(&attr, sizeof set, &set)) die("pthread_attr_setaffinity_np");
-    }
     for (int t = 0; t < nt; t++) {
         r[t] = (ceil_run_t){.m = &mixes[t], .rounds = cpu >= 0 ? CEIL_ROUNDS_CPU : CEIL_ROUNDS, .bar = &bar};
-        if (cpu < 0 && pin_threads && n_cpus) {
-            cpu_set_t one;
-            CPU_ZERO(&one);
-            CPU_SET(cpu_list[t], &one);
-            if (pthread_attr_setaffinity_np(&attr, sizeof one, &one)) die("pthread_attr_setaffinity_np");
+        int c = cpu >= 0 ? cpu : pin_threads && n_cpus ? cpu_list[t] : -1;
+        if (c >= 0) {
+            cpu_set_t set = cpu_only(c);
+            if (pthread_attr_setaffinity_np(&attr, sizeof set, &set)) die("pthread_attr_setaffinity_np");
         }
         if (pthread_create(&th[t], &attr, ceil_thread, &r[t])) die("pthread_create");
     }
@@ -840,12 +843,8 @@ static void worker_pin(int t, int cpu)
 {
     cpu_set_t set;
     if (cpu < 0 && pin_threads && n_cpus) cpu = cpu_list[t];
-    if (cpu >= 0) {
-        CPU_ZERO(&set);
-        CPU_SET(cpu, &set);
-    } else if (sched_getaffinity(0, sizeof set, &set)) {
-        die("sched_getaffinity");
-    }
+    if (cpu >= 0) set = cpu_only(cpu);
+    else if (sched_getaffinity(0, sizeof set, &set)) die("sched_getaffinity");
     if (pthread_setaffinity_np(W.th[t], sizeof set, &set)) die("pthread_setaffinity_np");
 }
 
@@ -882,9 +881,9 @@ static void bench_threads(size_t per_thread, uint64_t seed)
         workers_start(mixes, streams);
         if (pin_threads && n_cpus)
             for (int t = 0; t < N_THREADS; t++) worker_pin(t, -1);
-        /* One run of each first to warm the caches (and, for gpumem, to
-         * let the pool grow to what the threads need); then the timed
-         * rounds, each one thread alone and then all 16. */
+        /* thread_warmups untimed runs of each first, to warm the caches
+         * (and, for gpumem, to let the pool grow to what the threads need);
+         * then the timed rounds, each one thread alone and then all 16. */
         double one[MAX_ROUNDS] = {0}, all[MAX_ROUNDS] = {0}, sp[MAX_ROUNDS] = {0}, calls[MAX_ROUNDS] = {0};
         bool ok = true;
         for (int w = 0; w < thread_warmups && ok; w++) {
@@ -914,7 +913,7 @@ static void bench_threads(size_t per_thread, uint64_t seed)
             all[r] = one[r] > 0 ? run_threads(N_THREADS, streams) : -1;
             ok = one[r] > 0 && all[r] > 0;
             sp[r] = ok ? all[r] / one[r] : -1;
-            gm_stats_t g16 = g_pool ? gpumem_stats() : g0; /* the calls count the timed run only */
+            if (g_pool) g1 = gpumem_stats(); /* before the per-CPU runs: the timed run's calls */
             if (lead && ok && n_cpus) { /* one thread on each CPU, after the timed runs */
                 double so = 0, sc = 0;
                 for (int i = 0; i < n_cpus && ok; i++) {
@@ -934,7 +933,6 @@ static void bench_threads(size_t per_thread, uint64_t seed)
             }
             calls[r] = -1;
             if (g_pool) {
-                g1 = g16;
                 uint64_t c = 0;
                 for (int k = 0; k < GM_CALL_COUNT; k++) c += g1.backend_calls[k] - g0.backend_calls[k];
                 calls[r] = (double)c;

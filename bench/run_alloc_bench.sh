@@ -98,7 +98,7 @@ driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/nul
 commit="$(gm_commit_id)"
 mkdir -p bench/results
 base="bench/results/$date-$label-alloc"
-cmdline="${ALLOCATORS_SET:+ALLOCATORS=\"$ALLOCATORS\" }${ALLOC_BENCH_THREAD_SLACK:+ALLOC_BENCH_THREAD_SLACK=$ALLOC_BENCH_THREAD_SLACK }${ALLOC_BENCH_THREAD_ROUNDS:+ALLOC_BENCH_THREAD_ROUNDS=$ALLOC_BENCH_THREAD_ROUNDS }${ALLOC_BENCH_THREAD_WARMUPS:+ALLOC_BENCH_THREAD_WARMUPS=$ALLOC_BENCH_THREAD_WARMUPS }bench/run_alloc_bench.sh $tdir"
+cmdline="${ALLOCATORS_SET:+ALLOCATORS=\"$ALLOCATORS\" }${ALLOC_BENCH_THREAD_SLACK:+ALLOC_BENCH_THREAD_SLACK=$ALLOC_BENCH_THREAD_SLACK }${ALLOC_BENCH_THREAD_ROUNDS:+ALLOC_BENCH_THREAD_ROUNDS=$ALLOC_BENCH_THREAD_ROUNDS }${ALLOC_BENCH_THREAD_WARMUPS:+ALLOC_BENCH_THREAD_WARMUPS=$ALLOC_BENCH_THREAD_WARMUPS }${ALLOC_BENCH_PER_CPU:+ALLOC_BENCH_PER_CPU=$ALLOC_BENCH_PER_CPU }${ALLOC_BENCH_PIN:+ALLOC_BENCH_PIN=$ALLOC_BENCH_PIN }bench/run_alloc_bench.sh $tdir"
 python3 - "$base" "$date" "$gpu" "$driver" "$commit" "$cmdline" "${parts[@]}" <<'PY'
 import json, math, sys
 base, date, gpu, driver, commit, cmdline, *parts = sys.argv[1:]
