@@ -28,7 +28,9 @@ runs from a checkout.  version() is the loaded library's gm_version().
 
 The pools are the library's per-device pools (gm_device_pool): PyTorch, CuPy,
 raw allocations and the figures here all see the same memory.  device=None
-means the default pool (that of $GPUMEM_DEVICE, 0 when unset).
+means the current device's pool: PyTorch's current device once PyTorch has
+initialized CUDA (as torch.cuda.memory_stats() does), else CuPy's when CuPy is
+imported, else the default pool (that of $GPUMEM_DEVICE, 0 when unset).
 
 Every public function checks its arguments before it calls the library,
 because ctypes converts silently (2**64 + 4096 becomes 4096 as a size_t, -1
@@ -305,9 +307,33 @@ def _check(status, what):
         raise _error(status, what)
 
 
+def _current_device():
+    """The device the caller's framework is working on, when one says: PyTorch's
+    current device once PyTorch has initialized CUDA (what
+    torch.cuda.memory_stats() follows), else CuPy's current device when CuPy is
+    imported; None otherwise (the default pool)."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is not None and cuda.is_initialized():
+            return _device(cuda.current_device())
+    except (AttributeError, RuntimeError):
+        pass
+    cupy = sys.modules.get("cupy")
+    try:
+        if cupy is not None:
+            return _device(cupy.cuda.runtime.getDevice())
+    except Exception:  # noqa: BLE001 -- CuPy without a usable runtime
+        pass
+    return None
+
+
 def _pool(device=None):
-    """The pool of `device` (checked by _device first)."""
+    """The pool of `device` (checked by _device first); None: the pool of the
+    framework's current device (_current_device), else the default pool."""
     device = _device(device)
+    if device is None:
+        device = _current_device()
     lib = _library()[0]
     p = ctypes.c_void_p()
     if device is None:
@@ -680,7 +706,8 @@ class Allocation:
         size = _size(size, "alloc: size")
         stream = _stream(stream, "alloc: stream")
         self._pool = _pool(device)
-        self._size, self._device, self._stream = size, _device(device), stream
+        device = _device(device)
+        self._size, self._device, self._stream = size, (_current_device() if device is None else device), stream
         lib = _library()[0]
         p = ctypes.c_void_p()
         _check(lib.gm_alloc(self._pool, size, ctypes.c_void_p(stream), ctypes.byref(p)),
@@ -689,7 +716,8 @@ class Allocation:
 
     ptr = property(lambda self: self._ptr, doc="device address (int), None once freed")
     size = property(lambda self: self._size, doc="bytes requested")
-    device = property(lambda self: self._device, doc="device ordinal, None: the default pool")
+    device = property(lambda self: self._device,
+                      doc="device ordinal; None: the default pool (no framework named a current device)")
     stream = property(lambda self: self._stream, doc="stream it was allocated and is freed on")
 
     def memset(self, value, size=None, offset=0):

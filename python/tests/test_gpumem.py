@@ -288,6 +288,46 @@ def fake_torch(initialized=False, available=True, refuse=False):
     return torch, rec
 
 
+class TestCurrentDevice(unittest.TestCase):
+    """device=None follows PyTorch's current device once PyTorch has
+    initialized CUDA (as torch.cuda.memory_stats() does), else the default
+    pool: a rank on device 1 must not read device 0's figures."""
+
+    def setUp(self):
+        self.saved = sys.modules.get("torch")
+
+    def tearDown(self):
+        if self.saved is None:
+            sys.modules.pop("torch", None)
+        else:
+            sys.modules["torch"] = self.saved
+
+    def test_stats_follow_torch_current_device(self):
+        sys.modules.pop("torch", None)
+        base0 = gpumem.stats()["allocated"]
+        a = gpumem.alloc(3 * MiB, device=1)
+        try:
+            # Without PyTorch (or before it initializes CUDA): the default pool.
+            self.assertEqual(gpumem.stats()["allocated"], base0)
+            torch, _ = fake_torch(initialized=False)
+            torch.cuda.current_device = lambda: 1
+            sys.modules["torch"] = torch
+            self.assertEqual(gpumem.stats()["allocated"], base0)
+            torch, _ = fake_torch(initialized=True)
+            torch.cuda.current_device = lambda: 1
+            sys.modules["torch"] = torch
+            self.assertEqual(gpumem.stats()["allocated"], gpumem.stats(device=1)["allocated"])
+            self.assertGreaterEqual(gpumem.stats()["allocated"], 3 * MiB)
+            self.assertGreaterEqual(gpumem.stats()["allocated_peak"], 3 * MiB)
+            b = gpumem.alloc(MiB)  # no device: the current device's pool
+            self.assertEqual(b.device, 1)
+            b.free()
+            torch.cuda.current_device = lambda: 0
+            self.assertEqual(gpumem.stats()["allocated"], base0)
+        finally:
+            a.free()
+
+
 class TestTorchAdapter(unittest.TestCase):
     def setUp(self):
         self.saved = sys.modules.get("torch")
