@@ -16,6 +16,8 @@
 #   make demo         build the CLI only (and the library it links), then replay
 #                     data/sample.csv.gz with it (an uncompressed copy in $(BUILD)
 #                     when the build has no zlib)
+#   make lib          build libgpumem.so and libgpumem.a only (for your own programs)
+#   make results      regenerate docs/results.md from bench/results/*.json
 #   make install      build the library, CLI and preload library, then
 #                     `cmake --install` them into PREFIX (/usr/local; DESTDIR
 #                     is honoured)
@@ -54,6 +56,13 @@ CONFIGURE = $(CMAKE) -S . -B $(BUILD) --log-level=WARNING $(NORMAL_CONFIG) $(CMA
 all:
 	$(CONFIGURE)
 	$(CMAKE) --build $(BUILD) -j $(JOBS)
+
+# The libraries alone (libgpumem.so and libgpumem.a), for programs of your own
+# (README, "Using it from C"): no CLI, tests, benchmarks or plug-ins.
+.PHONY: lib
+lib:
+	$(CONFIGURE)
+	$(CMAKE) --build $(BUILD) -j $(JOBS) --target gpumem_shared gpumem_static
 
 # The demo needs the CLI alone: no tests, no benchmarks, no plug-ins.
 demo:
@@ -231,6 +240,13 @@ echo "$total_pass passed, $total_fail failed, $total_skip skipped"
 [[ $total_fail -eq 0 ]]
 endef
 export GM_TEST_SCRIPT = $(value TEST_SCRIPT)
+
+# make results: docs/results.md, the newest figure of each benchmark and an
+# index of every results file, generated from bench/results/ (the ctest
+# docs/results_current fails when it is stale).
+.PHONY: results
+results:
+	python3 scripts/results_index.py --write docs/results.md
 
 # make wheel: the Python wheel, carrying libgpumem.so built from the sources
 # (python/build_wheel.sh), into $(BUILD)/wheel/gpumem-VERSION-py3-none-PLATFORM.whl.
