@@ -230,9 +230,10 @@ GM_API int gm_config_from_env(gm_pool_config_t *cfg);
  * each backend's probe found.
  *
  * Handles are checked: every function taking a pool answers
- * GM_INVALID_ARGUMENT for a destroyed pool or a pointer that is not a pool
- * (its memory is readable; an unmapped address still faults), never touching
- * freed memory.  A pool's handle is never reused by a later pool (a
+ * GM_INVALID_ARGUMENT for a destroyed pool or a pointer that is not a pool,
+ * readable or not (pools live in address ranges the library reserves, so a
+ * handle is checked by its address before a byte of it is read), never
+ * touching freed memory.  A pool's handle is never reused by a later pool (a
  * destroyed pool keeps its struct's few pages of address space, not memory).
  *
  * fork(): the pools of the parent are unusable in the child.  Every call on

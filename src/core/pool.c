@@ -108,12 +108,84 @@ uint64_t gm__pool_next_gen(void)
     return atomic_fetch_add_explicit(&made, 1, memory_order_relaxed) + 1;
 }
 
+/* ---- the handle arena ------------------------------------------------------
+ *
+ * Every pool and heap struct is a slot of one of a few address ranges
+ * reserved (PROT_NONE) for them: a handle is checked by its address before a
+ * byte of it is read, so a pointer that never was a pool (0x1, a freed
+ * malloc block, a stack address, an unmapped page) is refused without
+ * touching it.  Slots are handed out in order and never given back once
+ * handed out (a destroyed pool's slot stays readable and reads magic 0), so
+ * a stale handle never names a later pool.  Chunk 0's bounds are what the
+ * inline fast path (gm__pool_resolve) compares; later chunks, made when one
+ * fills, are checked by the slow path.  handles_mu guards the hand-out; the
+ * bounds are published with release stores after a slot is mapped. */
+#define HANDLE_CHUNKS 64
+#define HANDLE_CHUNK_SLOTS 4096
+
+_Atomic uintptr_t gm__handles_lo, gm__handles_hi; /* chunk 0: [lo, hi) handed out */
+static struct {
+    _Atomic uintptr_t base, end; /* reserved at base; [base, end) handed out */
+} chunks[HANDLE_CHUNKS];
+static size_t n_chunks;
+static void *spare; /* a slot made for a pool whose creation failed */
+static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* A slot's worth of address space, mapped read-write; NULL when out of
+ * address space or host memory (handles_mu held). */
+static void *slot_new_locked(void)
+{
+    size_t sz = pool_map_size();
+    if (spare) {
+        void *m = spare;
+        spare = NULL;
+        return m;
+    }
+    size_t c = n_chunks ? n_chunks - 1 : 0;
+    uintptr_t base = atomic_load_explicit(&chunks[c].base, memory_order_relaxed);
+    uintptr_t end = atomic_load_explicit(&chunks[c].end, memory_order_relaxed);
+    if (!base || end - base == (uintptr_t)HANDLE_CHUNK_SLOTS * sz) {
+        if (n_chunks == HANDLE_CHUNKS) return NULL;
+        void *r = mmap(NULL, HANDLE_CHUNK_SLOTS * sz, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (r == MAP_FAILED) return NULL;
+        c = n_chunks++;
+        base = end = (uintptr_t)r;
+        atomic_store_explicit(&chunks[c].end, end, memory_order_relaxed);
+        atomic_store_explicit(&chunks[c].base, base, memory_order_release);
+        if (c == 0) {
+            atomic_store_explicit(&gm__handles_hi, end, memory_order_relaxed);
+            atomic_store_explicit(&gm__handles_lo, base, memory_order_release);
+        }
+    }
+    void *m = mmap((void *)end, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                   -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    atomic_store_explicit(&chunks[c].end, end + sz, memory_order_release);
+    if (c == 0) atomic_store_explicit(&gm__handles_hi, end + sz, memory_order_release);
+    return m;
+}
+
+bool gm__handle_in_arena(const void *p)
+{
+    size_t sz = pool_map_size();
+    uintptr_t a = (uintptr_t)p;
+    for (size_t c = 0; c < HANDLE_CHUNKS; c++) {
+        uintptr_t base = atomic_load_explicit(&chunks[c].base, memory_order_acquire);
+        if (!base) break;
+        uintptr_t end = atomic_load_explicit(&chunks[c].end, memory_order_acquire);
+        if (a >= base && a < end) return (a - base) % sz == 0;
+    }
+    return false;
+}
+
 /* NULL when out of host memory. */
 gm_pool_t *gm__pool_map_new(gm_pool_t *root)
 {
-    void *mem = mmap(NULL, pool_map_size(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                     -1, 0);
-    if (mem == MAP_FAILED) return NULL;
+    pthread_mutex_lock(&handles_mu);
+    void *mem = slot_new_locked();
+    pthread_mutex_unlock(&handles_mu);
+    if (!mem) return NULL;
     if (__lsan_register_root_region) __lsan_register_root_region(mem, pool_map_size());
     gm_pool_t *pool = mem;
     pool->st.size = sizeof pool->st;
@@ -133,6 +205,16 @@ void gm__pool_map_dead(gm_pool_t *pool)
     pool->magic = 0;
     if (__lsan_unregister_root_region) __lsan_unregister_root_region(pool, pool_map_size());
     madvise(pool, pool_map_size(), MADV_DONTNEED);
+}
+
+/* A slot never handed out to a caller (its pool's creation failed): kept
+ * for the next pool, zeroed. */
+static void pool_map_unused(gm_pool_t *pool)
+{
+    gm__pool_map_dead(pool);
+    pthread_mutex_lock(&handles_mu);
+    if (!spare) spare = pool; /* else it stays a dead slot, read as magic 0 */
+    pthread_mutex_unlock(&handles_mu);
 }
 
 /* What every heap has (the root and the others): the live table, the
@@ -198,7 +280,8 @@ static void pool_teardown(gm_pool_t *pool, uint64_t *blocks, uint64_t *bytes)
 
 void gm_pool_destroy(gm_pool_t *pool)
 {
-    if (!pool || pool->magic != GM_POOL_MAGIC) return; /* see gm_pool_create's notes */
+    if (!pool || !gm__handle_in_arena(pool) || pool->magic != GM_POOL_MAGIC)
+        return; /* see gm_pool_create's notes */
     gm__share_pool_destroy(pool); /* its servers and clients first: they use it */
     gm__lock(&pool->lock);
     size_t sn = 0, sbytes = 0;
@@ -310,7 +393,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
 fail:;
     uint64_t nb = 0, nbytes = 0;
     pool_teardown(pool, &nb, &nbytes);
-    munmap(pool, pool_map_size()); /* never handed out: no stale handle can exist */
+    pool_map_unused(pool); /* never handed out: no stale handle can exist */
     return rc;
 }
 

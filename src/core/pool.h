@@ -14,6 +14,7 @@
 #define GM_POOL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -269,9 +270,19 @@ int gm__device_pool_count(void);
  * GM_INVALID_ARGUMENT (destroyed, or not a pool), with a message naming fn.
  * pool NULL: the default pool is put in *pool.  One compare when valid. */
 int gm__pool_resolve_slow(gm_pool_t **pool, const char *fn);
+/* The handle arena (pool.c): every pool and heap struct is a slot of a
+ * reserved address range, so a handle is checked by its address before it is
+ * read.  [gm__handles_lo, gm__handles_hi): the first chunk's slots handed out
+ * (what the fast path compares); gm__handle_in_arena checks every chunk and
+ * the slot alignment, touching no handle memory. */
+extern _Atomic uintptr_t gm__handles_lo, gm__handles_hi;
+bool gm__handle_in_arena(const void *p);
 static inline int gm__pool_resolve(gm_pool_t **pool, const char *fn)
 {
-    if (GM_LIKELY(*pool != NULL && (*pool)->magic == GM_POOL_MAGIC)) return GM_OK;
+    uintptr_t a = (uintptr_t)*pool;
+    uintptr_t lo = atomic_load_explicit(&gm__handles_lo, memory_order_relaxed);
+    uintptr_t hi = atomic_load_explicit(&gm__handles_hi, memory_order_acquire);
+    if (GM_LIKELY(a - lo < hi - lo && (*pool)->magic == GM_POOL_MAGIC)) return GM_OK;
     return gm__pool_resolve_slow(pool, fn);
 }
 /* First thing in gm_pool_create: installs the fork handlers (once). */

@@ -103,6 +103,9 @@ void gm__process_init(void)
 int gm__pool_resolve_slow(gm_pool_t **pool, const char *fn)
 {
     if (!*pool) return gm_default_pool(pool);
+    if (!gm__handle_in_arena(*pool))
+        return gm__set_error(GM_INVALID_ARGUMENT, "%s: %p is not a pool handle (no pool of this "
+                             "process was ever made at that address)", fn, (void *)*pool);
     uint64_t m = (*pool)->magic;
     if (m == GM_POOL_MAGIC) return GM_OK;
     if (m == GM_POOL_FORKED)

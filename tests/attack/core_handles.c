@@ -4,11 +4,14 @@
  * destroyed pool was a use-after-free, and on a pointer that is not a pool it
  * spun forever on a "lock" of garbage.  Both must be GM_INVALID_ARGUMENT, at
  * once, touching no freed memory (ASan / valgrind phases), and a destroyed
- * handle must never come to name a later pool.
+ * handle must never come to name a later pool.  A pointer that cannot be
+ * read at all (0x1, an unmapped or PROT_NONE page, the inside of a live
+ * pool) is refused by its address alone: it used to crash.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "gpumem.h"
@@ -68,5 +71,27 @@ int main(void)
     memset(junk, 0, n);
     all_refuse((gm_pool_t *)junk);
     free(junk);
+
+    /* Garbage that cannot be read at all: each must be refused without a
+     * byte of it being touched (a read would be SIGSEGV and end the test). */
+    long pg = sysconf(_SC_PAGESIZE);
+    void *hole = mmap(NULL, (size_t)pg, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(hole != MAP_FAILED);
+    void *gone = mmap(NULL, (size_t)pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(gone != MAP_FAILED);
+    REQUIRE(munmap(gone, (size_t)pg) == 0);
+    gm_pool_t *live = new_pool();
+    REQUIRE(live != NULL);
+    gm_pool_t *unreadable[] = {
+        (gm_pool_t *)(uintptr_t)1, (gm_pool_t *)(uintptr_t)0x1000, (gm_pool_t *)(uintptr_t)-4096,
+        (gm_pool_t *)(uintptr_t)0xdeadbeefcafe, hole, gone,
+        (gm_pool_t *)((char *)live + 8), /* inside a live pool: not a handle */
+    };
+    for (size_t i = 0; i < sizeof unreadable / sizeof *unreadable; i++) all_refuse(unreadable[i]);
+    CHECK(strstr(gm_last_error(), "not a pool") != NULL);
+    CHECK_OK(gm_alloc(live, 4096, NULL, &a)); /* the live one still works */
+    CHECK_OK(gm_free(live, a, NULL));
+    gm_pool_destroy(live);
+    munmap(hole, (size_t)pg);
     return test_summary();
 }
