@@ -30,7 +30,12 @@
 #include "observe/trace.h"
 
 #define GM__TRACE_NO_SLOT UINT32_MAX
-#define GM__TRACE_MAX_STREAMS 65536u /* dense stream ids are 16 bits */
+/* Distinct streams one trace may name.  Each stream a pool sees costs it a
+ * free index of its own (about 21 KiB), so a trace naming 65 535 streams made
+ * a replay hold 1.3 GB; 1 024 (about 21 MiB) is far above what programs use
+ * (recorded PyTorch traces name 1-8) and a trace naming more is refused with
+ * the line of the first stream over the limit.  Dense ids are 16 bits. */
+#define GM__TRACE_MAX_STREAMS 1024u
 
 /* One event.  For a free of a live pointer, size is the size that pointer was
  * allocated with (the row's own size is only compared: free_size_mismatches);
