@@ -63,6 +63,12 @@
 #include "base/hash.h"
 #include "base/internal.h"
 
+/* A sim page (phys_create's memfd) is sealed once sized: it can neither
+ * shrink nor grow, and no seal can be added (nor taken: seals never go).
+ * import_fd accepts only a memfd with the first two, so a page mapped here
+ * can never be cut short under the mapping by whoever sent it. */
+#define SIM_PAGE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
 /* ------------------------------------------------------------------------ */
 /* The cost model                                                            */
 /* ------------------------------------------------------------------------ */
@@ -971,7 +977,9 @@ static int sim_phys_create(void *ctx, size_t size, gm__phys_t *h)
     }
     GM_CHECK_GOTO(slots_reserve(&sim->handles), rc, out);
 
-    int fd = memfd_create("gpumem-sim-page", MFD_CLOEXEC);
+    /* Sealable: once sized, it is sealed against shrinking and growing (see
+     * SIM_PAGE_SEALS), the mark import_fd looks for. */
+    int fd = memfd_create("gpumem-sim-page", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) {
         int e = errno;
         if (e == EMFILE || e == ENFILE) {
@@ -995,6 +1003,13 @@ static int sim_phys_create(void *ctx, size_t size, gm__phys_t *h)
         close(fd);
         rc = gm__set_error(GM_OUT_OF_MEMORY, "sim: phys_create: ftruncate to %zu bytes failed: %s",
                            size, errstr(e, eb, sizeof eb));
+        goto out;
+    }
+    if (fcntl(fd, F_ADD_SEALS, SIM_PAGE_SEALS) != 0) {
+        int e = errno;
+        close(fd);
+        rc = gm__set_error(GM_BACKEND, "sim: phys_create: sealing the page's memfd failed: %s",
+                           errstr(e, eb, sizeof eb));
         goto out;
     }
 
@@ -1252,10 +1267,14 @@ static int sim_export_fd(void *ctx, gm__phys_t h, int *fd)
     return leave(sim, rc);
 }
 
-/* Preconditions: fd is an exported handle (a memfd or any regular file) of
- * exactly size bytes, size a positive multiple of granularity.  The caller
- * keeps ownership of fd; the new handle holds its own duplicate.  Imported
- * handles do not count against this context's capacity (see the top). */
+/* Preconditions: size a positive multiple of granularity.  fd must be an
+ * exported handle: a sim page (a memfd of exactly size bytes sealed with
+ * SIM_PAGE_SEALS); anything else is refused with GM_INVALID_ARGUMENT, since
+ * a file the sender could shrink after the import would kill this process
+ * with SIGBUS at the next access (a real exported handle cannot shrink
+ * either).  The caller keeps ownership of fd; the new handle holds its own
+ * duplicate.  Imported handles do not count against this context's
+ * capacity (see the top). */
 static int sim_import_fd(void *ctx, int fd, size_t size, gm__phys_t *h)
 {
     sim_t *sim = NULL;
@@ -1283,6 +1302,16 @@ static int sim_import_fd(void *ctx, int fd, size_t size, gm__phys_t *h)
                            "sim: import_fd: fd %d is not an exported handle of %zu bytes "
                            "(%s, %lld bytes)", fd, size,
                            S_ISREG(st.st_mode) ? "a file" : "not a file", (long long)st.st_size);
+        goto out;
+    }
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+        rc = gm__set_error(GM_INVALID_ARGUMENT,
+                           "sim: import_fd: fd %d is not a page of the sim: %s; only a sealed "
+                           "memfd (made by phys_create) is imported, since its sender could "
+                           "shrink anything else under this process", fd,
+                           seals < 0 ? "a file that takes no seals (not a memfd)"
+                                     : "a file not sealed against shrinking and growing");
         goto out;
     }
     GM_CHECK_GOTO(slots_reserve(&sim->handles), rc, out);
