@@ -140,6 +140,9 @@ typedef struct tagstate {
     gm_stream_t release_stream;              /* its last release's stream */
     bool has_release_stream;
     uint64_t offloads, restores, evictions;  /* offl->mu */
+    _Atomic bool moving;                     /* an offload of it is under way (set and
+                                                cleared under offl->mu; read by a publish
+                                                under a heap's lock: gm__offload_tag_moving) */
 } tagstate_t;
 
 struct gm__offload {
@@ -837,8 +840,23 @@ out:
     return rc;
 }
 
-static int offload_all(gm_pool_t *root, gm_tag_t tag, unsigned flags, gm_stream_t stream,
-                       result_t *res)
+void (*gm__offload_test_hook)(gm_pool_t *root, gm_tag_t tag);
+
+bool gm__offload_tag_moving(gm_pool_t *root, gm_tag_t tag)
+{
+    return tag != GM_TAG_NONE && root->offl &&
+           atomic_load_explicit(&root->offl->tag[tag].moving, memory_order_acquire);
+}
+
+const char *gm__tag_name(gm_tag_t tag)
+{
+    return gm__tag_valid(tag) ? tag_names[tag] : "";
+}
+
+/* The offload of tag, once it was seen to hold no shared block (offl->mu
+ * held, the tag marked moving). */
+static int offload_moving(gm_pool_t *root, gm_tag_t tag, unsigned flags, gm_stream_t stream,
+                          result_t *res)
 {
     bool discard = (flags & GM_OFFLOAD_DISCARD) || (tag_flags_of(tag) & GM_TAG_DISCARD);
     gm_pool_t *h;
@@ -848,6 +866,11 @@ static int offload_all(gm_pool_t *root, gm_tag_t tag, unsigned flags, gm_stream_
             return gm__set_error(GM_NOT_SUPPORTED, "gm_offload: tag '%s' holds %p, which is shared "
                                  "with another process: shared memory is never moved; nothing was "
                                  "offloaded", tag_names[tag], which);
+    /* From here to the end no block of the tag can be published: a publish
+     * looks at the mark under the heap's lock, which each heap's check
+     * above took after the mark was set. */
+    void (*hook)(gm_pool_t *, gm_tag_t) = gm__offload_test_hook;
+    if (hook) hook(root, tag);
     int rc = GM_OK;
     if (atomic_load_explicit(&root->n_heaps, memory_order_acquire) > 1) {
         for (unsigned i = 0; rc == GM_OK && (h = gm__heap_next(root, &i));)
@@ -860,6 +883,21 @@ static int offload_all(gm_pool_t *root, gm_tag_t tag, unsigned flags, gm_stream_
     }
     for (unsigned i = 0; rc == GM_OK && (h = gm__heap_next(root, &i));)
         rc = offload_heap(root, h, tag, discard, stream, res);
+    return rc;
+}
+
+/* Offload tag in every heap, or refuse it whole (offl->mu held).  The tag
+ * is marked moving first, so that the check for shared blocks and the
+ * moves are one step for a publish (share.c refuses a block of a tag being
+ * moved): a block published between them would be moved under its
+ * importers. */
+static int offload_all(gm_pool_t *root, gm_tag_t tag, unsigned flags, gm_stream_t stream,
+                       result_t *res)
+{
+    tagstate_t *ts = &root->offl->tag[tag];
+    atomic_store_explicit(&ts->moving, true, memory_order_seq_cst);
+    int rc = offload_moving(root, tag, flags, stream, res);
+    atomic_store_explicit(&ts->moving, false, memory_order_release);
     return rc;
 }
 

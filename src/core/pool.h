@@ -614,6 +614,17 @@ bool gm__tag_valid(gm_tag_t tag);
 size_t gm__pool_reclaim_locked(gm_pool_t *pool);
 
 /* ---- defined in src/core/segments.c (root's lock held) ----------------------- */
+/* tag's name ("" for none or an unknown one).  No lock. */
+const char *gm__tag_name(gm_tag_t tag);
+/* Is an offload (gm_offload, or an eviction) of tag in root under way?  It
+ * is marked before the offload checks that no block of the tag is shared
+ * and until its moves are over; a publish asks under the block's heap lock
+ * and refuses (share.c), so the check and the moves are one step for it. */
+bool gm__offload_tag_moving(gm_pool_t *root, gm_tag_t tag);
+/* Tests only (NULL otherwise): called by an offload between its check that
+ * the tag holds no shared block and its moves (offl->mu held, no heap
+ * lock), so that a test can publish at that point. */
+extern void (*gm__offload_test_hook)(gm_pool_t *root, gm_tag_t tag);
 /* gm_alloc_registrable's work: a cached segment that fits, or a new one. */
 int gm__segs_alloc_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr);
 /* rc_in (message untouched) when ptr is no segment; else the free's status

@@ -781,6 +781,13 @@ static int publishable_locked(gm_pool_t *heap, uintptr_t p, size_t n, gm__block_
     if (b->offloaded)
         return gm__set_error(GM_INVALID_STATE, "gm_share_publish: %p is offloaded (gm_offload): "
                              "restore its tag first", (void *)p);
+    /* Its tag's offload has checked that nothing of the tag is shared and
+     * is moving it: published now, it would be moved under its importers. */
+    if (gm__offload_tag_moving(heap->root, b->tag))
+        return gm__set_error(GM_INVALID_STATE, "gm_share_publish: %p belongs to tag '%s', which "
+                             "is being offloaded (gm_offload, or an eviction) right now: restore "
+                             "the tag once that is over, then publish", (void *)p,
+                             gm__tag_name(b->tag));
     if (n > b->addr + b->requested - p)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_share_publish: [%p, +%zu) goes past the "
                              "end of its block (%p, %zu bytes)", (void *)p, n, (void *)b->addr,
@@ -1486,6 +1493,15 @@ int gm__share_check(gm_pool_t *root)
                                    (void *)x->base, x->refs,
                                    !b ? "no live block" : !b->shared ? "an unmarked block"
                                    : x->refs == 0 ? "a block nobody holds" : "a block of another size");
+            /* What is published is on the device: never offloaded, every
+             * page under it mapped (an importer maps those pages). */
+            else if (b->offloaded || !gm__pages_ready_locked(b->arena, b->addr, b->size,
+                                                             h->page_shift))
+                rc = gm__set_error(GM_INTERNAL, "share: the published block %p (%u references) "
+                                   "%s", (void *)x->base, x->refs,
+                                   b->offloaded ? "is offloaded: its pages went back under its "
+                                                  "importers"
+                                                : "has pages that are not mapped");
         }
         for (int c = 0; c < GM_CLASS_COUNT; c++)
             for (gm__block_t *b = h->arena[c].first; b; b = b->next)
