@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include "gpumem.h"
@@ -51,7 +52,11 @@
 #define MANY_HOST 300 /* > one slab of host block descriptors */
 
 static gm_pool_config_t base_cfg;
-static char trace_path[256];
+/* The trace (and the call-site file the recorder writes beside it, PATH.sites)
+ * go to a private directory under $TMPDIR, removed at the end: a file left
+ * there makes the removal, and the test, fail. */
+static char trace_dir[256];
+static char trace_path[320];
 static unsigned long runs;
 static int verbose; /* GM_SWEEP_VERBOSE=1: name each run on stderr */
 static int many_n = MANY; /* small blocks per run */
@@ -213,14 +218,38 @@ static void run_checked(const char *what)
     CHECK(after == before);
 }
 
+/* Remove the trace and its call-site file, then the directory: anything else
+ * left in it is named, removed, and fails the test. */
+static void remove_trace_dir(void)
+{
+    char sites[340];
+    snprintf(sites, sizeof sites, "%s.sites", trace_path);
+    unlink(trace_path);
+    unlink(sites);
+    if (rmdir(trace_dir) == 0) return;
+    DIR *d = opendir(trace_dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        char p[600];
+        snprintf(p, sizeof p, "%s/%s", trace_dir, e->d_name);
+        fprintf(stderr, "left behind: %s\n", p);
+        unlink(p);
+    }
+    if (d) closedir(d);
+    CHECK(!"the sweep left files in its trace directory");
+    rmdir(trace_dir);
+}
+
 int main(void)
 {
     int vg = getenv("GM_UNDER_VALGRIND") != NULL;
     verbose = getenv("GM_SWEEP_VERBOSE") != NULL;
     unsigned long stride = vg ? 5 : 1;
     const char *tmp = getenv("TMPDIR");
-    snprintf(trace_path, sizeof trace_path, "%s/gm_fault_sweep_%ld.csv",
-             tmp && *tmp ? tmp : "/tmp", (long)getpid());
+    snprintf(trace_dir, sizeof trace_dir, "%s/gm_fault_sweep.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    REQUIRE(mkdtemp(trace_dir) != NULL);
+    snprintf(trace_path, sizeof trace_path, "%s/trace.csv", trace_dir);
 
     REQUIRE(gm_config_from_env(&base_cfg) == GM_OK);
     base_cfg.sim_capacity = (size_t)512 << 20;
@@ -285,6 +314,6 @@ int main(void)
         printf("%s: swept n = 1..%lu\n", gm_call_name(k), last);
     }
     printf("%lu runs\n", runs);
-    unlink(trace_path);
+    remove_trace_dir();
     return test_summary();
 }
