@@ -869,4 +869,6 @@ def max_batch_size(step, lo, hi, device=None):
     return best
 
 
-from . import cupy, torch  # noqa: E402,F401  (adapters; frameworks import lazily)
+# The adapters (their frameworks are imported only when enabled) and sharing;
+# none loads the library or touches a device at import.
+from . import cupy, share, torch  # noqa: E402,F401
