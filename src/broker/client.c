@@ -73,6 +73,7 @@ struct gm__broker_client {
     bool owed;                 /* a lease was sent and its answer not read yet */
     uint64_t last_try_ns;
     size_t lease_pages;
+    bool at_quota;             /* the last lease was refused for the tenant's quota */
     /* stock */
     gm__phys_t *stock_h;
     uint64_t *stock_id;
@@ -401,6 +402,9 @@ static int obtain(void *ctx, size_t page_size, size_t n, gm__phys_t *handles, si
             size_t ask = c->lease_pages > want ? c->lease_pages : want;
             if (ask > GM__BROKER_IDS) ask = GM__BROKER_IDS;
             rc = lease_locked(c, want, ask);
+            /* At the quota, pages this process lets go of are the
+             * tenant's other processes' to have: see give_back. */
+            c->at_quota = rc == GM_LIMIT;
             if (rc != GM_OK) break;
         }
         rc = gm__hash_reserve(&c->held);
@@ -455,8 +459,14 @@ static int give_back(void *ctx, const gm__phys_t *handles, size_t n, size_t *don
             gm__clear_error();
         }
     }
-    /* Past two leases of stock, the oldest go back down to one lease. */
-    if (c->n_stock > 2 * c->lease_pages) give_stock_locked(c, c->n_stock - c->lease_pages);
+    /* Past two leases of stock, the oldest go back down to one lease.  Once
+     * a lease was refused for the quota (and until one is granted), all of
+     * it goes back: the pages a refused allocation had taken, given back by
+     * the pool, would otherwise wait here while another process of the
+     * tenant is refused for want of them (and the broker, which saw nothing
+     * come back, refuses it without asking this one). */
+    if (c->at_quota) give_stock_locked(c, c->n_stock);
+    else if (c->n_stock > 2 * c->lease_pages) give_stock_locked(c, c->n_stock - c->lease_pages);
     pthread_mutex_unlock(&c->mu);
     return rc;
 }

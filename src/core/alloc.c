@@ -604,6 +604,25 @@ static void controller_step(gm_pool_t *pool)
     }
 }
 
+/* A refused allocation (no room: the limit, the device, a broker's quota)
+ * gives back the pages it had mapped for its range before the refusal:
+ * kept, they would sit in this pool unused while the memory is short (under
+ * a broker, a part of the tenant's quota no other process of it could
+ * have).  The streams are drained first (the range's pages are fenced by
+ * its stream's free, and pages it took back may still be in that stream's
+ * queued work); a page that cannot be released yet stays cached.  The
+ * refusal's message stands.  Lock held. */
+static void give_back_attempt(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size)
+{
+    char why[1024];
+    snprintf(why, sizeof why, "%s", gm_last_error());
+    gm__drain_streams_locked(pool);
+    /* Best effort: what stays is a trim's to give back. */
+    (void)gm__pages_release_range_locked(pool, a, addr, size, NULL);
+    gm__clear_error();
+    gm__set_error(GM_OK, "%s", why);
+}
+
 /* b (free, in its index) moved on to the first align boundary inside it:
  * the part before stays free where it was.  b itself when it is aligned
  * already; NULL when no record can be had for the split. */
@@ -671,7 +690,10 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s
         rc = serve(pool, b, size, s, how);
     }
     if (GM_UNLIKELY(rc != GM_OK)) {
+        uintptr_t at = b->addr;
+        gm__arena_t *arena = b->arena;
         release_block(pool, b, owner);
+        if (rc == GM_LIMIT || rc == GM_OUT_OF_MEMORY) give_back_attempt(pool, arena, at, asize);
         if (rc == GM_NO_HOST_MEMORY) return gm__set_error(rc, "gm_alloc: out of host memory");
         /* GM_LIMIT / GM_OUT_OF_MEMORY: worded by the page layer
          * (gm__pages_refuse_locked); a backend failure: its message stands */

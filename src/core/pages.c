@@ -1160,6 +1160,31 @@ int gm__pages_trim_locked(gm_pool_t *pool, size_t keep, size_t *released)
     return rc;
 }
 
+int gm__pages_release_range_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
+                                   size_t *released)
+{
+    size_t before = pool->st.reserved;
+    size_t shift = pool->page_shift;
+    size_t p0 = (addr - a->base) >> shift;
+    size_t p1 = ((addr + size - 1 - a->base) >> shift) + 1;
+    int rc = GM_OK;
+    for (size_t p = p0; p < p1 && rc == GM_OK; p++) {
+        if (!bit_get(a->mapped, p) || bit_get(a->owned, p)) continue;
+        uint32_t id = a->pid[p];
+        const gm__ppage_t *pp = &pool->phys[id];
+        if (pp->owner != GM_NONE) continue; /* it serves another place */
+        if (pp->ext != GM_NONE) {
+            /* An extent goes whole, once none of it is in use (its pages
+             * are unmapped with it: the loop skips them after). */
+            if (ext_idle(pool, pp->ext, true)) rc = ext_release(pool, pp->ext);
+        } else if (releasable(pool, id)) {
+            rc = phys_release(pool, id);
+        }
+    }
+    if (released) *released = before - pool->st.reserved;
+    return rc;
+}
+
 /* ---- offload (core/offload.c) ---------------------------------------------- */
 
 /* May a block overlapping a page being evicted lie there?  Free and past

@@ -463,6 +463,13 @@ void gm__pages_budget(const gm_pool_t *pool, uint64_t live, uint64_t *allow, uin
 /* Release free physical pages (oldest first, skipping pages a held stream
  * may still touch) until cached <= keep. Lock held. */
 int gm__pages_trim_locked(gm_pool_t *pool, size_t keep, size_t *released);
+/* Release the free physical pages mapped under [addr, addr + size) of a
+ * (a failed allocation's range, given back): those no other place owns
+ * whose fences have passed (no waiting here; drain the streams first), an
+ * extent only whole and idle.  Bytes released in *released (may be NULL);
+ * the first failure stops it.  Lock held. */
+int gm__pages_release_range_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t addr, size_t size,
+                                   size_t *released);
 /* Count bytes against the pool limit (all heaps and registrable segments
  * together) before asking for them: false, nothing counted, when they would
  * pass it.  Any lock or none. */
@@ -607,13 +614,6 @@ void gm__offload_trim_locked(gm_pool_t *heap);
 void gm__offload_heap_fini_locked(gm_pool_t *heap);
 /* tag was made by gm_tag_get (GM_TAG_NONE counts as valid). */
 bool gm__tag_valid(gm_tag_t tag);
-
-/* The first step of an allocation that found no room (pool.c), lock held:
- * the thread cache flushed, streams drained, free pages trimmed, and in the
- * root cached registrable segments given back; the bytes given back. */
-size_t gm__pool_reclaim_locked(gm_pool_t *pool);
-
-/* ---- defined in src/core/segments.c (root's lock held) ----------------------- */
 /* tag's name ("" for none or an unknown one).  No lock. */
 const char *gm__tag_name(gm_tag_t tag);
 /* Is an offload (gm_offload, or an eviction) of tag in root under way?  It
@@ -625,6 +625,13 @@ bool gm__offload_tag_moving(gm_pool_t *root, gm_tag_t tag);
  * the tag holds no shared block and its moves (offl->mu held, no heap
  * lock), so that a test can publish at that point. */
 extern void (*gm__offload_test_hook)(gm_pool_t *root, gm_tag_t tag);
+
+/* The first step of an allocation that found no room (pool.c), lock held:
+ * the thread cache flushed, streams drained, free pages trimmed, and in the
+ * root cached registrable segments given back; the bytes given back. */
+size_t gm__pool_reclaim_locked(gm_pool_t *pool);
+
+/* ---- defined in src/core/segments.c (root's lock held) ----------------------- */
 /* gm_alloc_registrable's work: a cached segment that fits, or a new one. */
 int gm__segs_alloc_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr);
 /* rc_in (message untouched) when ptr is no segment; else the free's status
