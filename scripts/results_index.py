@@ -228,9 +228,11 @@ GROUP_OTHER = ("other", "Studies, A/B runs and probes")
 def git_added_times():
     """{path: commit time of the commit that first added it}, or None without git."""
     try:
-        out = subprocess.run(["git", "-C", ROOT, "log", "--diff-filter=A", "--format=@%ct",
-                              "--name-only", "--", RESULTS], capture_output=True, text=True,
-                             check=True).stdout
+        # --relative: names relative to ROOT, also when the tree sits inside
+        # another repository (vendored).
+        out = subprocess.run(["git", "-C", ROOT, "log", "--relative", "--diff-filter=A",
+                              "--format=@%ct", "--name-only", "--", RESULTS],
+                             capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     times, t = {}, 0
@@ -239,7 +241,9 @@ def git_added_times():
             t = int(line[1:])
         elif line.strip():
             times[line.strip()] = t  # log is newest first: the last seen is the first add
-    return times
+    # No results file in the history: a copy without its own history (a
+    # tarball, or files copied into another repository), not a checkout.
+    return times or None
 
 
 def load(path):
