@@ -19,8 +19,8 @@
 # source tree after a build works unchanged and a later block may use what an
 # earlier one built.  GPUMEM_* variables of the caller are cleared: the lines
 # set what they need.  README.md must have examples.  The `make TARGET`s the
-# README names must be targets of the Makefile, and `make lib` must build the
-# shared library its C examples link.
+# README names must be targets of the Makefile, `make lib` must build the
+# shared library its C examples link, and every relative link must resolve.
 set -u
 src=$1 build=$(cd "$2" && pwd) cc=${3:-cc}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/gm_readme.XXXXXX")
@@ -165,5 +165,16 @@ for t in $(grep -oE '(^|`)make [a-z]+' "$src/README.md" | awk '{print $2}' | sor
 done
 if recipe lib | grep -q 'gpumem_shared'; then echo "ok: make lib builds gpumem_shared"
 else echo "FAIL: make lib does not build gpumem_shared (libgpumem.so), which the C examples link"; fail=1; fi
-[[ $fail == 0 ]] && echo "PASS: $n examples, commands and outputs of README.md and docs/"
+# Every relative link of README.md and docs/*.md names a file of the tree (the
+# results files the figures cite, above all).
+for f in "$src/README.md" "$src"/docs/*.md; do
+  d=$(dirname "$f")
+  while read -r l; do
+    [[ -z $l ]] && continue
+    n=$((n + 1))
+    [[ -e $d/$l ]] || { echo "FAIL: ${f#"$src"/} links to $l, which does not exist"; fail=1; }
+  done < <(grep -oE '\]\([^)#[:space:]]+(#[^)]*)?\)' "$f" | sed -E 's/^\]\(//; s/\)$//; s/#.*//' |
+           grep -vE '^(https?|mailto):' | sort -u)
+done
+[[ $fail == 0 ]] && echo "PASS: $n examples, commands, outputs and links of README.md and docs/"
 exit $fail
