@@ -132,7 +132,9 @@ run_doc() { # DOC
       n=$((n + 1))
       local cmd; cmd=$(cat "$f")
       echo "---- $rel: output of $cmd"
-      if (cd "$dir" && bash -c "$cmd") >"$dir/.out" 2>&1 && diff <(mask <"${f%.cmd}.txt") <(mask <"$dir/.out"); then
+      if [[ $cmd == *.gz* ]] && ! grep -q '^GM_HAVE_ZLIB:INTERNAL=1$' "$build/CMakeCache.txt" 2>/dev/null; then
+        echo "skipped: this build has no zlib to read $cmd's trace"
+      elif (cd "$dir" && bash -c "$cmd") >"$dir/.out" 2>&1 && diff <(mask <"${f%.cmd}.txt") <(mask <"$dir/.out"); then
         echo "ok: $rel prints what $cmd prints"
       else
         sed 's/^/  /' "$dir/.out"; echo "FAIL: $rel: $cmd does not print what the document shows"; fail=1
