@@ -12,9 +12,10 @@ writes one Markdown page with two parts:
   * an index of every file of bench/results/, grouped by benchmark, newest
     first, so a reader finds the current file of each at once.
 
+Only files git tracks are read (a result being written is not yet a figure).
 "Newest" is the date in the file (else in its name); files of the same date
 are ordered by the time the commit that added them was made (git log),
-uncommitted files last, then by name.  Without git history (a tarball) the
+added but uncommitted files last, then by name.  Without git history (a tarball) the
 order of same-day files falls back to their names, so --check skips (77):
 the page may then legitimately differ.
 
@@ -246,6 +247,17 @@ def git_added_times():
     return times or None
 
 
+def git_tracked():
+    """The names of bench/results/ that git tracks, or None without git."""
+    try:
+        out = subprocess.run(["git", "-C", ROOT, "ls-files", "--", RESULTS], capture_output=True,
+                             text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    names = {os.path.basename(l) for l in out.splitlines() if l.strip()}
+    return names or None
+
+
 def load(path):
     with open(path, encoding="utf-8") as f:
         if path.endswith(".jsonl"):
@@ -285,9 +297,14 @@ def describe(path, data):
 def scan():
     folder = os.path.join(ROOT, RESULTS)
     added = git_added_times()
+    # Only the files git tracks: a result being written, not yet added, is
+    # not a committed figure (without git: every file).
+    tracked = git_tracked() if added is not None else None
     stems = {}
     for name in sorted(os.listdir(folder)):
         if name.startswith(".") or name == "README.md" or not os.path.isfile(os.path.join(folder, name)):
+            continue
+        if tracked is not None and name not in tracked:
             continue
         stem, ext = name.rsplit(".", 1) if "." in name else (name, "")
         stems.setdefault(stem, []).append(ext)
