@@ -114,7 +114,10 @@ int gm__oom_report_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, int 
     char b1[32], b2[32], b3[32], b4[32], b5[32];
     put(&o, "gm_alloc: out of memory: cannot allocate %s (%zu bytes) on stream %p (%s)\n",
         gm__fmt_bytes(size, b1, sizeof b1), size, stream, reason ? reason : "");
-    if (have_info)
+    if (broker) /* the pages are the broker's: this process's view of the device says nothing */
+        put(&o, "  device memory leased from the broker on %s (its device's total and free are in "
+            "`gpumem top --broker`)\n", pool->cfg.broker);
+    else if (have_info)
         put(&o, "  device %d (%s, %s): total %s, free %s\n", pool->cfg.device, pool->ops->name,
             bi.name, gm__fmt_bytes(bi.total_memory, b1, sizeof b1),
             gm__fmt_bytes(bi.free_memory, b2, sizeof b2));
@@ -126,6 +129,8 @@ int gm__oom_report_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, int 
         gm__fmt_bytes(st.inactive_split, b5, sizeof b5));
     if (pool->cfg.limit)
         put(&o, "  limit %s (pool limit)\n", gm__fmt_bytes(pool->limit, b1, sizeof b1));
+    else if (broker)
+        put(&o, "  limit none of the pool's own (the tenant's quota below applies)\n");
     else
         put(&o, "  limit none (device memory, %s)\n", gm__fmt_bytes(pool->limit, b1, sizeof b1));
     if (broker) {
