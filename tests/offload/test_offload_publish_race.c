@@ -172,7 +172,8 @@ typedef struct race {
     _Atomic int off_rounds, pub_rounds; /* rounds each side finished */
     _Atomic int publisher_done;
     /* counts */
-    int offloads, offload_refused, publishes, publish_refused, bad_imports, bad_rc;
+    int offloads, offload_refused, off_bad;        /* the offloader's */
+    int publishes, publish_refused, bad_imports, pub_bad; /* the publisher's */
 } race_t;
 
 /* Wait until the other side finished `want` rounds (or is done). */
@@ -193,12 +194,12 @@ static void *offloader(void *arg)
         int rc = gm_offload(r->pool, r->tag, 0, NULL);
         if (rc == GM_OK) {
             r->offloads++;
-            if (gm_restore(r->pool, r->tag, NULL) != GM_OK) r->bad_rc++;
+            if (gm_restore(r->pool, r->tag, NULL) != GM_OK) r->off_bad++;
         } else if (rc == GM_NOT_SUPPORTED) {
             r->offload_refused++;
         } else {
             fprintf(stderr, "  gm_offload: %s (%s)\n", gm_errname(rc), gm_last_error());
-            r->bad_rc++;
+            r->off_bad++;
         }
         atomic_fetch_add(&r->off_rounds, 1);
     }
@@ -211,7 +212,7 @@ static void *publisher(void *arg)
     gm_share_client_t *cli = NULL;
     if (gm_share_connect(r->imp, r->path, &cli) != GM_OK) {
         fprintf(stderr, "  connect: %s\n", gm_last_error());
-        r->bad_rc++;
+        r->pub_bad++;
         atomic_store(&r->publisher_done, 1);
         return NULL;
     }
@@ -222,12 +223,12 @@ static void *publisher(void *arg)
         if (rc == GM_OK) {
             r->publishes++;
             if (!import_matches(cli, r->imp, "spin", r->b, r->off, 2 * MiB)) r->bad_imports++;
-            if (gm_share_unpublish(g_srv, "spin") != GM_OK) r->bad_rc++;
+            if (gm_share_unpublish(g_srv, "spin") != GM_OK) r->pub_bad++;
         } else if (rc == GM_INVALID_STATE) {
             r->publish_refused++; /* offloaded, or being offloaded */
         } else {
             fprintf(stderr, "  publish: %s (%s)\n", gm_errname(rc), gm_last_error());
-            r->bad_rc++;
+            r->pub_bad++;
             break;
         }
         atomic_fetch_add(&r->pub_rounds, 1);
@@ -258,7 +259,7 @@ static void test_race(gm_pool_t *pool, gm_pool_t *imp, const char *path)
            "%d imports failed\n", r.offloads, r.offload_refused, r.publishes, r.publish_refused,
            r.bad_imports);
     CHECK(r.bad_imports == 0);
-    CHECK(r.bad_rc == 0);
+    CHECK(r.off_bad == 0 && r.pub_bad == 0);
     CHECK_OK(gm_pool_check(pool));
     if (tag_info_of(pool, t).offloaded_blocks) CHECK_OK(gm_restore(pool, t, NULL));
     /* Quiet again: the block publishes and imports. */
