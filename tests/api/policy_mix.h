@@ -16,7 +16,9 @@
 #include "gpumem.h"
 
 #define SLOTS 512
-#define OPS 100000
+#ifndef OPS
+#define OPS 100000 /* a test may define a shorter mix first */
+#endif
 
 typedef struct mix {
     uint32_t slot[OPS];

@@ -50,6 +50,13 @@
 
 #define MiB ((size_t)1 << 20)
 #define G_SIZE (4 * MiB)
+/* How long the server may take to do what a test waits for (a peer gone,
+ * its mappings let go, a request read): generous, since the wait ends as
+ * soon as it is done and the server's pace is the machine's (the whole suite
+ * at ctest -j6 on two cores, a sanitizer build).  A wait for the server to
+ * get through a flood gives up only once it has made no progress for this
+ * long. */
+#define SERVER_MS 60000
 #define G_TAG 77u
 
 static unsigned long long g_seed = 0x4057113ull;
@@ -252,11 +259,11 @@ static int good_works(void)
  * want_drop, no peer, no mapping, no descriptor left. */
 static void settle(const char *what, uint64_t dropped0, int want_drop)
 {
-    WAIT_FOR(sstats(sp).peers == 0, 1000); /* room under max_peers */
+    WAIT_FOR(sstats(sp).peers == 0, SERVER_MS); /* room under max_peers */
     int ok = good_works();
     if (!ok) fprintf(stderr, "%s: the good client failed\n", what);
     CHECK(ok);
-    WAIT_FOR(sstats(sp).peers == 0 && sstats(sp).exported_bytes == 0, 1000);
+    WAIT_FOR(sstats(sp).peers == 0 && sstats(sp).exported_bytes == 0, SERVER_MS);
     gm_share_stats_t s = sstats(sp);
     if (s.peers || s.exported_bytes || s.peers_dropped != dropped0 + (uint64_t)want_drop)
         fprintf(stderr, "%s: peers %llu exported %llu dropped %llu (want %llu)\n", what,
@@ -265,7 +272,7 @@ static void settle(const char *what, uint64_t dropped0, int want_drop)
                 (unsigned long long)(dropped0 + (uint64_t)want_drop));
     CHECK(s.peers == 0 && s.exported_bytes == 0);
     CHECK(s.peers_dropped == dropped0 + (uint64_t)want_drop);
-    WAIT_FOR(fd_count() == g_fd_base, 1000);
+    WAIT_FOR(fd_count() == g_fd_base, SERVER_MS);
     if (fd_count() != g_fd_base)
         fprintf(stderr, "%s: %d descriptors, %d before\n", what, fd_count(), g_fd_base);
     CHECK(fd_count() == g_fd_base);
@@ -307,7 +314,7 @@ static void after_import(const char *what, gm__share_msg_t m, int want_drop)
     memset(&r, 0, sizeof r);
     uint64_t id = raw_import(fd, "good", NULL, &r);
     CHECK(id != 0 && r.npages == G_SIZE / g_page && r.size == G_SIZE && r.offset == 0);
-    WAIT_FOR(sstats(sp).exported_bytes == G_SIZE, 1000);
+    WAIT_FOR(sstats(sp).exported_bytes == G_SIZE, SERVER_MS);
     CHECK(sstats(sp).exported_bytes == G_SIZE);
     if (m.id == 1) m.id = id;
     CHECK(send_msg(fd, &m) == 0);
@@ -383,11 +390,11 @@ static void test_full_backlog(void)
     CHECK(pid > 0);
     if (pid < 0) return;
     int st = -1, done = 0;
-    double end = now_ms() + 3000;
+    double end = now_ms() + SERVER_MS;
     while (now_ms() < end && !(done = waitpid(pid, &st, WNOHANG) == pid)) sleep_ms(5);
     if (!done) {
         fprintf(stderr, "gm_share_listen on a path whose listener's accept queue is full: no "
-                        "answer in 3 s (blocked in connect)\n");
+                        "answer in %d s (blocked in connect)\n", SERVER_MS / 1000);
         kill(pid, SIGKILL);
         waitpid(pid, &st, 0);
     }
@@ -571,7 +578,7 @@ static void test_names(void)
     CHECK_RC(gm_share_unpublish(srv, n63), GM_INVALID_ARGUMENT);
     CHECK_RC(gm_share_import(c, n63, n63, &p, NULL, NULL), GM_INVALID_ARGUMENT);
     CHECK_OK(gm_share_disconnect(c));
-    WAIT_FOR(sstats(sp).exported_bytes == 0, 1000);
+    WAIT_FOR(sstats(sp).exported_bytes == 0, SERVER_MS);
     CHECK_OK(gm_free(sp, blk, NULL));
     CHECK_OK(gm_trim(sp, 0, NULL)); /* its page's descriptor too (sim) */
 
@@ -741,7 +748,7 @@ static void test_malformed(void)
         msg_init(&m, GM__SHARE_RELEASE);
         m.id = id;
         CHECK(send_msg(fd, &m) == 0);
-        WAIT_FOR(sstats(sp).exported_bytes == 0, 1000);
+        WAIT_FOR(sstats(sp).exported_bytes == 0, SERVER_MS);
         CHECK(sstats(sp).exported_bytes == 0 && sstats(sp).peers == 1);
         CHECK(send_msg(fd, &m) == 0);
         CHECK(wait_closed(fd, 2000));
@@ -756,7 +763,7 @@ static void test_malformed(void)
         CHECK(fd >= 0 && st == GM_OK);
         for (int i = 0; i < 3; i++) CHECK(raw_import(fd, "good", NULL, NULL) != 0);
         CHECK(raw_import(fd, "tok", "t0k3n", NULL) != 0);
-        WAIT_FOR(sstats(sp).exported_bytes == 3 * G_SIZE + 2 * g_page, 1000);
+        WAIT_FOR(sstats(sp).exported_bytes == 3 * G_SIZE + 2 * g_page, SERVER_MS);
         CHECK(sstats(sp).exported_bytes == 3 * G_SIZE + 2 * g_page);
         msg_import(&m, "good", NULL);
         m.magic ^= 1;
@@ -819,7 +826,7 @@ static void test_well_formed_raw(void)
         msg_init(&m, GM__SHARE_RELEASE);
         m.id = id;
         CHECK(send_msg(fd, &m) == 0);
-        WAIT_FOR(sstats(sp).exported_bytes == 0, 1000);
+        WAIT_FOR(sstats(sp).exported_bytes == 0, SERVER_MS);
         CHECK(sstats(sp).exported_bytes == 0);
         close(fd);
         settle("a raw import", d0, 0);
@@ -832,7 +839,7 @@ static void test_well_formed_raw(void)
         int fd = raw_connect(g_path, &st);
         CHECK(fd >= 0 && st == GM_OK);
         for (int i = 0; i < 5; i++) CHECK(raw_import(fd, "good", NULL, NULL) != 0);
-        WAIT_FOR(sstats(sp).exported_bytes == 5 * G_SIZE, 1000);
+        WAIT_FOR(sstats(sp).exported_bytes == 5 * G_SIZE, SERVER_MS);
         CHECK(sstats(sp).exported_bytes == 5 * G_SIZE && sstats(sp).peers == 1);
         close(fd);
         settle("IMPORT, then gone", d0, 0);
@@ -867,7 +874,7 @@ static void test_max_peers(void)
         fds[i] = raw_connect(g_path, &st);
         CHECK(fds[i] >= 0 && st == GM_OK);
     }
-    WAIT_FOR(sstats(sp).peers == 4, 1000);
+    WAIT_FOR(sstats(sp).peers == 4, SERVER_MS);
     CHECK(sstats(sp).peers == 4);
     /* The fifth: told why, and hung up on. */
     int fd5 = raw_connect(g_path, &st);
@@ -896,6 +903,37 @@ static void test_max_peers(void)
     CHECK(sstats(sp).peers_refused == r0 + 42);
 }
 
+/* Flood helpers: the server's progress, read again and again. */
+static int g_outq_fd = -1;
+static uint64_t exported_now(void) { return sstats(sp).exported_bytes; }
+static uint64_t outq_now(void) /* bytes we sent that the server has not read yet */
+{
+    int q = -1;
+    return g_outq_fd >= 0 && ioctl(g_outq_fd, SIOCOUTQ, &q) == 0 && q >= 0 ? (uint64_t)q : UINT64_MAX;
+}
+
+/* Wait until value() == want; give up (0) only after SERVER_MS in which the
+ * value did not change: the server is then stuck, not slow. */
+static int wait_progress_u64(uint64_t (*value)(void), uint64_t want)
+{
+    uint64_t last = value();
+    double idle_since = now_ms();
+    while (last != want) {
+        if (now_ms() - idle_since > SERVER_MS) {
+            fprintf(stderr, "the server made no progress in %d ms: at %llu, want %llu\n",
+                    SERVER_MS, (unsigned long long)last, (unsigned long long)want);
+            return 0;
+        }
+        sleep_us(1000);
+        uint64_t v = value();
+        if (v != last) {
+            last = v;
+            idle_since = now_ms();
+        }
+    }
+    return 1;
+}
+
 /* Requests without reading the replies: the server must not block on us. */
 static void test_flood(void)
 {
@@ -908,16 +946,22 @@ static void test_flood(void)
     gm__share_msg_t m;
     msg_import(&m, "good", NULL);
     int sent = 0;
-    double end = now_ms() + 10000;
+    /* Sending stops only once the server has taken no request for
+     * SERVER_MS: how fast it reads is the machine's business. */
+    double end = now_ms() + SERVER_MS;
     while (fa >= 0 && sent < NIMP && now_ms() < end) {
         ssize_t n = send(fa, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n == (ssize_t)sizeof m) { sent++; continue; }
+        if (n == (ssize_t)sizeof m) {
+            sent++;
+            end = now_ms() + SERVER_MS;
+            continue;
+        }
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) break;
         struct pollfd p = {.fd = fa, .events = POLLOUT};
         poll(&p, 1, 100);
     }
     CHECK(sent == NIMP);
-    WAIT_FOR(sstats(sp).exported_bytes == (uint64_t)sent * G_SIZE, 3000);
+    wait_progress_u64(&exported_now, (uint64_t)sent * G_SIZE);
     CHECK(sstats(sp).exported_bytes == (uint64_t)sent * G_SIZE);
     /* b: PAGES of a real import, none of the replies (each with its
      * descriptors) read. */
@@ -929,18 +973,24 @@ static void test_flood(void)
     m.id = id;
     m.count = G_SIZE / g_page;
     int sentb = 0;
-    end = now_ms() + 10000;
+    end = now_ms() + SERVER_MS;
     while (fb >= 0 && sentb < NPAGES && now_ms() < end) {
         ssize_t n = send(fb, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n == (ssize_t)sizeof m) { sentb++; continue; }
+        if (n == (ssize_t)sizeof m) {
+            sentb++;
+            end = now_ms() + SERVER_MS;
+            continue;
+        }
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) break;
         struct pollfd p = {.fd = fb, .events = POLLOUT};
         poll(&p, 1, 100);
     }
     CHECK(sentb == NPAGES);
-    /* Until the server has read every request we sent. */
-    int outq = -1;
-    WAIT_FOR(fb >= 0 && ioctl(fb, SIOCOUTQ, &outq) == 0 && outq == 0, 3000);
+    /* Until the server has read every request we sent (as long as it gets
+     * on with them). */
+    g_outq_fd = fb;
+    CHECK(fb >= 0 && wait_progress_u64(&outq_now, 0));
+    int outq = (int)outq_now();
     CHECK(outq == 0);
     /* Meanwhile a good client is served. */
     gm_share_client_t *c = NULL;
@@ -951,10 +1001,10 @@ static void test_flood(void)
         if (p) CHECK(same(cp, p, G_TAG, 0, 4096));
         CHECK_OK(gm_share_disconnect(c));
     }
-    WAIT_FOR(sstats(sp).peers == 2, 1000);
+    WAIT_FOR(sstats(sp).peers == 2, SERVER_MS);
     /* The server kept no descriptor of the replies it could not deliver:
      * two peers (theirs) and our two sockets. */
-    WAIT_FOR(fd_count() == g_fd_base + 4, 1000);
+    WAIT_FOR(fd_count() == g_fd_base + 4, SERVER_MS);
     if (fd_count() != g_fd_base + 4)
         fprintf(stderr, "flood: %d descriptors, want %d\n", fd_count(), g_fd_base + 4);
     CHECK(fd_count() == g_fd_base + 4);
@@ -1047,7 +1097,7 @@ static void test_garbage(uint64_t seed)
         close(fd);
     }
     CHECK(conns == 300);
-    WAIT_FOR(sstats(sp).peers == 0, 2000); /* every message read */
+    WAIT_FOR(sstats(sp).peers == 0, SERVER_MS); /* every message read */
     uint64_t dropped = sstats(sp).peers_dropped - d0;
     printf("garbage: %d connections, %llu dropped for a malformed request\n", conns,
            (unsigned long long)dropped);
@@ -1193,7 +1243,7 @@ static void test_fork_while_serving(void)
         sleep_ms(2);
     }
     int hung = 0, failed = 0;
-    double end = now_ms() + 8000;
+    double end = now_ms() + SERVER_MS;
     for (int i = 0; i < FORK_KIDS; i++) {
         if (kids[i] < 0) { failed++; continue; }
         int ws = -1;
@@ -1257,7 +1307,7 @@ int main(int argc, char **argv)
     REQUIRE(gm_share_publish(srv, "tok", (char *)g + MiB + 5, MiB, GM_SHARE_READ_ONLY, "t0k3n",
                              NULL) == GM_OK);
     REQUIRE(good_works());
-    WAIT_FOR(sstats(sp).peers == 0, 1000);
+    WAIT_FOR(sstats(sp).peers == 0, SERVER_MS);
     g_fd_base = fd_count();
 
     double t0 = now_ms();
