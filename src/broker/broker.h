@@ -39,6 +39,13 @@ void gm__broker_provider_stop(const gm__page_provider_t *p);
  * pool that is dead in the child), so the broker sees the parent go when it
  * does.  Nothing for another provider. */
 void gm__broker_atfork_child(const gm__page_provider_t *p);
+/* The server on fd (connected to path) may be trusted as a broker: its
+ * SO_PEERCRED uid is root, this process's effective uid, or the broker user
+ * GPUMEM_BROKER_UID names.  GM_OK, else GM_DENIED naming path, the server's
+ * uid and what was expected (GM_IO when the credentials cannot be read).
+ * Every connection of the provider, and the CLI's queries, check it before
+ * sending or reading a byte. */
+int gm__broker_check_server(int fd, const char *path);
 /* Zeroes for another provider. */
 void gm__broker_provider_stats(const gm__page_provider_t *p, gm__broker_client_stats_t *s);
 

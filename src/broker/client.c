@@ -18,7 +18,8 @@
  *   held     handle -> broker page id (with the connection's epoch) of every
  *            page the pool holds; a page of an earlier epoch was kept across
  *            a broker restart ("adopted"): it is released here and the
- *            broker is told (UNADOPT).
+ *            broker is told (UNADOPT) when it booked the page (the new
+ *            broker books only what its lease record proves: adopt_booked).
  *   events   a thread listening on the second connection: RECLAIM asks for
  *            cached pages; it empties the stock and trims the pool's free
  *            pages (gm__pages_trim_locked, under each heap's lock), which
@@ -49,6 +50,7 @@
 #include "base/hash.h"
 #include "broker/broker.h"
 #include "broker/proto.h"
+#include "core/options.h"
 #include "core/pool.h"
 #include "observe/observe.h"
 #include "share/wire.h"
@@ -69,6 +71,8 @@ struct gm__broker_client {
     pthread_t thr;
     bool thr_started;
     uint64_t client, cookie, generation;
+    uint64_t adopt_booked;     /* held pages of earlier epochs the broker booked
+                                  (its HELLO reply): the ones UNADOPT names */
     unsigned epoch;            /* bumped at each (re)connect */
     bool owed;                 /* a lease was sent and its answer not read yet */
     uint64_t last_try_ns;
@@ -126,9 +130,51 @@ static void close_conn(gm__broker_client_t *c)
 
 /* ---- connection ------------------------------------------------------------- */
 
-/* HELLO on a new connection; the reply in *m. */
+int gm__broker_check_server(int fd, const char *path)
+{
+    uid_t peer;
+    if (gm__wire_peer(fd, NULL, &peer, NULL) != GM_OK)
+        return gm__set_error(GM_IO, "the broker on %s: %s", path, gm_last_error());
+    uid_t me = geteuid();
+    const char *name = gm__option_str(GM_OPT_BROKER_UID);
+    unsigned user = 0;
+    bool named = name && gm__parse_user(name, &user) == GM_OK;
+    if (peer == 0 || peer == me || (named && peer == (uid_t)user)) return GM_OK;
+    char want[160];
+    if (named)
+        snprintf(want, sizeof want, "root, this process's uid %u or the broker user %u "
+                 "(GPUMEM_BROKER_UID=%.40s)", (unsigned)me, user, name);
+    else if (name)
+        snprintf(want, sizeof want, "root or this process's uid %u (GPUMEM_BROKER_UID=\"%.40s\" "
+                 "names no user)", (unsigned)me, name);
+    else
+        snprintf(want, sizeof want, "root or this process's uid %u (nor a broker user: "
+                 "GPUMEM_BROKER_UID is unset)", (unsigned)me);
+    return gm__set_error(GM_DENIED, "the server on %s runs as uid %u, not as %s: it is not "
+                         "trusted as a broker", path, (unsigned)peer, want);
+}
+
+/* A refusal the broker sent before closing a connection it turned away
+ * (when a send to it failed): GM_OK when there was none to read. */
+static int turned_away(gm__broker_client_t *c, int fd)
+{
+    gm__broker_msg_t m;
+    bool closed;
+    size_t nfds;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 0) != 1 || msg_recv(fd, &m, NULL, 0, &nfds, &closed) != GM_OK ||
+        m.type != GM__BROKER_REPLY || m.status == GM_OK)
+        return GM_OK;
+    return gm__set_error(m.status > 0 && m.status < GM_ERRNO_COUNT ? m.status : GM_IO,
+                         "the broker on %s refused this process: %s", c->path, m.text);
+}
+
+/* HELLO on a new connection (its server's credentials checked first: no
+ * byte goes to, or is taken from, a server of another uid); the reply in
+ * *m. */
 static int hello(gm__broker_client_t *c, int fd, unsigned flags, uint64_t adopt, gm__broker_msg_t *m)
 {
+    GM_CHECK(gm__broker_check_server(fd, c->path));
     msg_init(m, GM__BROKER_HELLO);
     m->flags = flags;
     m->pid = getpid();
@@ -137,10 +183,16 @@ static int hello(gm__broker_client_t *c, int fd, unsigned flags, uint64_t adopt,
     m->adopt = adopt;
     m->client = c->client;
     m->cookie = c->cookie;
-    GM_CHECK(gm__wire_send(fd, m, sizeof *m, NULL, 0, 0, "broker"));
+    int rc = gm__wire_send(fd, m, sizeof *m, NULL, 0, 0, "broker");
+    if (rc != GM_OK) {
+        char err[256];
+        snprintf(err, sizeof err, "%s", gm_last_error());
+        GM_CHECK(turned_away(c, fd));
+        return gm__set_error(rc, "%s", err);
+    }
     bool closed;
     size_t nfds;
-    int rc = msg_recv(fd, m, NULL, 0, &nfds, &closed);
+    rc = msg_recv(fd, m, NULL, 0, &nfds, &closed);
     if (rc == GM_NOT_READY) return gm__set_error(GM_IO, "%s", gm_last_error());
     if (rc != GM_OK) return rc;
     if (m->type != GM__BROKER_REPLY)
@@ -172,6 +224,9 @@ static int connect_locked(gm__broker_client_t *c, uint64_t adopt)
     c->client = m.client;
     c->cookie = m.cookie;
     c->generation = m.generation;
+    /* Of the pages claimed, those the broker's lease record proved: the
+     * others are released without telling it (it did not count them). */
+    c->adopt_booked = m.adopt < adopt ? m.adopt : adopt;
     c->quota = m.quota;
     c->used = m.used;
     snprintf(c->tenant, sizeof c->tenant, "%s", m.tenant);
@@ -439,7 +494,10 @@ static int give_back(void *ctx, const gm__phys_t *handles, size_t n, size_t *don
                 rc = r;
                 break;
             }
-            unadopt++;
+            if (c->adopt_booked) {
+                c->adopt_booked--;
+                unadopt++;
+            }
         } else {
             rc = stock_reserve(c, 1);
             if (rc != GM_OK) break;

@@ -11,7 +11,8 @@
  *   while it waits, so the broker answers every request promptly or, for a
  *   lease it must first make room for, within reclaim_ms):
  *     HELLO  pid device page_size adopt -> REPLY client cookie generation
- *                                          tenant quota page_size
+ *                                          tenant quota page_size adopt
+ *                                          (the kept pages it booked)
  *     LEASE  min count cached           -> REPLY count=n nfds=n ids[0..n)
  *                                          (n from min to count), or a
  *                                          refusal: GM_LIMIT (quota) /
@@ -29,9 +30,15 @@
  * (at most GM__BROKER_IDS of them).  A page is named by the broker's id
  * (never 0).  "Adopted" pages are those a client kept across a broker
  * restart: a new broker counts them (HELLO adopt) against the tenant and
- * the device, and the client tells it when it lets them go (UNADOPT); the
- * client then releases them itself, which frees them, since the broker
+ * the device as far as its lease record proves them (the REPLY's adopt),
+ * and the client tells it when it lets one of those go (UNADOPT); the
+ * client releases kept pages itself, which frees them, since the broker
  * that made them is gone.
+ *
+ * Before its first message the client checks that the server runs as
+ * root, as its own uid or as the broker user (GPUMEM_BROKER_UID).  A
+ * connection the broker turns away (max_clients, or its tenant's half of
+ * them) gets a REPLY with the reason, then the end.
  *
  * A message that is not exactly one well-formed message (size, magic,
  * version, type, terminated text, no descriptor attached towards the

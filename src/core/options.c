@@ -17,7 +17,9 @@
  * counts the same allocations as before options were cached.
  */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +40,8 @@ typedef enum {
     T_CFG_PATH,        /* a socket path copied into a config char array */
     T_SWITCH,          /* "0": 0, anything else: 1 */
     T_LEAK,            /* "0": 0, "error": 2, anything else: 1 */
-    T_TORCH_OOM        /* "null": 1, anything else: 0 (throw) */
+    T_TORCH_OOM,       /* "null": 1, anything else: 0 (throw) */
+    T_USER             /* empty, a uid or a user name (shown INVALID when it names no user) */
 } opt_type_t;
 
 #define CFG(field) true, offsetof(gm_pool_config_t, field), 0
@@ -129,6 +132,11 @@ static const gm__option_t table[GM_OPT_COUNT] = {
     [GM_OPT_PRELOAD_VERBOSE] = {"GPUMEM_PRELOAD_VERBOSE", T_SWITCH, "0",
                                 "1: the preload library says where it routes and sums up at exit",
                                 PROC},
+    /* Read by the broker client (src/broker/client.c) at each connection
+     * and by the CLI's broker queries. */
+    [GM_OPT_BROKER_UID] = {"GPUMEM_BROKER_UID", T_USER, "",
+                           "a uid or user name a broker may run as, besides root and this "
+                           "process's own uid (empty: none)", PROC},
     /* Read at each pool creation of the sim (gm__option_read); a bad value
      * fails it. */
     [GM_OPT_SIM_DEVICES] = {"GPUMEM_SIM_DEVICES", T_INT, "32",
@@ -156,6 +164,23 @@ int gm__parse_backend(const char *s, gm_backend_kind_t *kind)
     else if (!strcmp(s, "sim")) *kind = GM_BACKEND_SIM;
     else if (!strcmp(s, "cuda")) *kind = GM_BACKEND_CUDA;
     else return GM_INVALID_ARGUMENT;
+    return GM_OK;
+}
+
+int gm__parse_user(const char *s, unsigned *uid)
+{
+    char *end;
+    errno = 0;
+    unsigned long x = strtoul(s, &end, 10);
+    if (*s >= '0' && *s <= '9' && !errno && !*end && x < UINT_MAX) {
+        *uid = (unsigned)x;
+        return GM_OK;
+    }
+    if (!*s) return GM_INVALID_ARGUMENT;
+    struct passwd pw, *found = NULL;
+    char buf[4096];
+    if (getpwnam_r(s, &pw, buf, sizeof buf, &found) != 0 || !found) return GM_INVALID_ARGUMENT;
+    *uid = (unsigned)found->pw_uid;
     return GM_OK;
 }
 
@@ -254,6 +279,14 @@ static int parse(const gm__option_t *o, const char *v, uint64_t *out)
     case T_SWITCH: *out = strcmp(v, "0") != 0; return GM_OK;
     case T_LEAK: *out = !strcmp(v, "0") ? 0 : !strcmp(v, "error") ? 2 : 1; return GM_OK;
     case T_TORCH_OOM: *out = strcmp(v, "null") == 0; return GM_OK;
+    case T_USER: {
+        unsigned uid = 0;
+        *out = UINT64_MAX; /* none */
+        if (!*v) return GM_OK;
+        if (gm__parse_user(v, &uid) != GM_OK) return GM_INVALID_ARGUMENT;
+        *out = uid;
+        return GM_OK;
+    }
     }
     return GM_INVALID_ARGUMENT;
 }

@@ -52,6 +52,7 @@ typedef enum gm__opt {
     GM_OPT_TORCH_OOM,
     GM_OPT_TORCH_SHAREABLE,
     GM_OPT_PRELOAD_VERBOSE,
+    GM_OPT_BROKER_UID,
     GM_OPT_SIM_DEVICES,
     GM_OPT_SIM_PEER_GROUP,
     GM_OPT_SIM_COMPRESSION,
@@ -102,6 +103,9 @@ void gm__options_atfork_child(void);
 int gm__parse_backend(const char *s, gm_backend_kind_t *kind);
 /* "auto", "sim", "cuda" for a kind; "?" for another value. */
 const char *gm__backend_kind_name(gm_backend_kind_t kind);
+/* A uid in decimal or a user name (looked up): GM_OK with *uid, or
+ * GM_INVALID_ARGUMENT, no message.  GPUMEM_BROKER_UID's parser. */
+int gm__parse_user(const char *s, unsigned *uid);
 /* "all" (GM_PEERS_ALL), "none" (0) or a comma-separated list of device
  * ordinals 0..63 (their bits); GM_INVALID_ARGUMENT, no message, otherwise. */
 int gm__parse_peers(const char *s, uint64_t *mask);

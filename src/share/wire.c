@@ -55,6 +55,19 @@ int gm__wire_recv(int fd, void *msg, size_t len, int *fds, size_t cap, size_t *n
     ssize_t n;
     do n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
     while (n < 0 && errno == EINTR);
+    if (n < 0 && errno == ECONNRESET) {
+        /* A peer that closed with our message unread resets the
+         * connection, and the reset is reported before what it sent
+         * first (a refusal, say): that message is still queued. */
+        mh.msg_controllen = sizeof u.buf;
+        mh.msg_flags = 0;
+        do n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+        while (n < 0 && errno == EINTR);
+        if (n <= 0) {
+            n = -1;
+            errno = ECONNRESET;
+        }
+    }
     if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK)
             return gm__set_error(GM_NOT_READY, "%s: no answer in %d s", who, timeout_s);

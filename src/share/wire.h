@@ -30,7 +30,8 @@ int gm__wire_send(int fd, const void *msg, size_t len, const int *fds, size_t nf
  * go to fds[0..*nfds) (at most cap; fds NULL takes none).  GM_OK; GM_IO when
  * the peer closed (*closed set) or the socket failed; GM_NOT_READY when the
  * socket's receive timeout passed ("no answer in timeout_s s"); GM_PARSE
- * when malformed (descriptors closed). */
+ * when malformed (descriptors closed).  A message the peer sent before it
+ * closed is delivered even when the close reset the connection. */
 int gm__wire_recv(int fd, void *msg, size_t len, int *fds, size_t cap, size_t *nfds,
                   bool *closed, int timeout_s, const char *who);
 

@@ -52,8 +52,10 @@
 
 #include "backend/backend.h"
 #include "base/internal.h"
+#include "broker/broker.h"
 #include "broker/proto.h"
 #include "core/options.h"
+#include "observe/monitor_seg.h"
 #include "share/wire.h"
 
 #define MAX_RULE_IDS 16
@@ -339,14 +341,28 @@ typedef struct client {
     pid_t pid;
     uid_t uid;
     gid_t gid;
+    uint64_t start;         /* its process's start time (the record's key with pid) */
+    /* The tenant its connection counts against (conn_limit_ok): decided at
+     * accept; a control connection's is then its tenant's name. */
+    char owner[GM__BROKER_NAME_MAX];
+    bool over;              /* let in past the limits as an events connection */
     uint64_t number, cookie;
     size_t tenant;
     uint64_t pages, adopted, cached;
+    uint64_t recorded;      /* pages + adopted as the lease record last said */
     uint64_t first_ns;      /* when a new connection arrived */
     /* a lease waiting for room */
     bool pending;
     uint64_t want_min, want_max, deadline_ns;
 } client_t;
+
+/* A process that held pages when the last broker run wrote its lease
+ * record (record_load): what it may still claim to keep ("adopt"). */
+typedef struct kept {
+    pid_t pid;
+    uid_t uid;
+    uint64_t start, pages;
+} kept_t;
 
 typedef struct broker {
     bcfg_t cfg;
@@ -378,6 +394,13 @@ typedef struct broker {
     unsigned log_count;
     uint64_t log_window_ns;
     bool dirty;
+    /* The lease record (record_write): <socket>.leases */
+    char record_path[PATH_MAX];
+    char boot_id[40];
+    kept_t *kept;          /* claims the last run's record allows, not yet made */
+    size_t n_kept;
+    bool record_dirty;     /* a page went back since the last record */
+    char record_why[512], stats_why[512]; /* the last failure logged (said once) */
 } broker_t;
 
 static volatile sig_atomic_t g_stop, g_reload;
@@ -588,6 +611,265 @@ static void page_put(broker_t *b, uint64_t id)
     b->n_free++;
 }
 
+/* ---- files the broker writes ------------------------------------------------------ */
+
+/* Replace the file at path with text[0..n) (mode for a new file), never
+ * writing through a name another user could have planted: path's directory
+ * must belong to root or this uid and be writable by no one else unless it
+ * is sticky; the text goes into a fresh file of an unguessable name made
+ * there (O_CREAT|O_EXCL|O_NOFOLLOW, checked with fstat), which is then
+ * renamed onto path (a symlink or a file planted at path is replaced as a
+ * name and never opened; in a sticky directory another user's file stays
+ * and the rename fails).  0, or -1 with why. */
+static int file_replace(const char *path, const char *text, size_t n, mode_t mode, char *why,
+                        size_t cap)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
+        return snprintf(why, cap, "%.300s is not a file name", path), -1;
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return snprintf(why, cap, "directory %.300s: %s", dir, strerror(errno)), -1;
+    struct stat st;
+    uid_t me = geteuid();
+    if (fstat(dfd, &st) != 0) {
+        snprintf(why, cap, "directory %.300s: %s", dir, strerror(errno));
+        close(dfd);
+        return -1;
+    }
+    if (st.st_uid != 0 && st.st_uid != me) {
+        snprintf(why, cap, "directory %.300s belongs to uid %u, neither root nor this broker's uid %u",
+                 dir, (unsigned)st.st_uid, (unsigned)me);
+        close(dfd);
+        return -1;
+    }
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX)) {
+        snprintf(why, cap, "directory %.300s is writable by others and not sticky (mode %04o)", dir,
+                 (unsigned)(st.st_mode & 07777));
+        close(dfd);
+        return -1;
+    }
+    char tmp[NAME_MAX + 1];
+    int fd = -1, err = 0;
+    for (int tries = 0; tries < 8 && fd < 0; tries++) {
+        uint64_t r;
+        if (getentropy(&r, sizeof r) != 0) r = gm__now_ns() * 0x9e3779b97f4a7c15ull + (uint64_t)tries;
+        snprintf(tmp, sizeof tmp, ".%.200s.%016" PRIx64 ".tmp", base, r);
+        fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+        err = errno;
+        if (fd < 0 && err != EEXIST) break;
+    }
+    if (fd < 0) {
+        snprintf(why, cap, "creating a file in %.300s: %s", dir, strerror(err));
+        close(dfd);
+        return -1;
+    }
+    const char *what = NULL;
+    if (fstat(fd, &st) != 0) {
+        what = "fstat";
+        err = errno;
+    } else if (!S_ISREG(st.st_mode) || st.st_uid != me || st.st_size != 0) {
+        what = "not a fresh file of this uid";
+        err = EPERM;
+    }
+    for (size_t off = 0; !what && off < n;) {
+        ssize_t w = write(fd, text + off, n - off);
+        if (w > 0) off += (size_t)w;
+        else if (w < 0 && errno == EINTR) continue;
+        else {
+            what = "write";
+            err = w < 0 ? errno : EIO;
+        }
+    }
+    if (close(fd) != 0 && !what) {
+        what = "close";
+        err = errno;
+    }
+    if (!what && renameat(dfd, tmp, dfd, base) != 0) {
+        what = "rename into place";
+        err = errno;
+    }
+    if (what) {
+        unlinkat(dfd, tmp, 0);
+        snprintf(why, cap, "%s: %s", what, strerror(err));
+    }
+    close(dfd);
+    return what ? -1 : 0;
+}
+
+/* A file not written: logged once per reason (last: the reason said last,
+ * cleared by a success), not at every second. */
+static void say_not_written(broker_t *b, char *last, size_t cap, const char *what,
+                            const char *path, const char *why)
+{
+    char line[sizeof b->stats_why];
+    snprintf(line, sizeof line, "%s", why);
+    if (!strcmp(last, line)) return;
+    snprintf(last, cap, "%s", line);
+    logf_(b, "%s %s not written: %s", what, path, why);
+}
+
+/* ---- the lease record ------------------------------------------------------------ */
+/*
+ * Pages a process kept across a broker restart ("adopt" in its HELLO) are
+ * booked only as far as the broker's own record proves them, never on the
+ * process's word: <socket>.leases, written by the broker (file_replace,
+ * mode 0600) before a lease reply leaves and, when pages come back, with
+ * the stats (at most once a second), so it never says less than a live
+ * process holds.  One line per process: pid, start time, uid, pages (leased
+ * and adopted).  A new broker loads it before it listens (a regular file of
+ * its own uid that no one else may write, of this boot and page size), and
+ * a claim is booked up to what the line of that process (pid and start
+ * time: a reused pid is another process; and uid) allows; the rest is not
+ * booked, and the HELLO reply's `adopt` says how much was.
+ */
+#define RECORD_MAGIC "gpumem broker lease record 1"
+
+static void boot_id_read(char *out, size_t cap)
+{
+    out[0] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (!f) return;
+    if (fgets(out, (int)cap, f)) out[strcspn(out, "\n")] = '\0';
+    else out[0] = '\0';
+    fclose(f);
+}
+
+/* Load the last run's record into b->kept (at start, before listening). */
+static void record_load(broker_t *b)
+{
+    snprintf(b->record_path, sizeof b->record_path, "%s.leases", b->cfg.socket);
+    boot_id_read(b->boot_id, sizeof b->boot_id);
+    int fd = open(b->record_path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT)
+            logf_(b, "lease record %s: %s; pages processes kept are not booked", b->record_path,
+                  strerror(errno));
+        return;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & 022) || st.st_size > (64 << 20)) {
+        logf_(b, "lease record %s is not a file of this broker's uid %u that only it may "
+              "write; ignored: pages processes kept are not booked", b->record_path,
+              (unsigned)geteuid());
+        close(fd);
+        return;
+    }
+    FILE *f = fdopen(fd, "re");
+    if (!f) {
+        close(fd);
+        return;
+    }
+    char line[256], want[96];
+    int ok = fgets(line, sizeof line, f) && !strcmp(trim(line), RECORD_MAGIC);
+    snprintf(want, sizeof want, "boot %s", b->boot_id);
+    ok = ok && b->boot_id[0] && fgets(line, sizeof line, f) && !strcmp(trim(line), want);
+    snprintf(want, sizeof want, "page %zu", b->page);
+    ok = ok && fgets(line, sizeof line, f) && !strcmp(trim(line), want);
+    uint64_t total = 0;
+    while (ok && fgets(line, sizeof line, f)) {
+        int pid;
+        unsigned uid;
+        unsigned long long start, pages;
+        char extra;
+        if (sscanf(line, "%d %llu %u %llu %c", &pid, &start, &uid, &pages, &extra) != 4 ||
+            pid <= 0 || !start || !pages || pages > b->info.total_memory / b->page) {
+            ok = 0;
+            break;
+        }
+        size_t i = 0;
+        while (i < b->n_kept && !(b->kept[i].pid == pid && b->kept[i].start == start)) i++;
+        if (i == b->n_kept) {
+            kept_t *nk = realloc(b->kept, (b->n_kept + 1) * sizeof *nk);
+            if (!nk) break;
+            b->kept = nk;
+            b->kept[b->n_kept++] = (kept_t){.pid = pid, .uid = uid, .start = start};
+        }
+        if (b->kept[i].uid != uid) ok = 0;
+        b->kept[i].pages += pages;
+        total += pages;
+    }
+    fclose(f);
+    if (!ok) {
+        logf_(b, "lease record %s is of another boot, device or format; ignored", b->record_path);
+        free(b->kept);
+        b->kept = NULL;
+        b->n_kept = 0;
+        return;
+    }
+    if (b->n_kept)
+        logf_(b, "lease record: %zu processes may keep %" PRIu64 " pages from the last run",
+              b->n_kept, total);
+}
+
+/* Write the record now: every client's pages, and what processes still
+ * alive may claim from the last run. */
+static void record_write(broker_t *b)
+{
+    if (!b->record_path[0]) return;
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    if (!f) return;
+    fprintf(f, "%s\nboot %s\npage %zu\n", RECORD_MAGIC, b->boot_id, b->page);
+    for (size_t i = 0; i < b->n_clients; i++) {
+        const client_t *c = &b->clients[i];
+        if (c->state == C_CONTROL && c->start && c->pages + c->adopted)
+            fprintf(f, "%d %" PRIu64 " %u %" PRIu64 "\n", (int)c->pid, c->start,
+                    (unsigned)c->uid, c->pages + c->adopted);
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < b->n_kept; i++) {
+        kept_t *e = &b->kept[i];
+        if (!e->pages || gm__mon_start_time((int)e->pid) != e->start) continue; /* gone */
+        fprintf(f, "%d %" PRIu64 " %u %" PRIu64 "\n", (int)e->pid, e->start, (unsigned)e->uid,
+                e->pages);
+        b->kept[k++] = *e;
+    }
+    b->n_kept = k;
+    if (fclose(f) != 0) {
+        free(text);
+        return;
+    }
+    char why[512];
+    if (file_replace(b->record_path, text, n, 0600, why, sizeof why) == 0) {
+        for (size_t i = 0; i < b->n_clients; i++)
+            b->clients[i].recorded = b->clients[i].pages + b->clients[i].adopted;
+        b->record_dirty = false;
+        b->record_why[0] = '\0';
+    } else {
+        say_not_written(b, b->record_why, sizeof b->record_why, "lease record", b->record_path,
+                        why);
+    }
+    free(text);
+}
+
+/* Before c is sent pages: the record says at least what it will hold. */
+static void record_ahead(broker_t *b, const client_t *c)
+{
+    if (c->pages + c->adopted > c->recorded) record_write(b);
+}
+
+/* Of the pages c's process claims to keep, those the last run's record
+ * proves (taken from it). */
+static uint64_t record_take(broker_t *b, const client_t *c, uint64_t claim)
+{
+    uint64_t got = 0;
+    for (size_t i = 0; i < b->n_kept && got < claim; i++) {
+        kept_t *e = &b->kept[i];
+        if (!c->start || e->pid != c->pid || e->start != c->start || e->uid != c->uid) continue;
+        uint64_t k = e->pages < claim - got ? e->pages : claim - got;
+        e->pages -= k;
+        got += k;
+    }
+    return got;
+}
+
 /* ---- clients ------------------------------------------------------------------ */
 
 static size_t client_slot(const broker_t *b, const client_t *c) { return (size_t)(c - b->clients); }
@@ -611,6 +893,7 @@ static void client_drop(broker_t *b, client_t *c, const char *why)
         if (c->pages + c->adopted) t->futile = b->futile = false;
         t->cached -= c->cached < t->cached ? c->cached : t->cached;
         b->leased -= c->pages + c->adopted;
+        if (c->pages + c->adopted) b->record_dirty = true;
         /* A process that gave everything back and left is not news. */
         if (why && (back || c->adopted || strcmp(why, "disconnected") != 0))
             logf_(b, "pid %d (tenant '%s'): %s; %" PRIu64 " pages back", (int)c->pid,
@@ -770,6 +1053,7 @@ static int lease_try(broker_t *b, client_t *c, bool final)
         m.peak = t->peak * b->page;
         c->pending = false;
         b->dirty = true;
+        record_ahead(b, c); /* the record proves these pages before they leave */
         send_msg(b, c, c->fd, &m, fds, got);
         return 1;
     }
@@ -899,25 +1183,31 @@ static void on_hello(broker_t *b, client_t *c, gm__broker_msg_t *in)
     c->cookie = r | 1;
     tenant_t *tn = &b->tenants[t];
     tn->clients++;
-    /* Pages it kept across a restart count as they are (never refused);
-     * no process holds more than the device. */
+    /* Pages it kept across a restart count as far as the last run's lease
+     * record proves them (record_take; never refused, the rest not
+     * booked); no process holds more than the device. */
     if (in->adopt > b->info.total_memory / b->page) {
         c->state = C_NEW;
         tn->clients--;
         client_drop(b, c, "dropped: it claims to hold more pages than the device has");
         return;
     }
-    uint64_t adopt = in->adopt;
+    uint64_t adopt = in->adopt ? record_take(b, c, in->adopt) : 0;
     c->adopted = adopt;
     tn->used += adopt;
     if (tn->used > tn->peak) tn->peak = tn->used;
     b->leased += adopt;
-    if (adopt)
+    if (adopt == in->adopt && adopt)
         logf_(b, "pid %d (tenant '%s') kept %" PRIu64 " pages from an earlier broker run",
               (int)c->pid, tn->cfg.name, adopt);
+    else if (adopt < in->adopt)
+        logf_(b, "pid %d (tenant '%s') claims to keep %" PRIu64 " pages from an earlier broker "
+              "run; the lease record proves %" PRIu64 ": only those are booked", (int)c->pid,
+              tn->cfg.name, in->adopt, adopt);
     reply_init(b, &m, c, GM_OK);
     m.client = c->number;
     m.cookie = c->cookie;
+    m.adopt = adopt; /* what was booked: the process tells of no more (UNADOPT) */
     b->dirty = true;
     send_msg(b, c, c->fd, &m, NULL, 0);
 }
@@ -945,6 +1235,8 @@ static void on_stats(broker_t *b, client_t *c, gm__broker_msg_t *in)
     send_msg(b, c, c->fd, &m, NULL, 0);
 }
 
+static bool over_limit(broker_t *b, client_t *c);
+
 /* One message from c's control connection (or a new one). */
 static void on_message(broker_t *b, client_t *c)
 {
@@ -970,6 +1262,9 @@ static void on_message(broker_t *b, client_t *c)
     else if (!memchr(m.tenant, 0, sizeof m.tenant) || !memchr(m.text, 0, sizeof m.text))
         bad = "unterminated text";
     else if (c->state == C_NEW) {
+        if (c->over && !(m.type == GM__BROKER_HELLO && (m.flags & GM__BROKER_FLAG_EVENTS)) &&
+            over_limit(b, c))
+            return;
         if (m.type == GM__BROKER_HELLO) return on_hello(b, c, &m);
         if (m.type == GM__BROKER_STATS) {
             c->state = C_VIEWER;
@@ -1036,21 +1331,129 @@ static void on_message(broker_t *b, client_t *c)
     client_drop(b, c, why);
 }
 
+/* The tenant a connection of (pid, uid, gid) counts against before its
+ * HELLO: the first configured rule that matches, else "uid:N". */
+static void owner_of(const broker_t *b, pid_t pid, uid_t uid, gid_t gid,
+                     char out[GM__BROKER_NAME_MAX])
+{
+    for (size_t i = 0; i < b->n_tenants; i++)
+        if (b->tenants[i].configured && rule_matches(&b->tenants[i].cfg, pid, uid, gid)) {
+            snprintf(out, GM__BROKER_NAME_MAX, "%s", b->tenants[i].cfg.name);
+            return;
+        }
+    snprintf(out, GM__BROKER_NAME_MAX, "uid:%u", (unsigned)uid);
+}
+
+/* The most connections one tenant may hold: half of max_clients (at least
+ * one), so a tenant that opens connections without end leaves the other
+ * half to the others. */
+static size_t tenant_conn_limit(const broker_t *b)
+{
+    return b->cfg.max_clients / 2 ? b->cfg.max_clients / 2 : 1;
+}
+
+/* The connections other than self: all of them (live), those counted
+ * against owner (mine), and of process pid the control connections without
+ * their events connection yet (halves) and the new ones (fresh). */
+typedef struct conn_count {
+    size_t live, mine, halves, fresh;
+} conn_count_t;
+
+static conn_count_t conn_count(const broker_t *b, const client_t *self, pid_t pid,
+                               const char *owner)
+{
+    conn_count_t n = {0, 0, 0, 0};
+    for (size_t i = 0; i < b->n_clients; i++) {
+        const client_t *o = &b->clients[i];
+        if (o->state == C_FREE || o == self) continue;
+        n.live++;
+        const char *name = o->state == C_CONTROL ? b->tenants[o->tenant].cfg.name : o->owner;
+        n.mine += !strcmp(name, owner);
+        if (o->pid == pid) {
+            n.halves += o->state == C_CONTROL && o->efd < 0;
+            n.fresh += o->state == C_NEW;
+        }
+    }
+    return n;
+}
+
+/* Why one more connection of owner may not stay (n: the others), or NULL. */
+static const char *conn_refusal(const broker_t *b, const conn_count_t *n, const char *owner,
+                                char *buf, size_t cap)
+{
+    if (n->live >= b->cfg.max_clients) {
+        snprintf(buf, cap, "broker full: max_clients %u connections are open",
+                 b->cfg.max_clients);
+        return buf;
+    }
+    if (n->mine >= tenant_conn_limit(b)) {
+        snprintf(buf, cap, "turned away: tenant '%s' has %zu connections, the limit (half of "
+                 "max_clients %u)", owner, n->mine, b->cfg.max_clients);
+        return buf;
+    }
+    return NULL;
+}
+
+/* Send a refusal (why) on a connection turned away, then close it: the
+ * process reads it as the answer to its first message (share/wire.c reads
+ * a message a peer sent before closing even when the close reset the
+ * connection). */
+static void turn_away(broker_t *b, int fd, pid_t pid, uid_t uid, const char *why)
+{
+    gm__broker_msg_t m;
+    reply_init(b, &m, NULL, GM_DENIED);
+    snprintf(m.text, sizeof m.text, "%s", why);
+    if (gm__wire_send(fd, &m, sizeof m, NULL, 0, MSG_DONTWAIT, "broker") != GM_OK)
+        gm__clear_error();
+    close(fd);
+    logf_(b, "pid %d uid %u: %s", (int)pid, (unsigned)uid, why);
+}
+
+/* A connection let in past the limits as the events connection of its
+ * process said something else first: turned away, unless there is room
+ * now.  True when it was. */
+static bool over_limit(broker_t *b, client_t *c)
+{
+    conn_count_t n = conn_count(b, c, c->pid, c->owner);
+    char why[GM__BROKER_TEXT_MAX];
+    if (!conn_refusal(b, &n, c->owner, why, sizeof why)) {
+        c->over = false;
+        return false;
+    }
+    turn_away(b, c->fd, c->pid, c->uid, why);
+    c->fd = -1;
+    client_drop(b, c, NULL);
+    return true;
+}
+
 static void on_accept(broker_t *b)
 {
     int fd = accept4(b->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
-    size_t slot = b->n_clients, live = 0;
-    for (size_t i = 0; i < b->n_clients; i++) {
-        if (b->clients[i].state == C_FREE) {
-            if (slot == b->n_clients) slot = i;
-        } else live++;
-    }
-    if (live >= b->cfg.max_clients) {
-        logf_(b, "refused a connection: %u clients already", b->cfg.max_clients);
+    pid_t pid;
+    uid_t uid;
+    gid_t gid;
+    if (gm__wire_peer(fd, &pid, &uid, &gid) != GM_OK) {
+        gm__clear_error();
         close(fd);
         return;
     }
+    char owner[GM__BROKER_NAME_MAX], why[GM__BROKER_TEXT_MAX];
+    owner_of(b, pid, uid, gid, owner);
+    /* Past the limits, the events connection of a process of the owner's
+     * that is connecting (its control connection is in, without one) is
+     * still let in, one per such connection, so that a process never gets
+     * half a client; it is turned away if it turns out to be anything else
+     * (over_limit). */
+    conn_count_t n = conn_count(b, NULL, pid, owner);
+    const char *refusal = conn_refusal(b, &n, owner, why, sizeof why);
+    if (refusal && n.halves <= n.fresh) {
+        turn_away(b, fd, pid, uid, refusal);
+        return;
+    }
+    size_t slot = b->n_clients;
+    for (size_t i = 0; i < b->n_clients && slot == b->n_clients; i++)
+        if (b->clients[i].state == C_FREE) slot = i;
     if (slot == b->n_clients) {
         client_t *nc = realloc(b->clients, (b->n_clients + 1) * sizeof *nc);
         if (!nc) {
@@ -1065,23 +1468,31 @@ static void on_accept(broker_t *b)
     c->fd = fd;
     c->efd = -1;
     c->state = C_NEW;
+    c->over = refusal != NULL;
     c->first_ns = gm__now_ns();
-    if (gm__wire_peer(fd, &c->pid, &c->uid, &c->gid) != GM_OK) {
-        gm__clear_error();
-        client_drop(b, c, NULL);
-    }
+    c->pid = pid;
+    c->uid = uid;
+    c->gid = gid;
+    c->start = gm__mon_start_time((int)pid);
+    snprintf(c->owner, sizeof c->owner, "%s", owner);
 }
 
 /* ---- stats file --------------------------------------------------------------- */
 
+/* The stats file (and the lease record, when pages came back since it was
+ * last written): both through file_replace, so a root broker never writes
+ * through a link planted in the file's directory. */
 static void write_stats(broker_t *b)
 {
+    for (size_t i = 0; i < b->n_clients && !b->record_dirty; i++)
+        b->record_dirty = b->clients[i].pages + b->clients[i].adopted < b->clients[i].recorded;
+    if (b->record_dirty) record_write(b);
     if (!b->cfg.stats_file[0]) return;
-    char tmp[PATH_MAX + 8];
-    snprintf(tmp, sizeof tmp, "%.4090s.tmp", b->cfg.stats_file);
-    FILE *f = fopen(tmp, "we");
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
     if (!f) {
-        logf_(b, "stats file %s: %s", tmp, strerror(errno));
+        logf_(b, "stats file %s: %s", b->cfg.stats_file, strerror(errno));
         return;
     }
     size_t clients = 0;
@@ -1103,10 +1514,17 @@ static void write_stats(broker_t *b)
                 t->refusals, t->reclaims, t->clients);
     }
     fprintf(f, "]}\n");
-    if (fclose(f) != 0 || rename(tmp, b->cfg.stats_file) != 0) {
-        logf_(b, "stats file %s: %s", b->cfg.stats_file, strerror(errno));
-        unlink(tmp);
+    if (fclose(f) != 0) {
+        logf_(b, "stats file %s: out of host memory", b->cfg.stats_file);
+        free(text);
+        return;
     }
+    char why[512];
+    if (file_replace(b->cfg.stats_file, text, len, 0644, why, sizeof why) == 0)
+        b->stats_why[0] = '\0';
+    else
+        say_not_written(b, b->stats_why, sizeof b->stats_why, "stats file", b->cfg.stats_file, why);
+    free(text);
 }
 
 /* ---- configuration in force --------------------------------------------------- */
@@ -1246,6 +1664,7 @@ static int setup(broker_t *b)
         GM_BK(rc, b, va_reserve, (b->bk, (size_t)GM__BROKER_IDS * b->page, b->page, &b->win));
         if (rc != GM_OK) return rc;
     }
+    record_load(b); /* before any process can claim what it kept */
     GM_CHECK(gm__wire_claim_path("gpumem broker", b->cfg.socket));
     b->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (b->lfd < 0) return gm__set_error(GM_IO, "socket: %s", strerror(errno));
@@ -1285,6 +1704,7 @@ static void teardown(broker_t *b)
     free(b->pages);
     free(b->clients);
     free(b->tenants);
+    free(b->kept);
     cfg_free(&b->cfg);
 }
 
@@ -1510,8 +1930,9 @@ int gm_broker_query(const char *path, gm_broker_view_t *out)
     memset(out, 0, sizeof *out);
     int fd;
     GM_CHECK(gm__wire_connect("gpumem broker query", path, 5, &fd));
-    int rc = GM_OK;
-    for (uint64_t first = 0;; first++) {
+    /* Who answers is checked before a byte is sent or believed. */
+    int rc = gm__broker_check_server(fd, path);
+    for (uint64_t first = 0; rc == GM_OK; first++) {
         gm__broker_msg_t m;
         memset(&m, 0, sizeof m);
         m.magic = GM__BROKER_MAGIC;
@@ -1521,8 +1942,21 @@ int gm_broker_query(const char *path, gm_broker_view_t *out)
         size_t nfds;
         bool closed;
         rc = gm__wire_send(fd, &m, sizeof m, NULL, 0, 0, "broker");
-        if (rc == GM_OK) rc = gm__wire_recv(fd, &m, sizeof m, NULL, 0, &nfds, &closed, 5, "broker");
+        /* A broker that turned this connection away sent its reason first. */
+        int sent = rc;
+        if (rc == GM_OK || first == 0)
+            rc = gm__wire_recv(fd, &m, sizeof m, NULL, 0, &nfds, &closed, 5, "broker");
         if (rc != GM_OK) break;
+        if (m.magic == GM__BROKER_MAGIC && m.type == GM__BROKER_REPLY && m.status != GM_OK &&
+            memchr(m.text, 0, sizeof m.text)) {
+            rc = gm__set_error(m.status > 0 && m.status < GM_ERRNO_COUNT ? m.status : GM_IO,
+                               "the broker on %s refused this query: %s", path, m.text);
+            break;
+        }
+        if (sent != GM_OK) {
+            rc = gm__set_error(GM_IO, "the broker on %s: a query could not be sent", path);
+            break;
+        }
         if (m.magic != GM__BROKER_MAGIC || m.type != GM__BROKER_REPLY || m.status != GM_OK ||
             !memchr(m.tenant, 0, sizeof m.tenant) || m.count > 65536) {
             rc = gm__set_error(GM_PARSE, "the broker on %s answered nonsense", path);
