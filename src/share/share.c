@@ -366,6 +366,27 @@ static bool accept_peer(gm_share_server_t *srv)
         close(fd);
         return true;
     }
+    /* Slots kept for the server's own uid (and root) when others may
+     * connect: a quarter of max_peers (at least one, when there are two or
+     * more), so peers of other uids holding every slot cannot lock out the
+     * owner's importers. */
+    if (cr.uid != srv->uid && cr.uid != 0) {
+        size_t others = 0;
+        for (size_t i = 0; i < srv->n_peers; i++)
+            others += srv->peers[i].uid != srv->uid && srv->peers[i].uid != 0;
+        unsigned keep = max < 2 ? 0 : max / 4 ? max / 4 : 1;
+        if (others >= max - keep) {
+            srv->refused++;
+            pthread_mutex_unlock(&g_mu);
+            reply_error(srv, fd, GM_LIMIT, "the server has %zu peers of other uids than its own "
+                        "(%u), the most it admits: %u of its %u slots are kept for its own uid",
+                        others, (unsigned)srv->uid, keep, max);
+            log_line(srv, "refused pid %d uid %u: %zu peers of other uids already", (int)cr.pid,
+                     (unsigned)cr.uid, others);
+            close(fd);
+            return true;
+        }
+    }
     if (srv->n_peers < max && srv->n_peers == srv->cap_peers) {
         size_t ncap = srv->cap_peers ? 2 * srv->cap_peers : 8;
         peer_t *np = realloc(srv->peers, ncap * sizeof *np);
