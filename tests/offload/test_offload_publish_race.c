@@ -234,6 +234,7 @@ static void *publisher(void *arg)
         atomic_fetch_add(&r->pub_rounds, 1);
     }
     gm_share_disconnect(cli);
+    scratch_free(); /* this thread's */
     atomic_store(&r->publisher_done, 1);
     return NULL;
 }
