@@ -10,7 +10,9 @@ back with gm_memcpy (the sim has unified addressing).
 import ctypes
 import os
 import random
+import shutil
 import sys
+import tempfile
 import threading
 import types
 import unittest
@@ -23,7 +25,6 @@ os.environ.setdefault("GPUMEM_SIM_CAPACITY", "4GiB")
 import gpumem  # noqa: E402
 import gpumem.torch  # noqa: E402
 import gpumem.tms as tms  # noqa: E402
-import gpumem.vllm as vllm  # noqa: E402
 from gpumem.vllm import CuMemAllocator, SleepStateError  # noqa: E402
 
 MiB = 1 << 20
@@ -47,6 +48,20 @@ def write_device(dev, ptr, data):
     pool = gpumem._pool(dev)
     assert lib().gm_memcpy(pool, ctypes.c_void_p(ptr), buf, len(data), None) == 0
     assert lib().gm_stream_synchronize(pool, None) == 0
+
+
+def copies(dev):
+    """The backend's memcpy calls of the pool so far."""
+    return gpumem.stats(dev)["backend_calls"]["memcpy"]
+
+
+def fail_nth(dev, kind, n):
+    """gm_sim_fail_nth: the n-th next backend call of `kind` fails (0 disarms)."""
+    fn = lib().gm_sim_fail_nth
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_ulong]
+    name = lib().gm_call_from_name
+    name.restype, name.argtypes = ctypes.c_int, [ctypes.c_char_p]
+    assert fn(gpumem._pool(dev), name(kind.encode()), n) == 0
 
 
 class FakeTorch:
@@ -280,6 +295,34 @@ class TestVllmDoor(DoorCase):
         self.assertTrue(self.filled(b, 0xB2))
         self.assertFalse(alloc.is_sleeping)
 
+    def test_failed_copy_wakes_what_the_sleep_took(self):
+        alloc = CuMemAllocator.get_instance()
+        with alloc.use_memory_pool(tag="a"):
+            a = self.alloc(8 * MiB, 0xC1)
+        with alloc.use_memory_pool(tag="b"):
+            b = self.alloc(8 * MiB + 5, 0xC2)
+        # the copies of "a" alone, counted; then the first copy of "b" fails
+        before = copies(self.DEV)
+        alloc.sleep(offload_tags=("a",))
+        n = copies(self.DEV) - before
+        self.assertGreater(n, 0)
+        alloc.wake_up()
+        b.memset(0xC2)
+        fail_nth(self.DEV, "memcpy", n + 1)
+        try:
+            with self.assertRaises(gpumem.GpumemError) as cm:
+                alloc.sleep(offload_tags=("a", "b"))
+        finally:
+            fail_nth(self.DEV, "memcpy", 0)
+        self.assertEqual(cm.exception.name, "GM_BACKEND")
+        self.assertFalse(alloc.is_sleeping)
+        for t, blk, v in (("a", a, 0xC1), ("b", b, 0xC2)):
+            self.assertEqual(alloc.tag_info(t)["resident_bytes"], blk.size)
+            self.assertTrue(self.filled(blk, v))
+        alloc.sleep(offload_tags=("a", "b"))
+        alloc.wake_up()
+        self.assertTrue(self.filled(a, 0xC1) and self.filled(b, 0xC2))
+
     def test_scopes_are_per_thread_and_sleep_is_one_at_a_time(self):
         alloc = CuMemAllocator.get_instance()
         inside, done = threading.Event(), threading.Event()
@@ -384,6 +427,28 @@ class TestTmsDoor(DoorCase):
             saver.get_cpu_backup(None)
         with self.assertRaises(NotImplementedError):
             saver.set_disk_backup_dir("/tmp")
+
+    def test_shim_module(self):
+        """docs/sleep.md's one-line torch_memory_saver.py gives what SGLang uses."""
+        d = tempfile.mkdtemp()
+        try:
+            with open(os.path.join(d, "torch_memory_saver.py"), "w") as f:
+                f.write("from gpumem.tms import *\n")
+            sys.path.insert(0, d)
+            saved = sys.modules.pop("torch_memory_saver", None)
+            try:
+                import torch_memory_saver as shim
+                from torch_memory_saver import torch_memory_saver as saver
+            finally:
+                sys.path.remove(d)
+                sys.modules.pop("torch_memory_saver", None)
+                if saved is not None:
+                    sys.modules["torch_memory_saver"] = saved
+            self.assertIs(saver, tms.torch_memory_saver)
+            self.assertIs(shim.configure_subprocess, tms.configure_subprocess)
+            self.assertIs(shim.TorchMemorySaver, tms.TorchMemorySaver)
+        finally:
+            shutil.rmtree(d)
 
     def test_backup_kept_default_discarded(self):
         saver = tms.TorchMemorySaver()
@@ -517,6 +582,33 @@ class TestTmsDoor(DoorCase):
         self.assertTrue(self.filled(k, 0x81))
         self.assertTrue(self.filled(late, 0x83))
         d.memset(0)
+
+    def test_failed_copy_resumes_what_the_pause_took(self):
+        saver = tms.TorchMemorySaver()
+        with saver.region(tag="a", enable_cpu_backup=True):
+            a = self.alloc(6 * MiB, 0xD1)
+        with saver.region(tag="b", enable_cpu_backup=True):
+            b = self.alloc(6 * MiB + 9, 0xD2)
+        with saver.region(tag="b"):
+            d = self.alloc(2 * MiB, 0xD3)                 # "b"'s discarded part: not touched
+        before = copies(self.DEV)
+        saver.pause("a")
+        n = copies(self.DEV) - before
+        saver.resume("a")
+        fail_nth(self.DEV, "memcpy", n + 1)               # the first copy of "b" fails
+        try:
+            with self.assertRaises(gpumem.GpumemError) as cm:
+                saver.pause()
+        finally:
+            fail_nth(self.DEV, "memcpy", 0)
+        self.assertEqual(cm.exception.name, "GM_BACKEND")
+        self.assertFalse(saver.is_paused("a") or saver.is_paused("b"))
+        self.assertEqual(gpumem.stats(self.DEV)["offloaded"], 0)
+        for blk, v in ((a, 0xD1), (b, 0xD2), (d, 0xD3)):
+            self.assertTrue(self.filled(blk, v))
+        saver.pause()
+        saver.resume()
+        self.assertTrue(self.filled(a, 0xD1) and self.filled(b, 0xD2))
 
     def test_threads(self):
         saver = tms.TorchMemorySaver()
