@@ -129,7 +129,7 @@ class DoorTag:
         lib = _gm._tag_lib("tag_info")
         out = {"resident_blocks": 0, "resident_bytes": 0, "offloaded_blocks": 0, "offloaded_bytes": 0,
                "offloads": 0, "restores": 0}
-        for pool in self.pools:
+        for pool in list(self.pools):  # a scope on another thread may add one
             info = _gm._TagInfo()
             info.size = ctypes.sizeof(_gm._TagInfo)
             info.version = _gm._TAG_INFO_VERSION
@@ -139,12 +139,15 @@ class DoorTag:
                 out[field] += getattr(info, field)
         return out
 
-    def trim(self):
-        """gm_trim(0) of the tag's pools: cached memory back to the device."""
-        lib = _gm._library()[0]
-        released = ctypes.c_size_t()
-        for pool in self.pools:
-            lib.gm_trim(ctypes.c_void_p(pool), 0, ctypes.byref(released))
+
+def trim_pools(door_tags):
+    """gm_trim(0) of every pool of these door tags: cached memory back to the
+    device (what torch.cuda.empty_cache() does under gpumem.torch)."""
+    lib = _gm._library()[0]
+    released = ctypes.c_size_t()
+    pools = {pool for dt in door_tags for pool in list(dt.pools)}
+    for pool in pools:
+        lib.gm_trim(ctypes.c_void_p(pool), 0, ctypes.byref(released))
 
 
 @contextlib.contextmanager

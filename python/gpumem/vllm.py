@@ -155,8 +155,7 @@ class CuMemAllocator:
             # allocator is asleep from here on (wake_up brings every tag back).
             for n in dropped:
                 self._tags[n].offload(discard=True)
-            for dt in self._tags.values():
-                dt.trim()
+            _doors.trim_pools(self._tags.values())
 
     def wake_up(self, tags=None):
         """Wake the tags named (a str or a list of str; None: every tag

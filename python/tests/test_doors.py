@@ -670,7 +670,7 @@ class TestDoorTorture(DoorCase):
             shadow[:] = bytes([v]) * a.size
         n = rng.randint(1, min(a.size, 4096))
         off = rng.randint(0, a.size - n)
-        data = rng.randbytes(n)
+        data = rng.getrandbits(8 * n).to_bytes(n, "little")
         write_device(self.DEV, a.ptr + off, data)
         shadow[off:off + n] = data
 
