@@ -28,6 +28,9 @@
  *      through the library too; a guaranteed tenant is served meanwhile; a
  *      third tenant fills the rest and the next connection reads "broker
  *      full: max_clients 8".
+ *
+ * This process makes no pool (on cuda, the brokers it forks could not use
+ * the device after it did); children make their own.
  */
 #include <grp.h>
 #include <pwd.h>
@@ -149,6 +152,29 @@ static void count_kid(bp_link_t *l, void *arg)
     free(v.tenants);
 }
 
+/* Without GPUMEM_BROKER_UID: a pool there and a query are refused, naming
+ * the path and the uids (in a child: this process makes no pool, so the
+ * brokers it forks later can use the device). */
+static void refused_kid(bp_link_t *l, void *arg)
+{
+    (void)l;
+    (void)arg;
+    unsetenv("GPUMEM_BROKER_UID");
+    gm__options_atfork_child();
+    gm_pool_t *pool = NULL;
+    int rc = tb_pool(&g_b, 0, &pool);
+    KCHECK_RC(rc, GM_DENIED);
+    const char *e = gm_last_error();
+    printf("a pool on an impostor's socket: %s\n", e);
+    KCHECK(strstr(e, g_b.sock) && strstr(e, "uid 65534") && strstr(e, "uid 0"));
+    if (rc == GM_OK) gm_pool_destroy(pool);
+    gm_broker_view_t v;
+    rc = gm_broker_query(g_b.sock, &v);
+    KCHECK_RC(rc, GM_DENIED);
+    KCHECK(strstr(gm_last_error(), g_b.sock) && strstr(gm_last_error(), "uid 65534"));
+    if (rc == GM_OK) free(v.tenants);
+}
+
 static void run_kid(void (*fn)(bp_link_t *, void *), void *arg)
 {
     bp_kid_t k = bp_spawn(fn, arg);
@@ -199,17 +225,10 @@ static void part_a(void)
     struct passwd *pw = getpwuid(NOBODY);
     if (pw) run_kid(trusting_kid, pw->pw_name);
 
-    gm_pool_t *pool = NULL;
-    int rc = tb_pool(&g_b, 0, &pool);
-    CHECK_RC(rc, GM_DENIED);
-    const char *e = gm_last_error();
-    printf("a pool on an impostor's socket: %s\n", e);
-    CHECK(strstr(e, g_b.sock) && strstr(e, "uid 65534") && strstr(e, "uid 0"));
-    if (rc == GM_OK) gm_pool_destroy(pool);
+    run_kid(refused_kid, NULL);
     gm_broker_view_t v;
-    rc = gm_broker_query(g_b.sock, &v);
+    int rc = gm_broker_query(g_b.sock, &v);
     CHECK_RC(rc, GM_DENIED);
-    CHECK(strstr(gm_last_error(), g_b.sock) && strstr(gm_last_error(), "uid 65534"));
     if (rc == GM_OK) free(v.tenants);
     tb_cleanup(&g_b);
 
@@ -238,11 +257,7 @@ static void part_a(void)
         }
     }
     CHECK(up);
-    for (int i = 0; i < 3; i++) {
-        pool = NULL;
-        CHECK_RC(tb_pool(&g_b, 0, &pool), GM_DENIED);
-        if (pool) gm_pool_destroy(pool);
-    }
+    for (int i = 0; i < 3; i++) run_kid(refused_kid, NULL);
     run_kid(count_kid, NULL);
     tb_cleanup(&g_b);
 }
