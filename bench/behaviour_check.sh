@@ -18,8 +18,8 @@
 #   time, plus a SHA-256 of the trace's uncompressed text.  Then it counts
 #   instructions with callgrind on two small programs built from this folder
 #   against the library of the CLI's build (libgpumem.a next to the CLI, the
-#   header from the source folder that build names; same compiler, LTO when the
-#   build used it):
+#   header from the source folder that build names; same compiler, LTO in one
+#   partition when the build used LTO):
 #     pair_ops.c  alloc+free pairs of 512 B, 64 KiB, 2 MiB, 64 MiB and 1 GiB
 #                 (alloc_bench's sizes) on one stream: a run of 1 000 pairs
 #                 subtracted from one of 101 000 (64 MiB: 11 000, 1 GiB:
@@ -114,7 +114,7 @@ cb, ca = b.get("callgrind"), a.get("callgrind")
 if cb and not ca:
     fails.append("callgrind: no instruction counts after")
 elif cb and ca:
-    for k in ("compiler", "valgrind"):
+    for k in ("compiler", "cflags", "valgrind"):
         if cb.get(k) != ca.get(k):
             notes.append("callgrind: %s differs (%r -> %r): instruction counts move with it" %
                          (k, cb.get(k), ca.get(k)))
@@ -177,7 +177,10 @@ measure() {
     cc=$(cache_get CMAKE_C_COMPILER "$cache")
     local cflags=(-O2 -g) libs=(-lm -lpthread -ldl)
     if [ "$(cache_get GM_LTO "$cache")" = ON ] && [ "$(cache_get GM_HAVE_LTO "$cache")" = 1 ]; then
-        cflags+=(-flto=auto)
+        # One partition: where -flto=auto cuts the library into partitions
+        # moves with code added anywhere in it, and with it what is inlined on
+        # the hot path (+4 % per 64 MiB pair from an options.c change once).
+        cflags+=(-flto=auto -flto-partition=one)
     fi
     [ "$(cache_get GM_HAVE_ZLIB "$cache")" = 1 ] && libs+=(-lz)
 
