@@ -160,7 +160,9 @@ int gm_cli_metrics(int argc, char **argv)
     if (broker) {
         gm_broker_view_t v;
         if (gm_broker_query(broker, &v) != GM_OK) {
-            fprintf(stderr, "gpumem metrics: broker %s: %s\n", broker, gm_last_error());
+            char why[512];
+            fprintf(stderr, "gpumem metrics: broker %s: %s\n", broker,
+                    gm_broker_safe_text(gm_last_error(), why, sizeof why));
             return 1;
         }
         gm_broker_print_metrics(stdout, &v);

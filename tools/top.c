@@ -122,7 +122,9 @@ static int snapshot(FILE *out, int json)
         fprintf(out, "\n");
         gm_broker_print_table(out, g_broker, &v);
     } else {
-        fprintf(out, "\nbroker %s: %s\n", g_broker, gm_last_error());
+        char why[512];
+        fprintf(out, "\nbroker %s: %s\n", g_broker,
+                gm_broker_safe_text(gm_last_error(), why, sizeof why));
     }
     free(v.tenants);
     return rc == GM_OK ? 0 : 1;

@@ -109,6 +109,27 @@ static void cfg_free(bcfg_t *c)
     c->n_tenants = 0;
 }
 
+/* s as text safe on a terminal and in a log: printable ASCII kept, other
+ * bytes as \xHH, at most cap - 4 bytes then "...".  For values echoed in
+ * error messages (a config line, an option). */
+static const char *shown(const char *s, char *buf, size_t cap)
+{
+    size_t o = 0;
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        bool plain = ch >= 0x20 && ch < 0x7f;
+        if (o + (plain ? 1 : 4) + 4 > cap) break; /* "..." and the NUL stay */
+        if (plain) buf[o++] = (char)ch;
+        else o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", ch);
+    }
+    if (*s) {
+        memcpy(buf + o, "...", 3);
+        o += 3;
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
 static char *trim(char *s)
 {
     while (*s == ' ' || *s == '\t') s++;
@@ -140,6 +161,31 @@ static int parse_uint(const char *v, unsigned base, unsigned long max, unsigned 
     return 0;
 }
 
+/* What each key of the config (and its option) accepts, for the message
+ * that refuses a value. */
+static const char *accepted(const char *key)
+{
+    static const struct {
+        const char *key, *what;
+    } rules[] = {
+        {"backend", "auto, sim or cuda"},
+        {"device", "a device ordinal from 0 to 1024"},
+        {"capacity", "a size such as 70GiB (units B, KiB, MiB, GiB, TiB)"},
+        {"default_quota", "a size such as 8GiB (units B, KiB, MiB, GiB, TiB), none for no quota, "
+                          "or 0 to refuse processes no tenant matches"},
+        {"quota", "a size such as 40GiB (units B, KiB, MiB, GiB, TiB), or none"},
+        {"guaranteed", "a size such as 10GiB (units B, KiB, MiB, GiB, TiB)"},
+        {"keep_free", "a size such as 2GiB (units B, KiB, MiB, GiB, TiB), or none to keep all"},
+        {"scrub", "tenant, always or never"},
+        {"reclaim_ms", "milliseconds from 0 to 5000"},
+        {"max_clients", "a number from 1 to 65536"},
+        {"socket_mode", "an octal mode such as 0660"},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
+        if (!strcmp(rules[i].key, key)) return rules[i].what;
+    return "see docs/broker.md";
+}
+
 /* "alice, 1001" -> uids (names through getpwnam). */
 static int parse_ids(char *v, bool groups, tenant_cfg_t *t, char *err, size_t cap)
 {
@@ -169,12 +215,54 @@ static int parse_ids(char *v, bool groups, tenant_cfg_t *t, char *err, size_t ca
     return 0;
 }
 
+static const char *file_kind(mode_t m)
+{
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket"
+         : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device"
+         : S_ISLNK(m) ? "a symbolic link" : "not a file";
+}
+
+/* Open the config at path for reading: a regular file only.  Opened with
+ * O_NONBLOCK (a FIFO's open does not wait for a writer: the broker's loop
+ * reopens it at SIGHUP) and O_NOFOLLOW (path is resolved at start), then
+ * checked with fstat.  NULL with err naming the path and what it is. */
+static FILE *cfg_open(const char *path, char *err, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY);
+    struct stat st;
+    if (fd < 0) {
+        int e = errno;
+        if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+            snprintf(err, cap, "%s: %s, not a regular file", path, file_kind(st.st_mode));
+        else snprintf(err, cap, "%s: %s", path, strerror(e));
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0) {
+        snprintf(err, cap, "%s: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(err, cap, "%s: %s, not a regular file", path, file_kind(st.st_mode));
+        close(fd);
+        return NULL;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, "re");
+    if (!f) {
+        snprintf(err, cap, "%s: %s", path, strerror(errno));
+        close(fd);
+    }
+    return f;
+}
+
 /* Parse the config file at path into c (defaults first).  0, or -1 with
  * err saying "LINE: what". */
 static int cfg_load(const char *path, bcfg_t *c, char *err, size_t cap)
 {
-    FILE *f = fopen(path, "re");
-    if (!f) return snprintf(err, cap, "%s: %s", path, strerror(errno)), -1;
+    FILE *f = cfg_open(path, err, cap);
+    if (!f) return -1;
     char line[1024], why[256];
     int lineno = 0, rc = 0;
     tenant_cfg_t *t = NULL;
@@ -212,7 +300,9 @@ static int cfg_load(const char *path, bcfg_t *c, char *err, size_t cap)
                 if (!(name[i] == '-' || name[i] == '_' || name[i] == '.' ||
                       (name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'z') ||
                       (name[i] >= 'A' && name[i] <= 'Z'))) {
-                    snprintf(why, sizeof why, "tenant name '%s': letters, digits, - _ . only", name);
+                    char sh[96];
+                    snprintf(why, sizeof why, "tenant name '%s': letters, digits, - _ . only",
+                             shown(name, sh, sizeof sh));
                     goto bad;
                 }
             for (size_t i = 0; i < c->n_tenants; i++)
@@ -302,7 +392,11 @@ static int cfg_load(const char *path, bcfg_t *c, char *err, size_t cap)
         }
         continue;
     badval:
-        snprintf(why, sizeof why, "'%s' is not a valid %s", v, k);
+        {
+            char sh[64];
+            snprintf(why, sizeof why, "'%s' is not a valid %s: give %s", shown(v, sh, sizeof sh),
+                     k, accepted(k));
+        }
     bad:
         snprintf(err, cap, "%s:%d: %s", path, lineno, why);
         rc = -1;
@@ -1764,14 +1858,26 @@ int gm_cli_broker(int argc, char **argv)
             return 2;
         }
     }
-    unsigned long u;
-    if ((sock && (gm__wire_check_path("--socket", sock) != GM_OK || sock[0] != '/')) ||
-        (backend && gm__parse_backend(backend, &b.cfg.backend) != GM_OK) ||
-        (device && parse_uint(device, 10, 1024, &u) != 0) ||
-        (capacity && (parse_bytes(capacity, &b.cfg.capacity) || b.cfg.capacity == UINT64_MAX)) ||
-        (dquota && parse_bytes(dquota, &b.cfg.default_quota)) ||
-        (stats && strlen(stats) >= sizeof b.cfg.stats_file)) {
-        fprintf(stderr, "gpumem broker: a bad option value (--socket is an absolute path)\n");
+    /* Each bad value named with its option and what the option accepts. */
+    unsigned long u = 0;
+    const char *bad_opt = NULL, *bad_val = NULL, *want = NULL;
+    if (sock && (gm__wire_check_path("--socket", sock) != GM_OK || sock[0] != '/'))
+        bad_opt = "--socket", bad_val = sock, want = "an absolute path of at most 107 bytes";
+    else if (backend && gm__parse_backend(backend, &b.cfg.backend) != GM_OK)
+        bad_opt = "--backend", bad_val = backend, want = accepted("backend");
+    else if (device && parse_uint(device, 10, 1024, &u) != 0)
+        bad_opt = "--device", bad_val = device, want = accepted("device");
+    else if (capacity && (parse_bytes(capacity, &b.cfg.capacity) || b.cfg.capacity == UINT64_MAX))
+        bad_opt = "--capacity", bad_val = capacity, want = accepted("capacity");
+    else if (dquota && parse_bytes(dquota, &b.cfg.default_quota))
+        bad_opt = "--default-quota", bad_val = dquota, want = accepted("default_quota");
+    else if (stats && strlen(stats) >= sizeof b.cfg.stats_file)
+        bad_opt = "--stats-file", bad_val = stats, want = "a path shorter than PATH_MAX";
+    gm__clear_error();
+    if (bad_opt) {
+        char sh[80];
+        fprintf(stderr, "gpumem broker: %s '%s' is not valid: give %s\n", bad_opt,
+                shown(bad_val, sh, sizeof sh), want);
         cfg_free(&b.cfg);
         return 2;
     }
@@ -1991,6 +2097,53 @@ int gm_broker_query(const char *path, gm_broker_view_t *out)
     return rc;
 }
 
+/* ---- printing what a broker sent ------------------------------------------------ *
+ *
+ * A broker of another version, or a program bound to the socket, may send
+ * any bytes as a tenant name.  The printers never write them raw: a name is
+ * printed in its shown form (printable ASCII kept, a backslash and any other
+ * byte as \xHH: one-to-one, so two names never print the same) on a terminal
+ * and in a Prometheus label (where \ and " are escaped again, as the text
+ * format asks); a JSON string escapes quotes, backslashes and every byte
+ * outside printable ASCII as \u00HH. */
+
+static void name_shown(const char *s, char *buf, size_t cap)
+{
+    size_t o = 0;
+    for (; *s && o + 5 < cap; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch >= 0x20 && ch < 0x7f && ch != '\\') buf[o++] = (char)ch;
+        else o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", ch);
+    }
+    buf[o] = '\0';
+}
+
+static void json_name(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') fprintf(out, "\\%c", ch);
+        else if (ch >= 0x20 && ch < 0x7f) fputc(ch, out);
+        else fprintf(out, "\\u%04x", ch);
+    }
+    fputc('"', out);
+}
+
+static void label_value(FILE *out, const char *shown_name)
+{
+    for (const char *s = shown_name; *s; s++) {
+        if (*s == '\\' || *s == '"') fputc('\\', out);
+        fputc(*s, out);
+    }
+}
+
+const char *gm_broker_safe_text(const char *s, char *buf, size_t cap)
+{
+    if (cap < 8) return cap ? (buf[0] = '\0', buf) : buf;
+    return shown(s, buf, cap);
+}
+
 static const char *q_or_none(uint64_t q, char *buf)
 {
     return q == UINT64_MAX ? "none" : gm__fmt_bytes(q, buf, 32);
@@ -2005,7 +2158,9 @@ void gm_broker_print_table(FILE *out, const char *path, const gm_broker_view_t *
             "GUARANTEED", "PEAK", "CACHED", "REFUSED", "RECLAIMS");
     for (size_t i = 0; i < v->n; i++) {
         const gm_broker_tenant_t *t = &v->tenants[i];
-        fprintf(out, "%-24s %7llu %11s %11s %11s %11s %11s %8llu %8llu\n", t->name,
+        char name[4 * sizeof t->name + 1];
+        name_shown(t->name, name, sizeof name);
+        fprintf(out, "%-24s %7llu %11s %11s %11s %11s %11s %8llu %8llu\n", name,
                 (unsigned long long)t->clients, gm__fmt_bytes(t->used, a, sizeof a),
                 q_or_none(t->quota, b), gm__fmt_bytes(t->guaranteed, c, sizeof c),
                 gm__fmt_bytes(t->peak, d, sizeof d), gm__fmt_bytes(t->cached, e, sizeof e),
@@ -2020,13 +2175,16 @@ void gm_broker_print_json(FILE *out, const gm_broker_view_t *v)
             (unsigned long long)v->device_used);
     for (size_t i = 0; i < v->n; i++) {
         const gm_broker_tenant_t *t = &v->tenants[i];
-        /* Tenant names are letters, digits, - _ . : (the config's rule). */
-        fprintf(out, "%s{\"name\": \"%s\", \"clients\": %llu, \"used\": %llu, \"quota\": %s%llu%s, "
+        fprintf(out, "%s{\"name\": ", i ? ", " : "");
+        json_name(out, t->name);
+        /* No quota: null (it used to print "null0"). */
+        char quota[24];
+        if (t->quota == UINT64_MAX) snprintf(quota, sizeof quota, "null");
+        else snprintf(quota, sizeof quota, "%llu", (unsigned long long)t->quota);
+        fprintf(out, ", \"clients\": %llu, \"used\": %llu, \"quota\": %s, "
                 "\"guaranteed\": %llu, \"peak\": %llu, \"cached\": %llu, \"refusals\": %llu, "
-                "\"reclaims\": %llu}", i ? ", " : "", t->name, (unsigned long long)t->clients,
-                (unsigned long long)t->used, t->quota == UINT64_MAX ? "null" : "",
-                t->quota == UINT64_MAX ? 0ull : (unsigned long long)t->quota,
-                t->quota == UINT64_MAX ? "" : "", (unsigned long long)t->guaranteed,
+                "\"reclaims\": %llu}", (unsigned long long)t->clients,
+                (unsigned long long)t->used, quota, (unsigned long long)t->guaranteed,
                 (unsigned long long)t->peak, (unsigned long long)t->cached,
                 (unsigned long long)t->refusals, (unsigned long long)t->reclaims);
     }
@@ -2069,8 +2227,11 @@ void gm_broker_print_metrics(FILE *out, const gm_broker_view_t *v)
             uint64_t x;
             memcpy(&x, (const char *)&v->tenants[i] + rows[r].off, sizeof x);
             if (x == UINT64_MAX) continue;
-            fprintf(out, "%s{tenant=\"%s\"} %llu\n", rows[r].name, v->tenants[i].name,
-                    (unsigned long long)x);
+            char name[4 * sizeof v->tenants[i].name + 1];
+            name_shown(v->tenants[i].name, name, sizeof name);
+            fprintf(out, "%s{tenant=\"", rows[r].name);
+            label_value(out, name);
+            fprintf(out, "\"} %llu\n", (unsigned long long)x);
         }
     }
 }

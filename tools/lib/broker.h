@@ -40,5 +40,8 @@ int gm_broker_query(const char *path, gm_broker_view_t *out);
 void gm_broker_print_table(FILE *out, const char *path, const gm_broker_view_t *v);
 void gm_broker_print_json(FILE *out, const gm_broker_view_t *v);
 void gm_broker_print_metrics(FILE *out, const gm_broker_view_t *v);
+/* s (an error that may quote what a broker sent) safe to print: printable
+ * ASCII kept, other bytes as \xHH, cut to cap - 1 bytes; returns buf. */
+const char *gm_broker_safe_text(const char *s, char *buf, size_t cap);
 
 #endif /* GM_TOOLS_BROKER_H */
