@@ -30,6 +30,7 @@
 
 typedef enum {
     T_BACKEND, T_INT, T_SIZE, T_SIZE_OR_MAX,
+    T_HEAPS,           /* an integer from 1 to 64 (GM_HEAPS_MAX): 0 heaps is not a pool */
     T_FLAG,            /* "1" sets the row's bit of the config's flags, "0" clears it */
     T_PEERS,           /* all | none | a list of device ordinals 0..63: a bit mask */
     T_FRACTION,        /* a number from 0 to 1 (a double, its bits in the uint64_t) */
@@ -71,7 +72,7 @@ static const gm__option_t table[GM_OPT_COUNT] = {
                              "remapping calls per 1000 operations above which the reserve "
                              "slack grows and large blocks are placed where no page must be "
                              "remapped", CFG(churn_target)},
-    [GM_OPT_HEAPS] = {"GPUMEM_HEAPS", T_INT, "1",
+    [GM_OPT_HEAPS] = {"GPUMEM_HEAPS", T_HEAPS, "1",
                       "heaps threads allocate from (1 to 64; 1: one lock, the least memory; "
                       "more: threads allocating at once do not wait for each other)",
                       CFG(heaps)},
@@ -227,11 +228,13 @@ static int parse(const gm__option_t *o, const char *v, uint64_t *out)
         *out = (uint64_t)k;
         return GM_OK;
     }
-    case T_INT: {
+    case T_INT:
+    case T_HEAPS: {
         char *end;
         errno = 0;
         long x = strtol(v, &end, 10);
         if (errno || *end || end == v || x < 0 || x > 1 << 20) return GM_INVALID_ARGUMENT;
+        if (o->type == T_HEAPS && (x < 1 || x > 64)) return GM_INVALID_ARGUMENT;
         *out = (uint64_t)x;
         return GM_OK;
     }
@@ -306,6 +309,7 @@ static void apply(const gm__option_t *o, uint64_t x, gm_pool_config_t *d)
     switch ((opt_type_t)o->type) {
     case T_BACKEND: *(gm_backend_kind_t *)(void *)base = (gm_backend_kind_t)x; break;
     case T_INT: *(int *)(void *)base = (int)x; break;
+    case T_HEAPS: *(unsigned *)(void *)base = (unsigned)x; break;
     case T_SIZE:
     case T_SIZE_OR_MAX: *(size_t *)(void *)base = (size_t)x; break;
     case T_FRACTION:
