@@ -11,6 +11,7 @@
  * per workload family, is tools/synth/ (synth.h says how it models a
  * framework), built into libgpumem_tools.a with the trace reader.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,27 +35,38 @@ static int ends_with(const char *s, const char *suffix)
 static int write_output(const char *path, const char *data, size_t len)
 {
     if (strcmp(path, "-") == 0) {
+        errno = 0;
         if (fwrite(data, 1, len, stdout) != len || fflush(stdout) != 0) {
-            fprintf(stderr, "gpumem synth: cannot write to standard output\n");
+            fprintf(stderr, "gpumem synth: cannot write to standard output: %s\n",
+                    strerror(errno ? errno : EIO));
             return 1;
         }
         return 0;
     }
     if (ends_with(path, ".gz")) {
 #ifdef GM_HAVE_ZLIB
+        errno = 0;
         gzFile gz = gzopen(path, "wb6");
         if (!gz) {
-            fprintf(stderr, "gpumem synth: cannot open %s\n", path);
+            fprintf(stderr, "gpumem synth: cannot open %s: %s\n", path,
+                    errno ? strerror(errno) : "out of memory");
             return 1;
         }
         size_t done = 0;
+        int e = 0;
         while (done < len) {
             unsigned n = len - done > (1u << 30) ? 1u << 30 : (unsigned)(len - done);
-            if (gzwrite(gz, data + done, n) != (int)n) break;
+            errno = 0;
+            if (gzwrite(gz, data + done, n) != (int)n) {
+                e = errno;
+                break;
+            }
             done += n;
         }
-        if (gzclose(gz) != Z_OK || done != len) {
-            fprintf(stderr, "gpumem synth: cannot write %s\n", path);
+        errno = 0;
+        if (gzclose(gz) != Z_OK && !e) e = errno ? errno : EIO;
+        if (e || done != len) {
+            fprintf(stderr, "gpumem synth: cannot write %s: %s\n", path, strerror(e ? e : EIO));
             return 1;
         }
         return 0;
@@ -66,13 +78,14 @@ static int write_output(const char *path, const char *data, size_t len)
     }
     FILE *f = fopen(path, "wb");
     if (!f) {
-        fprintf(stderr, "gpumem synth: cannot open %s\n", path);
+        fprintf(stderr, "gpumem synth: cannot open %s: %s\n", path, strerror(errno));
         return 1;
     }
-    int bad = fwrite(data, 1, len, f) != len;
-    if (fclose(f) != 0) bad = 1;
-    if (bad) {
-        fprintf(stderr, "gpumem synth: cannot write %s\n", path);
+    int e = 0;
+    if (fwrite(data, 1, len, f) != len) e = errno ? errno : EIO;
+    if (fclose(f) != 0 && !e) e = errno ? errno : EIO;
+    if (e) {
+        fprintf(stderr, "gpumem synth: cannot write %s: %s\n", path, strerror(e));
         return 1;
     }
     return 0;
@@ -146,13 +159,17 @@ int gm_cli_synth(int argc, char **argv)
         free(text);
         return 1;
     }
-    char peak[32];
-    fprintf(stderr, "gpumem synth: %s (seed %llu, scale %g): %zu ops, live peak %s, %u stream%s -> %s\n",
-            kind, seed, scale, t.n_ops, gm__fmt_bytes(t.live_peak, peak, sizeof peak),
-            t.n_streams, t.n_streams == 1 ? "" : "s", output);
-    gm__trace_free(&t);
+    /* Written first: the summary line says the file is there. */
     rc = write_output(output, text, len);
     free(text);
+    if (rc == 0) {
+        char peak[32];
+        fprintf(stderr, "gpumem synth: %s (seed %llu, scale %g): %zu ops, live peak %s, "
+                "%u stream%s -> %s\n", kind, seed, scale, t.n_ops,
+                gm__fmt_bytes(t.live_peak, peak, sizeof peak), t.n_streams,
+                t.n_streams == 1 ? "" : "s", output);
+    }
+    gm__trace_free(&t);
     return rc;
 
 usage:
