@@ -98,7 +98,7 @@ extern void __lsan_unregister_root_region(const void *p, size_t size) __attribut
 static size_t pool_map_size(void)
 {
     long pg = sysconf(_SC_PAGESIZE);
-    size_t page = pg > 0 ? (size_t)pg : 4096;
+    size_t page = pg > 4096 ? (size_t)pg : 4096; /* slots start 4 KiB-aligned (pool.h) */
     return GM_ALIGN_UP(sizeof(struct gm_pool), page);
 }
 
@@ -116,14 +116,15 @@ uint64_t gm__pool_next_gen(void)
  * malloc block, a stack address, an unmapped page) is refused without
  * touching it.  Slots are handed out in order and never given back once
  * handed out (a destroyed pool's slot stays readable and reads magic 0), so
- * a stale handle never names a later pool.  Chunk 0's bounds are what the
- * inline fast path (gm__pool_resolve) compares; later chunks, made when one
+ * a stale handle never names a later pool.  Chunk 0's start and length are
+ * what the inline fast path (gm__pool_resolve) compares; later chunks, made when one
  * fills, are checked by the slow path.  handles_mu guards the hand-out; the
  * bounds are published with release stores after a slot is mapped. */
 #define HANDLE_CHUNKS 64
 #define HANDLE_CHUNK_SLOTS 4096
 
-_Atomic uintptr_t gm__handles_lo, gm__handles_hi; /* chunk 0: [lo, hi) handed out */
+/* chunk 0: its start, and its 4 KiB units handed out (pool.h) */
+_Atomic uintptr_t gm__handles_lo, gm__handles_units;
 static struct {
     _Atomic uintptr_t base, end; /* reserved at base; [base, end) handed out */
 } chunks[HANDLE_CHUNKS];
@@ -153,16 +154,15 @@ static void *slot_new_locked(void)
         base = end = (uintptr_t)r;
         atomic_store_explicit(&chunks[c].end, end, memory_order_relaxed);
         atomic_store_explicit(&chunks[c].base, base, memory_order_release);
-        if (c == 0) {
-            atomic_store_explicit(&gm__handles_hi, end, memory_order_relaxed);
-            atomic_store_explicit(&gm__handles_lo, base, memory_order_release);
-        }
+        if (c == 0) atomic_store_explicit(&gm__handles_lo, base, memory_order_release);
     }
     void *m = mmap((void *)end, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
                    -1, 0);
     if (m == MAP_FAILED) return NULL;
     atomic_store_explicit(&chunks[c].end, end + sz, memory_order_release);
-    if (c == 0) atomic_store_explicit(&gm__handles_hi, end + sz, memory_order_release);
+    if (c == 0)
+        atomic_store_explicit(&gm__handles_units, (end + sz - base) >> GM_HANDLE_UNIT_SHIFT,
+                              memory_order_release);
     return m;
 }
 
@@ -207,11 +207,11 @@ void gm__pool_map_dead(gm_pool_t *pool)
     madvise(pool, pool_map_size(), MADV_DONTNEED);
 }
 
-/* A slot never handed out to a caller (its pool's creation failed): kept
- * for the next pool, zeroed. */
+/* A slot never handed out to a caller (its pool's creation failed; the
+ * teardown already made it dead: zeroed, no longer a LeakSanitizer root):
+ * kept for the next pool. */
 static void pool_map_unused(gm_pool_t *pool)
 {
-    gm__pool_map_dead(pool);
     pthread_mutex_lock(&handles_mu);
     if (!spare) spare = pool; /* else it stays a dead slot, read as magic 0 */
     pthread_mutex_unlock(&handles_mu);

@@ -272,17 +272,23 @@ int gm__device_pool_count(void);
 int gm__pool_resolve_slow(gm_pool_t **pool, const char *fn);
 /* The handle arena (pool.c): every pool and heap struct is a slot of a
  * reserved address range, so a handle is checked by its address before it is
- * read.  [gm__handles_lo, gm__handles_hi): the first chunk's slots handed out
- * (what the fast path compares); gm__handle_in_arena checks every chunk and
- * the slot alignment, touching no handle memory. */
-extern _Atomic uintptr_t gm__handles_lo, gm__handles_hi;
+ * read.  gm__handles_lo: the first chunk's start; gm__handles_units: how many
+ * 4 KiB units of it are handed out (slots start on a page, so a handle is
+ * 4 KiB-aligned).  The fast path turns both tests into one compare: the
+ * offset rotated right by 12 bits is below the unit count only when it is in
+ * range and aligned (UBSan and the hardware never see a misaligned read).
+ * gm__handle_in_arena checks every chunk and the slot alignment, touching no
+ * handle memory. */
+#define GM_HANDLE_UNIT_SHIFT 12
+extern _Atomic uintptr_t gm__handles_lo, gm__handles_units;
 bool gm__handle_in_arena(const void *p);
 static inline int gm__pool_resolve(gm_pool_t **pool, const char *fn)
 {
-    uintptr_t a = (uintptr_t)*pool;
     uintptr_t lo = atomic_load_explicit(&gm__handles_lo, memory_order_relaxed);
-    uintptr_t hi = atomic_load_explicit(&gm__handles_hi, memory_order_acquire);
-    if (GM_LIKELY(a - lo < hi - lo && (*pool)->magic == GM_POOL_MAGIC)) return GM_OK;
+    uintptr_t units = atomic_load_explicit(&gm__handles_units, memory_order_acquire);
+    uintptr_t x = (uintptr_t)*pool - lo;
+    x = (x >> GM_HANDLE_UNIT_SHIFT) | (x << (sizeof x * 8 - GM_HANDLE_UNIT_SHIFT));
+    if (GM_LIKELY(x < units && (*pool)->magic == GM_POOL_MAGIC)) return GM_OK;
     return gm__pool_resolve_slow(pool, fn);
 }
 /* First thing in gm_pool_create: installs the fork handlers (once). */
