@@ -15,27 +15,20 @@
 # python3; torch (pip package) for the two torch rows, which are skipped
 # when it is missing.  Prints the table last.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
+. bench/lib.sh
 tdir="${1:-.device-traces}"
 BUILD_DIR="${BUILD_DIR:-build-device}"
 ALLOCATORS_SET="${ALLOCATORS:+1}"
 ALLOCATORS="${ALLOCATORS:-gpumem cudaMallocAsync cudaMalloc torch torch_expandable}"
 quick=()
 [ "${QUICK:-0}" = 1 ] && quick=(--quick)
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+gm_workdir
 
-cuda="${CUDA_HOME:-}"
-if [ -z "$cuda" ]; then
-    if command -v nvcc >/dev/null; then cuda="$(dirname "$(dirname "$(command -v nvcc)")")"; else cuda=/usr/local/cuda; fi
-fi
-cudalib="$cuda/lib64"
-[ -d "$cudalib" ] || cudalib="$cuda/lib"
+gm_cuda_toolkit
 
 echo "=== build gpumem ($BUILD_DIR)"
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$work/cmake.log" 2>&1 &&
-    cmake --build "$BUILD_DIR" -j "$(nproc)" --target gpumem_tools >>"$work/cmake.log" 2>&1 ||
-    { tail -n 40 "$work/cmake.log"; echo "build failed"; exit 1; }
+gm_build "$work/cmake.log" "$BUILD_DIR" gpumem_tools -DCMAKE_BUILD_TYPE=RelWithDebInfo || exit 1
 
 echo "=== build alloc_bench"
 bench="$BUILD_DIR/alloc_bench"
@@ -94,7 +87,6 @@ gpu="${gpu:-unknown-GPU}"
 label="$(tr ' ' '-' <<<"$gpu")"
 driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
 # GM_COMMIT overrides the label (a copy of the tree without its git history).
-. bench/commit_id.sh
 commit="$(gm_commit_id)"
 mkdir -p bench/results
 base="bench/results/$date-$label-alloc"

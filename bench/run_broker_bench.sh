@@ -30,14 +30,10 @@
 # a GPU machine; at most BENCH_TIMEOUT + TORCH_TIMEOUT seconds.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-BUILD_DIR="${BUILD_DIR:-build}"
-PYTHON="${PYTHON:-python3}"
-QUICK="${QUICK:-0}"
-TORCH="${TORCH:-auto}"
-BENCH_TIMEOUT="${BENCH_TIMEOUT:-120}"
-TORCH_TIMEOUT="${TORCH_TIMEOUT:-120}"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+. bench/lib.sh
+gm_default BUILD_DIR="build" PYTHON="python3" QUICK="0" TORCH="auto" BENCH_TIMEOUT="120" \
+    TORCH_TIMEOUT="120"
+gm_workdir
 
 bench="$BUILD_DIR/bench/broker_bench"
 cli="$BUILD_DIR/gpumem"
@@ -50,14 +46,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
     exit 1
 fi
 command -v "$PYTHON" >/dev/null || { echo "FAILED: no $PYTHON (needed to merge the results)"; exit 1; }
-# json FILE EXPR: a Python expression over the object `d` loaded from FILE.
-json() { "$PYTHON" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2" 2>/dev/null; }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>/dev/null || true
-echo "host: $(nproc) cores; open files limit $(ulimit -n) (hard $(ulimit -Hn)); backend ${GPUMEM_BACKEND:-auto}"
+gm_banner "open files limit $(ulimit -n) (hard $(ulimit -Hn)); backend ${GPUMEM_BACKEND:-auto}"
 
-date="$(date -u +%Y-%m-%d)"
-. bench/commit_id.sh
 GM_COMMIT="$(gm_commit_id)"
 export GM_COMMIT
 command="bench/run_broker_bench.sh"
@@ -68,16 +59,10 @@ if [ "$QUICK" = 1 ]; then
 fi
 [ -n "${GPUMEM_BACKEND:-}" ] && command="GPUMEM_BACKEND=$GPUMEM_BACKEND $command"
 
-echo "=== broker_bench"
-start=$(date +%s)
-env -u GPUMEM_BROKER -u GPUMEM_LIMIT \
+gm_run_bench broker_bench "$work/broker" env -u GPUMEM_BROKER -u GPUMEM_LIMIT \
     timeout --kill-after=10 "$BENCH_TIMEOUT" "$bench" --json "$work/broker.json" --md "$work/broker.md" \
-    --command "$command" --deadline "$((BENCH_TIMEOUT - 20))" ${args[@]+"${args[@]}"} 2>&1 | tee "$work/log.txt"
-st=${PIPESTATUS[0]}
-echo "--- broker_bench: exit $st, $(($(date +%s) - start)) s"
-[ -f "$work/broker.json" ] || { echo "FAILED: broker_bench wrote no results (exit $st)"; exit 1; }
-[ "$st" = 0 ] || echo "WARNING: broker_bench failed (exit $st): see the errors in the JSON and the log"
-backend="$(json "$work/broker.json" 'd.get("backend") or ""')"
+    --command "$command" --deadline "$((BENCH_TIMEOUT - 20))" ${args[@]+"${args[@]}"}
+backend="$(gm_json "$work/broker.json" 'd.get("backend") or ""')"
 
 # ---- PyTorch ------------------------------------------------------------------------
 tst=0
@@ -176,26 +161,8 @@ with open(mpath, "a") as md:
 EOF
 
 # ---- where the results go -----------------------------------------------------------
-gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
-[ -n "$gpu" ] || gpu="$(json "$work/broker.json" 'd.get("gpu") or ""')"
-label="$(tr ' ' '-' <<<"${gpu:-unknown-GPU}" | tr -cd 'A-Za-z0-9._-')"
-[ "$backend" = cuda ] || label="${backend:-unknown}-$(nproc)core"
-if [ "$backend" = cuda ]; then
-    dest=bench/results
-else
-    dest="${OUT:-$BUILD_DIR/bench-results}"
-    echo "WARNING: the bench ran on the '${backend:-unknown}' backend, not cuda: results go to $dest only"
-fi
-mkdir -p "$dest" || { echo "FAILED: cannot make $dest"; exit 1; }
-base="$dest/$date-$label-broker"
-if ! cp "$work/broker.json" "$base.json" || ! cp "$work/broker.md" "$base.md"; then
-    echo "FAILED: cannot write $base.{json,md}"
-    exit 1
-fi
+gm_publish broker "$work/broker" "$work/log.txt"
 if [ -n "${OUT:-}" ]; then
-    mkdir -p "$OUT"
-    [ "$(cd "$OUT" && pwd)" = "$(cd "$dest" && pwd)" ] || cp "$base.md" "$base.json" "$OUT/"
-    cp "$work/log.txt" "$OUT/broker-bench-log.txt"
     [ -f "$work/torch-log.txt" ] && cp "$work/torch-log.txt" "$OUT/broker-torch-log.txt"
 fi
 

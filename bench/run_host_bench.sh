@@ -23,16 +23,12 @@
 # Markdown file also holds every per-size figure.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-BUILD_DIR="${BUILD_DIR:-build-device}"
-MAX_MIB="${MAX_MIB:-1024}"
-SIM="${SIM:-0}"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+. bench/lib.sh
+gm_default BUILD_DIR="build-device" MAX_MIB="1024" SIM="0"
+gm_workdir
 
 echo "=== build gpumem ($BUILD_DIR)"
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$work/cmake.log" 2>&1 &&
-    cmake --build "$BUILD_DIR" -j "$(nproc)" --target gpumem_static >>"$work/cmake.log" 2>&1 ||
-    { tail -n 40 "$work/cmake.log"; echo "FAILED: gpumem build"; exit 1; }
+gm_build "$work/cmake.log" "$BUILD_DIR" gpumem_static -DCMAKE_BUILD_TYPE=RelWithDebInfo || exit 1
 
 zl=-lz
 grep -q 'GM_HAVE_ZLIB' "$BUILD_DIR/compile_commands.json" 2>/dev/null || zl=
@@ -45,12 +41,7 @@ if [ "$SIM" = 1 ]; then
     export GPUMEM_BACKEND=sim
     gpu="sim-$(nproc)core"
 else
-    cuda="${CUDA_HOME:-}"
-    if [ -z "$cuda" ]; then
-        if command -v nvcc >/dev/null; then cuda="$(dirname "$(dirname "$(command -v nvcc)")")"; else cuda=/usr/local/cuda; fi
-    fi
-    cudalib="$cuda/lib64"
-    [ -d "$cudalib" ] || cudalib="$cuda/lib"
+    gm_cuda_toolkit
     echo "CUDA toolkit: $cuda (libraries in $cudalib)"
     [ -f "$cuda/include/cuda_runtime.h" ] || echo "WARNING: no $cuda/include/cuda_runtime.h; set CUDA_HOME"
     ${CC:-cc} -O2 -std=c11 -D_GNU_SOURCE -Wall -Wextra -Iinclude -I"$cuda/include" \
@@ -68,7 +59,6 @@ echo "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 
 
 date="$(date -u +%Y-%m-%d)"
 label="$(tr ' ' '-' <<<"$gpu")"
-. bench/commit_id.sh
 commit="$(gm_commit_id)"
 command="bench/run_host_bench.sh"
 [ "$SIM" = 1 ] && command="SIM=1 bench/run_host_bench.sh"

@@ -25,35 +25,20 @@
 # On an H100 about a minute (16 GiB of pinned host memory is registered once).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-BUILD_DIR="${BUILD_DIR:-build-offload}"
-PYTHON="${PYTHON:-python3}"
-SIZES="${SIZES:-1GiB,16GiB}"
-BLOCK="${BLOCK:-256MiB}"
-REPS="${REPS:-5}"
-MIXED="${MIXED:-}"
-BENCH_TIMEOUT="${BENCH_TIMEOUT:-300}"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+. bench/lib.sh
+gm_default BUILD_DIR="build-offload" PYTHON="python3" SIZES="1GiB,16GiB" BLOCK="256MiB" REPS="5" \
+    MIXED="" BENCH_TIMEOUT="300"
+gm_workdir
 
 echo "=== build ($BUILD_DIR, Release)"
-if ! { cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON -DGM_VALGRIND=OFF \
-           >"$work/build.log" 2>&1 &&
-       cmake --build "$BUILD_DIR" -j "$(nproc)" --target offload_bench >>"$work/build.log" 2>&1; }; then
-    tail -n 30 "$work/build.log"
-    echo "FAILED: building offload_bench (log above)"
+gm_build "$work/build.log" "$BUILD_DIR" offload_bench -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON -DGM_VALGRIND=OFF ||
     exit 1
-fi
 bench="$BUILD_DIR/bench/offload_bench"
 [ -x "$bench" ] || { echo "FAILED: no $bench after the build"; exit 1; }
 command -v "$PYTHON" >/dev/null || { echo "FAILED: no $PYTHON (needed to read the results)"; exit 1; }
-# json FILE EXPR: a Python expression over the object `d` loaded from FILE.
-json() { "$PYTHON" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2" 2>/dev/null; }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>/dev/null || true
-echo "host: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo) of memory; backend ${GPUMEM_BACKEND:-auto}"
+gm_banner "backend ${GPUMEM_BACKEND:-auto}"
 
-date="$(date -u +%Y-%m-%d)"
-. bench/commit_id.sh
 GM_COMMIT="$(gm_commit_id)"
 export GM_COMMIT
 command="bench/run_offload_bench.sh"
@@ -67,39 +52,12 @@ if [ -n "$MIXED" ]; then
 fi
 [ -n "${GPUMEM_BACKEND:-}" ] && command="GPUMEM_BACKEND=$GPUMEM_BACKEND $command"
 
-echo "=== offload_bench ${args[*]}"
-start=$(date +%s)
-env -u GPUMEM_BROKER -u GPUMEM_LIMIT -u GPUMEM_EVICT \
+gm_run_bench "offload_bench ${args[*]}" "$work/offload" env -u GPUMEM_BROKER -u GPUMEM_LIMIT -u GPUMEM_EVICT \
     timeout --kill-after=10 "$BENCH_TIMEOUT" "$bench" --json "$work/offload.json" --md "$work/offload.md" \
-    --command "$command" --deadline "$((BENCH_TIMEOUT - 20))" "${args[@]}" 2>&1 | tee "$work/log.txt"
-st=${PIPESTATUS[0]}
-echo "--- offload_bench: exit $st, $(($(date +%s) - start)) s"
-[ -f "$work/offload.json" ] || { echo "FAILED: offload_bench wrote no results (exit $st)"; exit 1; }
-[ "$st" = 0 ] || echo "WARNING: offload_bench failed (exit $st): see the errors in the JSON and the log"
-backend="$(json "$work/offload.json" 'd.get("backend") or ""')"
+    --command "$command" --deadline "$((BENCH_TIMEOUT - 20))" "${args[@]}"
 
 # ---- where the results go -----------------------------------------------------------
-gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
-[ -n "$gpu" ] || gpu="$(json "$work/offload.json" 'd.get("gpu") or ""')"
-label="$(tr ' ' '-' <<<"${gpu:-unknown-GPU}" | tr -cd 'A-Za-z0-9._-')"
-[ "$backend" = cuda ] || label="${backend:-unknown}-$(nproc)core"
-if [ "$backend" = cuda ]; then
-    dest=bench/results
-else
-    dest="${OUT:-$BUILD_DIR/bench-results}"
-    echo "WARNING: the bench ran on the '${backend:-unknown}' backend, not cuda: results go to $dest only"
-fi
-mkdir -p "$dest" || { echo "FAILED: cannot make $dest"; exit 1; }
-base="$dest/$date-$label-offload"
-if ! cp "$work/offload.json" "$base.json" || ! cp "$work/offload.md" "$base.md"; then
-    echo "FAILED: cannot write $base.{json,md}"
-    exit 1
-fi
-if [ -n "${OUT:-}" ]; then
-    mkdir -p "$OUT"
-    [ "$(cd "$OUT" && pwd)" = "$(cd "$dest" && pwd)" ] || cp "$base.md" "$base.json" "$OUT/"
-    cp "$work/log.txt" "$OUT/offload-bench-log.txt"
-fi
+gm_publish offload "$work/offload" "$work/log.txt"
 
 echo
 echo "=== $base.md written (and .json)"

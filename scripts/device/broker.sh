@@ -7,18 +7,14 @@
 #   TEST_LIMIT seconds per test (120)
 #   BENCH=0    skip the benchmark
 set -u -o pipefail
-OUT="${OUT:-build-device/out}"
-BUILD_DIR="${BUILD_DIR:-build-device}"
-TESTS="${TESTS:-^broker/|^preload/broker$|^attack/broker_config$|^share/}"
-TEST_LIMIT="${TEST_LIMIT:-120}"
-mkdir -p "$OUT"
+. bench/lib.sh
+gm_default BUILD_DIR="build-device" TESTS="^broker/|^preload/broker$|^attack/broker_config$|^share/" \
+    TEST_LIMIT="120"
+gm_outdir
 export GPUMEM_BACKEND=cuda
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/broker-gpu.txt"
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=ON \
-      -DGM_TEST_BACKEND=cuda -DGM_VALGRIND=OFF -DGM_WERROR=ON >"$OUT/broker-build.log" 2>&1 &&
-    { cmake --build "$BUILD_DIR" -j "$(nproc)" -- -k >>"$OUT/broker-build.log" 2>&1 ||
-      { echo "build: some targets failed"; grep -E 'error' "$OUT/broker-build.log" | head; }; } ||
-    { echo "configure failed"; tail -30 "$OUT/broker-build.log"; exit 1; }
+gm_build_all "$OUT/broker-build.log" "$BUILD_DIR" 3600 -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=ON \
+    -DGM_TEST_BACKEND=cuda -DGM_VALGRIND=OFF -DGM_WERROR=ON
 
 # The tests through ctest (each with its own environment: the preload test
 # runs on the sim with stub CUDA libraries), one at a time so their

@@ -20,11 +20,9 @@
 # the sim (a dry run of this script without a GPU).
 set -u -o pipefail
 cd "$(dirname "$0")/../.." || exit 1
-OUT="${OUT:-build-device/out}"
-BUILD_DIR="${BUILD_DIR:-build-device}"
-BACKEND="${BACKEND:-cuda}"
-STEPS="${STEPS:-bench stress sysmem}"
-mkdir -p "$OUT"
+. bench/lib.sh
+gm_default BUILD_DIR="build-device" BACKEND="cuda" STEPS="bench stress sysmem"
+gm_outdir
 failed=()
 
 step() { # name command...

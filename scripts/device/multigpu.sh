@@ -16,23 +16,15 @@
 # (no DDP run), TESTS (ctest label regex, ^(multigpu|api|share)$).
 set -u -o pipefail
 cd "$(dirname "$0")/../.." || exit 1
-OUT="${OUT:-build-device/out}"
-BUILD_DIR="${BUILD_DIR:-build-device-multigpu}"
-DEADLINE="${DEADLINE:-560}"
-PYTHON="${PYTHON:-python3}"
-TESTS="${TESTS:-^(multigpu|api|share)\$}"
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
+. bench/lib.sh
+gm_default BUILD_DIR="build-device-multigpu" DEADLINE="560" PYTHON="python3" \
+    TESTS="^(multigpu|api|share)\$"
+gm_outdir
 export GPUMEM_BACKEND=cuda
 export GM_COMMIT="${GM_COMMIT:-$(git rev-parse --short --verify -q HEAD 2>/dev/null || echo none)}"
 unset GPUMEM_BROKER GPUMEM_LIMIT GPUMEM_EVICT GPUMEM_PEERS GPUMEM_NCCL GPUMEM_COMPRESSIBLE
-start_all=$SECONDS
+gm_deadline_start
 failed=()
-left() {
-    local l=$((DEADLINE - (SECONDS - start_all)))
-    [ "$l" -lt 1 ] && l=1
-    [ "$l" -lt "$1" ] && echo "$l" || echo "$1"
-}
 
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv 2>/dev/null || true
 nvidia-smi topo -m 2>/dev/null | head -6 || true
@@ -40,13 +32,8 @@ echo "host: $(nproc) cores; commit $GM_COMMIT"
 
 echo "=== build ($BUILD_DIR, Release, tests on cuda)"
 start=$SECONDS
-if cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON -DGM_TEST_BACKEND=cuda \
-        -DGM_VALGRIND=OFF >"$OUT/multigpu-build.log" 2>&1; then
-    timeout "$(left 300)" cmake --build "$BUILD_DIR" -j "$(nproc)" -- -k >>"$OUT/multigpu-build.log" 2>&1 ||
-        { echo "build: some targets failed"; grep -E 'error' "$OUT/multigpu-build.log" | head -20; failed+=(build); }
-else
-    echo "configure failed"; tail -30 "$OUT/multigpu-build.log"; exit 1
-fi
+gm_build_all "$OUT/multigpu-build.log" "$BUILD_DIR" "$(left 300)" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON \
+    -DGM_TEST_BACKEND=cuda -DGM_VALGRIND=OFF || failed+=(build)
 # NCCL: PyTorch's wheel, else the toolkit's.
 NCCL_DIR="$("$PYTHON" -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null)"
 for d in "$NCCL_DIR" /usr/local/cuda/lib64 /usr/local/cuda/lib; do

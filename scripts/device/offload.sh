@@ -23,15 +23,9 @@
 #               sizes), PyTorch skipped
 set -u -o pipefail
 cd "$(dirname "$0")/../.." || exit 1
-OUT="${OUT:-build-device/out}"
-BUILD_DIR="${BUILD_DIR:-build-device-offload}"
-BACKEND="${BACKEND:-cuda}"
-TESTS="${TESTS:-^offload\$}"
-TEST_LIMIT="${TEST_LIMIT:-120}"
-DEADLINE="${DEADLINE:-540}"
-PYTHON="${PYTHON:-python3}"
-LAYERS="${LAYERS:-16}"
-DIM="${DIM:-8192}"
+. bench/lib.sh
+gm_default BUILD_DIR="build-device-offload" BACKEND="cuda" TESTS="^offload\$" TEST_LIMIT="120" \
+    DEADLINE="540" PYTHON="python3" LAYERS="16" DIM="8192"
 if [ "$BACKEND" = sim ]; then
     SIZES="${SIZES:-64MiB,256MiB}"
     BLOCK="${BLOCK:-32MiB}"
@@ -42,34 +36,20 @@ else
     BLOCK="${BLOCK:-256MiB}"
     REPS="${REPS:-5}"
 fi
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
+gm_outdir
 export GPUMEM_BACKEND="$BACKEND"
 export GM_COMMIT="${GM_COMMIT:-$(git rev-parse --short --verify -q HEAD 2>/dev/null || echo none)}"
 unset GPUMEM_BROKER GPUMEM_LIMIT GPUMEM_EVICT
-start_all=$SECONDS
+gm_deadline_start
 failed=()
-left() { # seconds left of DEADLINE, at most $1 (at least 1)
-    local l=$((DEADLINE - (SECONDS - start_all)))
-    [ "$l" -lt 1 ] && l=1
-    [ "$l" -lt "$1" ] && echo "$l" || echo "$1"
-}
 
-nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>/dev/null || true
-echo "host: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo); backend $BACKEND; commit $GM_COMMIT"
+gm_banner "backend $BACKEND; commit $GM_COMMIT"
 
 # ---- build ----------------------------------------------------------------------------
 echo "=== build ($BUILD_DIR, Release, tests on $BACKEND)"
 start=$SECONDS
-if cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON -DGM_TEST_BACKEND="$BACKEND" \
-        -DGM_VALGRIND=OFF >"$OUT/offload-build.log" 2>&1; then
-    timeout "$(left 300)" cmake --build "$BUILD_DIR" -j "$(nproc)" -- -k >>"$OUT/offload-build.log" 2>&1 ||
-        { echo "build: some targets failed"; grep -E 'error|Error' "$OUT/offload-build.log" | head -20; failed+=(build); }
-else
-    echo "configure failed"
-    tail -30 "$OUT/offload-build.log"
-    exit 1
-fi
+gm_build_all "$OUT/offload-build.log" "$BUILD_DIR" "$(left 300)" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON \
+    -DGM_TEST_BACKEND="$BACKEND" -DGM_VALGRIND=OFF || failed+=(build)
 echo "--- build: $((SECONDS - start)) s"
 
 # ---- the offload tests ------------------------------------------------------------------

@@ -17,17 +17,11 @@
 # Knobs: OUT (build-device/out), PART, ROUNDS (3), STEPS (30), PYTHON.
 set -u -o pipefail
 cd "$(dirname "$0")/../.." || exit 1
-OUT="${OUT:-build-device/out}"
-PART="${PART:-probe train}"
-ROUNDS="${ROUNDS:-3}"
-STEPS="${STEPS:-30}"
-PYTHON="${PYTHON:-python3}"
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
+. bench/lib.sh
+gm_default PART="probe train" ROUNDS="3" STEPS="30" PYTHON="python3"
+gm_outdir
 
-cmake -S . -B build-parity -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >"$OUT/parity-build.log" 2>&1 &&
-    cmake --build build-parity -j"$(nproc)" >>"$OUT/parity-build.log" 2>&1 ||
-    { tail -n 30 "$OUT/parity-build.log"; echo "torch_parity.sh: build failed"; exit 1; }
+gm_build "$OUT/parity-build.log" build-parity "" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF || exit 1
 export GPUMEM_BACKEND=cuda GPUMEM_LIBRARY="$PWD/build-parity/libgpumem.so"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" GPUMEM_CACHE_DIR="$PWD/build-parity/cache"
 rm -rf "$GPUMEM_CACHE_DIR"
