@@ -109,7 +109,7 @@
 #include <unistd.h>
 
 #include "gpumem.h"
-#include "core/pool.h" /* the pool's backend-call counters, read without its lock */
+#include "internal.h" /* the pool's backend-call counters, read without its lock */
 #include "lib/broker.h"
 
 #define BENCH_NAME "broker_bench"
@@ -618,9 +618,8 @@ typedef struct reporter {
  * pool (src/broker/client.c), so the root's counters are the process's. */
 static void report_now(reporter_t *r)
 {
-    gm__bk_calls_t *c = &r->pool->bk_calls;
-    uint64_t imp = atomic_load(&c->count[GM_CALL_import_fd]);
-    uint64_t rel = atomic_load(&c->count[GM_CALL_phys_release]);
+    uint64_t imp, rel;
+    bench_pool_page_calls(r->pool, &imp, &rel);
     atomic_fetch_add(&r->s->seq, 1);
     atomic_store(&r->s->imports, imp);
     atomic_store(&r->s->releases, rel);
