@@ -58,7 +58,7 @@ typedef struct ekid {
 
 /* ---- the child: a pool that does what it is told ---------------------------------- */
 
-static void client(bp_link_t *l, void *argp)
+static void client(tp_link_t *l, void *argp)
 {
     ekid_t *a = argp;
     if (a->uid >= 0) {
@@ -78,11 +78,11 @@ static void client(bp_link_t *l, void *argp)
     void *blk[SLOTS] = {0};
     size_t sz[SLOTS] = {0};
     uint64_t tag[SLOTS] = {0};
-    bp_put(l->out, BP_READY);
+    tp_put(l->out, BP_READY);
     for (;;) {
         uint64_t op, x, y, z;
-        if (bp_get(l->in, &op, 600000) || bp_get(l->in, &x, BP_WAIT_MS) ||
-            bp_get(l->in, &y, BP_WAIT_MS) || bp_get(l->in, &z, BP_WAIT_MS))
+        if (tp_get(l->in, &op, 600000) || tp_get(l->in, &x, TP_WAIT_MS) ||
+            tp_get(l->in, &y, TP_WAIT_MS) || tp_get(l->in, &z, TP_WAIT_MS))
             return;
         if (op == OP_ALLOC) { /* x size, y tag, z a tag to look for first */
             int s = 0;
@@ -118,11 +118,11 @@ static void client(bp_link_t *l, void *argp)
                 sz[s] = x;
                 tag[s] = y;
             }
-            bp_put(l->out, (uint64_t)rc);
-            bp_put(l->out, us);
-            bp_put(l->out, rc == GM_OK ? (uint64_t)s : 0);
-            bp_put(l->out, flags);
-            bp_put(l->out, left);
+            tp_put(l->out, (uint64_t)rc);
+            tp_put(l->out, us);
+            tp_put(l->out, rc == GM_OK ? (uint64_t)s : 0);
+            tp_put(l->out, flags);
+            tp_put(l->out, left);
         } else if (op == OP_FREE || op == OP_CHECK) {
             int ok = x < SLOTS && blk[x] && bp_same(pool, blk[x], sz[x], tag[x]);
             KCHECK(ok);
@@ -130,13 +130,13 @@ static void client(bp_link_t *l, void *argp)
                 KCHECK_RC(gm_free(pool, blk[x], NULL), GM_OK);
                 blk[x] = NULL;
             }
-            bp_put(l->out, (uint64_t)ok);
+            tp_put(l->out, (uint64_t)ok);
         } else if (op == OP_TRIM) {
-            bp_put(l->out, (uint64_t)gm_trim(pool, 0, NULL));
+            tp_put(l->out, (uint64_t)gm_trim(pool, 0, NULL));
         } else if (op == OP_RESERVED) {
             gm_stats_t st = GM_STATS_INIT;
             KCHECK_RC(gm_pool_stats(pool, &st), GM_OK);
-            bp_put(l->out, st.reserved);
+            tp_put(l->out, st.reserved);
         } else if (op == OP_EXIT) {
             for (int s = 0; s < SLOTS; s++)
                 if (blk[s]) {
@@ -145,7 +145,7 @@ static void client(bp_link_t *l, void *argp)
                 }
             KCHECK_RC(gm_pool_check(pool), GM_OK);
             gm_pool_destroy(pool);
-            bp_put(l->out, BP_DONE);
+            tp_put(l->out, BP_DONE);
             return;
         } else {
             KCHECK(!"an unknown op");
@@ -168,11 +168,11 @@ typedef struct areply { int rc; double ms; uint64_t slot, flags, left; } areply_
         CHECK(krc_ == (want));                                                 \
     } while (0)
 
-static uint64_t get1(bp_kid_t *k)
+static uint64_t get1(tp_kid_t *k)
 {
     uint64_t v = 0;
     int r;
-    while ((r = bp_get(k->from, &v, 60000)) == 0 && v == BP_FAIL) {}
+    while ((r = tp_get(k->from, &v, 60000)) == 0 && v == TP_FAIL) {}
     if (r != 0) {
         fprintf(stderr, "no answer from pid %d\n", (int)k->pid);
         CHECK(!"an answer");
@@ -181,15 +181,15 @@ static uint64_t get1(bp_kid_t *k)
     return v;
 }
 
-static void send_op(bp_kid_t *k, uint64_t op, uint64_t x, uint64_t y, uint64_t z)
+static void send_op(tp_kid_t *k, uint64_t op, uint64_t x, uint64_t y, uint64_t z)
 {
-    bp_put(k->to, op);
-    bp_put(k->to, x);
-    bp_put(k->to, y);
-    bp_put(k->to, z);
+    tp_put(k->to, op);
+    tp_put(k->to, x);
+    tp_put(k->to, y);
+    tp_put(k->to, z);
 }
 
-static areply_t do_alloc(bp_kid_t *k, size_t size, uint64_t tag, uint64_t peek)
+static areply_t do_alloc(tp_kid_t *k, size_t size, uint64_t tag, uint64_t peek)
 {
     send_op(k, OP_ALLOC, size, tag, peek);
     areply_t r;
@@ -201,24 +201,24 @@ static areply_t do_alloc(bp_kid_t *k, size_t size, uint64_t tag, uint64_t peek)
     return r;
 }
 
-static int do_op(bp_kid_t *k, uint64_t op, uint64_t x)
+static int do_op(tp_kid_t *k, uint64_t op, uint64_t x)
 {
     send_op(k, op, x, 0, 0);
     return (int)get1(k);
 }
 
-static uint64_t reserved(bp_kid_t *k)
+static uint64_t reserved(tp_kid_t *k)
 {
     send_op(k, OP_RESERVED, 0, 0, 0);
     return get1(k);
 }
 
-static void finish(bp_kid_t *k)
+static void finish(tp_kid_t *k)
 {
     send_op(k, OP_EXIT, 0, 0, 0);
     CHECK(get1(k) == BP_DONE);
-    CHECK(bp_exited_ok(bp_wait(k->pid, BP_WAIT_MS)));
-    bp_kid_close(k);
+    CHECK(tp_exited_ok(tp_wait(k->pid, TP_WAIT_MS)));
+    tp_kid_close(k);
 }
 
 static gm_broker_tenant_t row_of(const char *name)
@@ -256,9 +256,9 @@ static void role_elastic(int rd)
     write_config("256MiB", "");
     bp_start(&g_b);
     ekid_t a1 = {4 * PAGE, SIZE_MAX, -1};
-    bp_kid_t p1 = bp_spawn(client, &a1), p2 = bp_spawn(client, &a1), p3 = bp_spawn(client, &a1);
+    tp_kid_t p1 = tp_spawn(client, &a1), p2 = tp_spawn(client, &a1), p3 = tp_spawn(client, &a1);
     CHECK(p1.pid > 0 && p2.pid > 0 && p3.pid > 0);
-    if (!bp_expect(&p1, BP_READY) || !bp_expect(&p2, BP_READY) || !bp_expect(&p3, BP_READY))
+    if (!tp_expect(&p1, BP_READY) || !tp_expect(&p2, BP_READY) || !tp_expect(&p3, BP_READY))
         return;
 
     /* a: P1 keeps 16 MiB of data and 200 MiB of free pages. */
@@ -383,7 +383,7 @@ static void role_elastic(int rd)
     finish(&p1);
     finish(&p2);
     finish(&p3);
-    bp_drain_results(rd);
+    tp_results_drain(rd);
     WAIT_FOR(row_of("elastic").clients == 0, 2000);
     t = row_of("elastic");
     CHECK(t.used == 0 && t.clients == 0);
@@ -410,9 +410,9 @@ static void role_guaranteed(int rd)
     write_config("256MiB", "[tenant gold]\nusers = 61011\nguaranteed = 128MiB\n");
     bp_start(&g_b);
     ekid_t ag = {4 * PAGE, SIZE_MAX, 61011}, ao = {4 * PAGE, SIZE_MAX, 61012};
-    bp_kid_t g = bp_spawn(client, &ag), o = bp_spawn(client, &ao);
+    tp_kid_t g = tp_spawn(client, &ag), o = tp_spawn(client, &ao);
     CHECK(g.pid > 0 && o.pid > 0);
-    if (!bp_expect(&g, BP_READY) || !bp_expect(&o, BP_READY)) return;
+    if (!tp_expect(&g, BP_READY) || !tp_expect(&o, BP_READY)) return;
     /* The other tenant takes what it can, 8 MiB at a time. */
     int got = 0;
     areply_t r;
@@ -439,7 +439,7 @@ static void role_guaranteed(int rd)
     CHECK(t.used == 128 * MiB && t.guaranteed == 128 * MiB);
     finish(&g);
     finish(&o);
-    bp_drain_results(rd);
+    tp_results_drain(rd);
     WAIT_FOR(row_of("gold").clients == 0 && row_of("uid:61012").clients == 0, 2000);
     CHECK(row_of("gold").used == 0 && row_of("uid:61012").used == 0);
     CHECK(tb_stop(&g_b, SIGTERM) == 0);
@@ -461,9 +461,9 @@ static void role_long_wait(int rd)
     write_config("32MiB", "reclaim_ms = 300\n");
     bp_start(&g_b);
     ekid_t a = {PAGE, SIZE_MAX, -1};
-    bp_kid_t v = bp_spawn(client, &a), h = bp_spawn(client, &a);
+    tp_kid_t v = tp_spawn(client, &a), h = tp_spawn(client, &a);
     CHECK(v.pid > 0 && h.pid > 0);
-    if (!bp_expect(&v, BP_READY) || !bp_expect(&h, BP_READY)) return;
+    if (!tp_expect(&v, BP_READY) || !tp_expect(&h, BP_READY)) return;
     areply_t vb = do_alloc(&v, 14 * MiB, 0xe1, 0), hb = do_alloc(&h, 8 * MiB, 0xe2, 0);
     CHECK_KID_RC(vb.rc, GM_OK);
     CHECK_KID_RC(hb.rc, GM_OK);
@@ -500,7 +500,7 @@ static void role_long_wait(int rd)
     CHECK(do_op(&h, OP_CHECK, hb.slot) == 1);
     finish(&v);
     finish(&h);
-    bp_drain_results(rd);
+    tp_results_drain(rd);
     WAIT_FOR(row_of(g_tenant).clients == 0, 2000);
     CHECK(row_of(g_tenant).used == 0);
     CHECK(tb_stop(&g_b, SIGTERM) == 0);
@@ -518,10 +518,10 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());
     int rd;
-    bp_results_init(&rd);
+    tp_results_init(&rd);
     role_elastic(rd);
     role_guaranteed(rd);
     role_long_wait(rd);
-    bp_drain_results(rd);
+    tp_results_drain(rd);
     return test_summary();
 }

@@ -50,9 +50,9 @@ static int g_cases;
 
 /* ---- raw messages --------------------------------------------------------------- */
 
-static int raw(void) { return bp_raw_connect(g_b.sock, 3000); }
+static int raw(void) { return tp_raw_connect(g_b.sock, 3000); }
 
-static int send_msg(int fd, gm__broker_msg_t *m) { return bp_raw_send(fd, m, sizeof *m, NULL, 0); }
+static int send_msg(int fd, gm__broker_msg_t *m) { return tp_raw_send(fd, m, sizeof *m, NULL, 0); }
 
 /* HELLO (adopt pages): the reply in *r; 1 when it says GM_OK. */
 static int hello(int fd, uint64_t adopt, gm__broker_msg_t *r)
@@ -118,7 +118,7 @@ static void dropped(const char *name, int fd, const char *logged, int before)
 {
     g_cases++;
     if (fd >= 0) { /* -1: closed already, or by this side */
-        int closed = bp_raw_closed(fd, 3000);
+        int closed = tp_raw_closed(fd, 3000);
         if (!closed) fprintf(stderr, "%s: the broker did not drop the connection\n", name);
         CHECK(closed);
         close(fd);
@@ -142,7 +142,7 @@ static void dropped(const char *name, int fd, const char *logged, int before)
     gm_broker_tenant_t t;
     CHECK(bp_tenant(&g_b, g_tenant, &t, NULL) && t.clients == 1);
     int fds = -1;
-    WAIT_FOR((fds = bp_fd_count(g_b.pid)) == g_fd_base, 1000);
+    WAIT_FOR((fds = tp_fd_count(g_b.pid)) == g_fd_base, 1000);
     if (fds != g_fd_base)
         fprintf(stderr, "%s: the broker holds %d descriptors, %d before\n", name, fds, g_fd_base);
     CHECK(fds == g_fd_base);
@@ -197,7 +197,7 @@ int main(int argc, char **argv)
         CHECK(memchr(r.text, 0, sizeof r.text) && strstr(r.text, "leases pages of"));
         g_page = r.page_size;
         CHECK(g_page >= 4096 && (g_page & (g_page - 1)) == 0);
-        CHECK(bp_raw_closed(fd, 3000));
+        CHECK(tp_raw_closed(fd, 3000));
         close(fd);
         if (g_page < 4096) g_page = 2 * MiB;
     }
@@ -212,7 +212,7 @@ int main(int argc, char **argv)
     WAIT_FOR(used_now() == g_base, 1000);
     CHECK(used_now() == g_base);
     sleep_ms(20);
-    g_fd_base = bp_fd_count(g_b.pid);
+    g_fd_base = tp_fd_count(g_b.pid);
 
     /* The raw client itself: HELLO, LEASE, RETURN work as the library does. */
     {
@@ -238,7 +238,7 @@ int main(int argc, char **argv)
         unsigned char junk[700];
         size_t n = 1 + bp_below(&g_rs, sizeof junk);
         for (size_t i = 0; i < n; i++) junk[i] = (unsigned char)rng_next(&g_rs);
-        CHECK(bp_raw_send(fd, junk, n, NULL, 0) == 0);
+        CHECK(tp_raw_send(fd, junk, n, NULL, 0) == 0);
         DROPPED(fd);
     }
     {
@@ -247,7 +247,7 @@ int main(int argc, char **argv)
         int fd = leased_client(2, ids);
         gm__broker_msg_t m;
         bp_msg(&m, GM__BROKER_STATS);
-        CHECK(bp_raw_send(fd, &m, sizeof m - 1, NULL, 0) == 0);
+        CHECK(tp_raw_send(fd, &m, sizeof m - 1, NULL, 0) == 0);
         DROPPED(fd);
     }
     {
@@ -259,14 +259,14 @@ int main(int argc, char **argv)
         gm__broker_msg_t m;
         bp_msg(&m, GM__BROKER_STATS);
         memcpy(big, &m, sizeof m);
-        CHECK(bp_raw_send(fd, big, sizeof big, NULL, 0) == 0);
+        CHECK(tp_raw_send(fd, big, sizeof big, NULL, 0) == 0);
         DROPPED(fd);
     }
     {
         CASE("an empty message", NULL);
         uint64_t ids[2];
         int fd = leased_client(2, ids);
-        CHECK(bp_raw_send(fd, "", 0, NULL, 0) == 0);
+        CHECK(tp_raw_send(fd, "", 0, NULL, 0) == 0);
         DROPPED(fd);
     }
     {
@@ -299,7 +299,7 @@ int main(int argc, char **argv)
         gm__broker_msg_t m;
         bp_msg(&m, after_hello ? GM__BROKER_STATS : GM__BROKER_HELLO);
         m.page_size = g_page;
-        CHECK(bp_raw_send(fd, &m, sizeof m, fds, 3) == 0);
+        CHECK(tp_raw_send(fd, &m, sizeof m, fds, 3) == 0);
         close(dn);
         DROPPED(fd);
     }
@@ -481,7 +481,7 @@ int main(int argc, char **argv)
         m.client = r.client;
         m.cookie = r.cookie ^ 0x10;
         CHECK(send_msg(e, &m) == 0);
-        CHECK(bp_raw_closed(e, 3000));
+        CHECK(tp_raw_closed(e, 3000));
         close(e);
         /* Its control connection was not hurt. */
         CHECK(lease(fd, 1, 1, NULL) == 1);
@@ -500,7 +500,7 @@ int main(int argc, char **argv)
         CHECK(send_msg(e, &m) == 0);
         CHECK(bp_raw_recv(e, &er, NULL, 0, NULL) == 1 && er.status == GM_OK);
         CHECK(send_msg(e2, &m) == 0);
-        CHECK(bp_raw_closed(e2, 3000));
+        CHECK(tp_raw_closed(e2, 3000));
         close(e2);
         CHECK(lease(fd, 1, 1, NULL) == 1); /* not hurt */
         close(e);
@@ -522,7 +522,7 @@ int main(int argc, char **argv)
         bp_msg(&m, GM__BROKER_STATS);
         CHECK(send_msg(e, &m) == 0);
         /* The client is dropped: both of its connections end. */
-        CHECK(bp_raw_closed(e, 3000));
+        CHECK(tp_raw_closed(e, 3000));
         close(e);
         DROPPED(fd);
     }
@@ -576,7 +576,7 @@ int main(int argc, char **argv)
         m.min = m.count = 8;
         CHECK(send_msg(fd, &m) == 0);
         CHECK(send_msg(fd, &m) == 0);
-        CHECK(bp_raw_closed(fd, 3000));
+        CHECK(tp_raw_closed(fd, 3000));
         close(fd);
         close(filler);
         DROPPED(-1);
@@ -594,7 +594,7 @@ int main(int argc, char **argv)
     /* The silent connection. */
     {
         CASE("a connection that says nothing", "said nothing for 10 s");
-        int closed = bp_raw_closed(silent, (int)(13000 - (now_ms() - silent_t0)));
+        int closed = tp_raw_closed(silent, (int)(13000 - (now_ms() - silent_t0)));
         double s = (now_ms() - silent_t0) / 1e3;
         printf("the silent connection was dropped after %.2f s\n", s);
         CHECK(closed && s >= 9.9 && s < 12.5);
@@ -628,7 +628,7 @@ int main(int argc, char **argv)
         CHECK(bp_tenant(&g_b, g_tenant, &t, NULL));
         CHECK(t.clients == N + 1 && t.used == g_base + (uint64_t)N * g_page);
         good_pool_works("200 connections");
-        int peak_fds = bp_fd_count(g_b.pid);
+        int peak_fds = tp_fd_count(g_b.pid);
         for (int i = 0; i < N; i++)
             if (fds[i] >= 0) close(fds[i]);
         printf("200 connections: the broker held %d descriptors with them, %d before\n", peak_fds,

@@ -47,7 +47,7 @@ typedef struct wkid {
     int storm; /* lease and return single pages only */
 } wkid_t;
 
-static void worker(bp_link_t *l, void *argp)
+static void worker(tp_link_t *l, void *argp)
 {
     wkid_t *a = argp;
     uint64_t rs = a->seed;
@@ -55,7 +55,7 @@ static void worker(bp_link_t *l, void *argp)
     int rc = bp_pool(&g_b, PAGE, a->release_threshold, &pool);
     KCHECK_RC(rc, GM_OK);
     if (rc != GM_OK) return;
-    bp_put(l->out, BP_READY);
+    tp_put(l->out, BP_READY);
     void *blk[MAX_LIVE];
     size_t sz[MAX_LIVE];
     uint64_t tag[MAX_LIVE], ntag = a->seed << 20;
@@ -98,7 +98,7 @@ static void worker(bp_link_t *l, void *argp)
     }
     KCHECK_RC(gm_pool_check(pool), GM_OK);
     gm_pool_destroy(pool);
-    bp_put(l->out, BP_DONE);
+    tp_put(l->out, BP_DONE);
 }
 
 /* Clients the broker counts for the tenant (-1: no answer). */
@@ -132,7 +132,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());
     int rd;
-    bp_results_init(&rd);
+    tp_results_init(&rd);
     uint64_t rs = g_seed;
     double t0 = now_ms();
 
@@ -140,18 +140,18 @@ int main(int argc, char **argv)
     tb_config(&g_b, "1GiB", "keep_free = 0\n");
     bp_start(&g_b);
     sleep_ms(50);
-    int fd_base = bp_fd_count(g_b.pid);
+    int fd_base = tp_fd_count(g_b.pid);
     CHECK(fd_base > 0);
 
     wkid_t args[WORKERS + 1];
-    bp_kid_t k[WORKERS];
+    tp_kid_t k[WORKERS];
     pid_t pids[WORKERS];
     for (int i = 0; i < WORKERS; i++) {
         args[i] = (wkid_t){.seed = rng_next(&rs), .release_threshold = i == 0 ? SIZE_MAX : 0};
-        k[i] = bp_spawn(worker, &args[i]);
+        k[i] = tp_spawn(worker, &args[i]);
         REQUIRE(k[i].pid > 0);
         pids[i] = k[i].pid;
-        bp_expect(&k[i], BP_READY);
+        tp_expect(&k[i], BP_READY);
     }
     WAIT_FOR(clients_now(NULL) == WORKERS, 2000);
     CHECK(clients_now(NULL) == WORKERS);
@@ -159,16 +159,16 @@ int main(int argc, char **argv)
     double max_ms = 0, sum_ms = 0;
     int storms = 0, mismatches = 0, not_named = 0;
     for (int r = 0; r < rounds; r++) {
-        bp_drain_results(rd);
-        bp_kid_t victim;
+        tp_results_drain(rd);
+        tp_kid_t victim;
         int vi = -1;
         if (r % 3 == 2) {
             /* A process that only leases and returns: killed mid-lease. */
             wkid_t sa = {.seed = rng_next(&rs), .release_threshold = 0, .storm = 1};
-            victim = bp_spawn(worker, &sa);
+            victim = tp_spawn(worker, &sa);
             CHECK(victim.pid > 0);
             if (victim.pid <= 0) continue;
-            bp_expect(&victim, BP_READY);
+            tp_expect(&victim, BP_READY);
             WAIT_FOR(clients_now(NULL) == WORKERS + 1, 2000);
             CHECK(clients_now(NULL) == WORKERS + 1);
             storms++;
@@ -192,8 +192,8 @@ int main(int argc, char **argv)
         int st = -1;
         CHECK(waitpid(victim.pid, &st, 0) == victim.pid);
         CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
-        CHECK(bp_fails(&victim) == 0);
-        bp_kid_close(&victim);
+        CHECK(tp_fails(&victim) == 0);
+        tp_kid_close(&victim);
         char who[100];
         snprintf(who, sizeof who, "pid %d (tenant '%.60s')", (int)victim.pid, g_tenant);
         /* (The log says at most 64 lines a minute: the first kills only;
@@ -210,10 +210,10 @@ int main(int argc, char **argv)
         if (vi >= 0) {
             /* A new worker in its place. */
             args[vi] = (wkid_t){.seed = rng_next(&rs), .release_threshold = vi == 0 ? SIZE_MAX : 0};
-            k[vi] = bp_spawn(worker, &args[vi]);
+            k[vi] = tp_spawn(worker, &args[vi]);
             CHECK(k[vi].pid > 0);
             pids[vi] = k[vi].pid;
-            bp_expect(&k[vi], BP_READY);
+            tp_expect(&k[vi], BP_READY);
             WAIT_FOR(clients_now(NULL) == WORKERS, 2000);
         }
         CHECK(clients_now(NULL) == WORKERS);
@@ -233,15 +233,15 @@ int main(int argc, char **argv)
            "%.1f ms at most, %.1f ms on average\n", rounds, storms, max_ms, sum_ms / rounds);
 
     /* The survivors stop, check their blocks once more and exit. */
-    for (int i = 0; i < WORKERS; i++) bp_put(k[i].to, BP_STOP);
+    for (int i = 0; i < WORKERS; i++) tp_put(k[i].to, BP_STOP);
     for (int i = 0; i < WORKERS; i++) {
         uint64_t v = 0;
-        while (bp_get(k[i].from, &v, BP_WAIT_MS) == 0 && v == BP_FAIL) {}
+        while (tp_get(k[i].from, &v, TP_WAIT_MS) == 0 && v == TP_FAIL) {}
         CHECK(v == BP_DONE);
-        CHECK(bp_exited_ok(bp_wait(k[i].pid, BP_WAIT_MS)));
-        bp_kid_close(&k[i]);
+        CHECK(tp_exited_ok(tp_wait(k[i].pid, TP_WAIT_MS)));
+        tp_kid_close(&k[i]);
     }
-    bp_drain_results(rd);
+    tp_results_drain(rd);
     gm_broker_tenant_t t;
     WAIT_FOR(bp_tenant(&g_b, g_tenant, &t, NULL) && t.used == 0 && t.clients == 0, 2000);
     CHECK(bp_tenant(&g_b, g_tenant, &t, NULL));
@@ -250,7 +250,7 @@ int main(int argc, char **argv)
     CHECK(gm_broker_query(g_b.sock, &v) == GM_OK && v.device_used == 0);
     free(v.tenants);
     int fds = -1;
-    WAIT_FOR((fds = bp_fd_count(g_b.pid)) <= fd_base + 2, 2000);
+    WAIT_FOR((fds = tp_fd_count(g_b.pid)) <= fd_base + 2, 2000);
     printf("the broker's descriptors: %d before the first client, %d after the last\n", fd_base,
            fds);
     CHECK(fds >= fd_base - 2 && fds <= fd_base + 2);

@@ -60,7 +60,7 @@ typedef struct qkid {
     char quota_text[32];  /* how the refusal prints the quota */
 } qkid_t;
 
-static void quota_kid(bp_link_t *l, void *argp)
+static void quota_kid(tp_link_t *l, void *argp)
 {
     qkid_t *a = argp;
     if (a->uid >= 0) {
@@ -75,9 +75,9 @@ static void quota_kid(bp_link_t *l, void *argp)
     int rc = bp_pool(&g_b, a->lease, a->release_threshold, &pool);
     KCHECK_RC(rc, GM_OK);
     if (rc != GM_OK) return;
-    bp_put(l->out, BP_READY);
+    tp_put(l->out, BP_READY);
     uint64_t v;
-    if (bp_get(l->in, &v, BP_WAIT_MS) != 0 || v != BP_GO) {
+    if (tp_get(l->in, &v, TP_WAIT_MS) != 0 || v != BP_GO) {
         KCHECK(!"no go");
         return;
     }
@@ -93,7 +93,7 @@ static void quota_kid(bp_link_t *l, void *argp)
              * books often enough (a slow or loaded machine reads them less
              * often), and it says stop. */
             uint64_t m;
-            if (bp_get(l->in, &m, 0) == 0) {
+            if (tp_get(l->in, &m, 0) == 0) {
                 KCHECK(m == BP_STOP);
                 break;
             }
@@ -153,11 +153,11 @@ static void quota_kid(bp_link_t *l, void *argp)
     }
     KCHECK_RC(gm_pool_check(pool), GM_OK);
     gm_pool_destroy(pool);
-    bp_put(l->out, BP_DONE);
-    bp_put(l->out, allocs);
-    bp_put(l->out, limits);
-    bp_put(l->out, ooms);
-    bp_put(l->out, frees);
+    tp_put(l->out, BP_DONE);
+    tp_put(l->out, allocs);
+    tp_put(l->out, limits);
+    tp_put(l->out, ooms);
+    tp_put(l->out, frees);
 }
 
 /* One tenant as the run knows it. */
@@ -180,17 +180,17 @@ static void run(const char *what, qkid_t *args, const int *ten_of, int nkids, qt
 {
     uint64_t rs = g_seed ^ 0xf00d;
     double t0 = now_ms();
-    bp_kid_t k[MAX_KIDS];
+    tp_kid_t k[MAX_KIDS];
     pid_t pids[MAX_KIDS];
     for (int i = 0; i < nkids; i++) {
-        k[i] = bp_spawn(quota_kid, &args[i]);
+        k[i] = tp_spawn(quota_kid, &args[i]);
         pids[i] = k[i].pid;
         CHECK(k[i].pid > 0);
     }
     int ready = 1;
-    for (int i = 0; i < nkids; i++) ready &= bp_expect(&k[i], BP_READY);
+    for (int i = 0; i < nkids; i++) ready &= tp_expect(&k[i], BP_READY);
     if (!ready) bp_log_dump(&g_b);
-    for (int i = 0; i < nkids; i++) bp_put(k[i].to, BP_GO);
+    for (int i = 0; i < nkids; i++) tp_put(k[i].to, BP_GO);
 
     uint64_t queries = 0, freezes = 0, quiet = 0, failed_freezes = 0, sum_over = 0, query_fail = 0;
     double next_freeze = now_ms() + 150;
@@ -199,11 +199,11 @@ static void run(const char *what, qkid_t *args, const int *ten_of, int nkids, qt
     double deadline = now_ms() + args[0].ms + STOP_WAIT_MS;
     bool stopped = false;
     while (ndone < nkids && now_ms() < deadline) {
-        bp_drain_results(rd);
+        tp_results_drain(rd);
         /* Enough readings of the books (and, on the sim, of the kernel's
          * counts): the children may end once their time is up. */
         if (!stopped && queries >= MIN_QUERIES && (bp_is_cuda() || freezes >= MIN_FREEZES)) {
-            for (int i = 0; i < nkids; i++) bp_put(k[i].to, BP_STOP);
+            for (int i = 0; i < nkids; i++) tp_put(k[i].to, BP_STOP);
             stopped = true;
         }
         gm_broker_view_t v;
@@ -231,7 +231,7 @@ static void run(const char *what, qkid_t *args, const int *ten_of, int nkids, qt
             /* The kernel's count, everyone stopped. */
             pid_t live[MAX_KIDS];
             for (int i = 0; i < nkids; i++) live[i] = done[i] ? 0 : pids[i];
-            if (bp_freeze(live, (size_t)nkids)) {
+            if (tp_freeze(live, (size_t)nkids)) {
                 freezes++;
                 /* The broker has read what was sent before the stop. */
                 gm_broker_view_t w;
@@ -259,9 +259,9 @@ static void run(const char *what, qkid_t *args, const int *ten_of, int nkids, qt
                     }
                 }
                 for (int t = 0; t < nten; t++) {
-                    bp_inodes_t s = {0};
+                    tp_inodes_t s = {0};
                     for (int i = 0; i < nkids; i++)
-                        if (live[i] && ten_of[i] == t) bp_inodes_of(live[i], &s);
+                        if (live[i] && ten_of[i] == t) tp_sim_pages_of(live[i], &s);
                     uint64_t kbytes = (uint64_t)s.n * PAGE, books = 0;
                     free(s.v);
                     if (kbytes > ten[t].max_kernel) ten[t].max_kernel = kbytes;
@@ -288,24 +288,24 @@ static void run(const char *what, qkid_t *args, const int *ten_of, int nkids, qt
             } else {
                 failed_freezes++;
             }
-            bp_thaw(live, (size_t)nkids);
+            tp_thaw(live, (size_t)nkids);
             next_freeze = now_ms() + 200 + (double)bp_below(&rs, 100);
         }
         for (int i = 0; i < nkids; i++) {
             if (done[i]) continue;
             uint64_t m;
-            if (bp_get(k[i].from, &m, 0) != 0) continue;
-            if (m == BP_FAIL) {
+            if (tp_get(k[i].from, &m, 0) != 0) continue;
+            if (m == TP_FAIL) {
                 continue; /* counted through the result pipe */
             }
             CHECK(m == BP_DONE);
             uint64_t x[4] = {0};
-            for (int j = 0; j < 4; j++) CHECK(bp_get(k[i].from, &x[j], BP_WAIT_MS) == 0);
+            for (int j = 0; j < 4; j++) CHECK(tp_get(k[i].from, &x[j], TP_WAIT_MS) == 0);
             allocs += x[0];
             limits += x[1];
             ooms += x[2];
             frees += x[3];
-            CHECK(bp_exited_ok(bp_wait(k[i].pid, BP_WAIT_MS)));
+            CHECK(tp_exited_ok(tp_wait(k[i].pid, TP_WAIT_MS)));
             done[i] = 1;
             ndone++;
         }
@@ -316,11 +316,11 @@ static void run(const char *what, qkid_t *args, const int *ten_of, int nkids, qt
         if (!done[i]) {
             fprintf(stderr, "%s: pid %d did not finish\n", what, (int)k[i].pid);
             kill(k[i].pid, SIGKILL);
-            bp_wait(k[i].pid, 1000);
+            tp_wait(k[i].pid, 1000);
         }
-        bp_kid_close(&k[i]);
+        tp_kid_close(&k[i]);
     }
-    bp_drain_results(rd);
+    tp_results_drain(rd);
     printf("%s: %d processes, %llu allocations, %llu quota refusals, %llu device refusals, "
            "%llu frees; %llu readings of the books, %llu kernel counts (%llu missed)\n",
            what, nkids, (unsigned long long)allocs, (unsigned long long)limits,
@@ -398,7 +398,7 @@ int main(int argc, char **argv)
     fflush(stdout);
     signal(SIGPIPE, SIG_IGN);
     int rd;
-    bp_results_init(&rd);
+    tp_results_init(&rd);
     uint64_t rs = g_seed;
 
     /* 1: one tenant. */
@@ -466,6 +466,6 @@ int main(int argc, char **argv)
         if (test_failed_) bp_log_dump(&g_b);
         tb_cleanup(&g_b);
     }
-    bp_drain_results(rd);
+    tp_results_drain(rd);
     return test_summary();
 }

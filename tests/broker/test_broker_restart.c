@@ -67,10 +67,10 @@ static void calls_of(gm_pool_t *pool, uint64_t *imports, uint64_t *releases)
 
 static int says_gone(const char *e) { return strstr(e, "broker") && strstr(e, "gone"); }
 
-static uint64_t get_or_fail(bp_link_t *l)
+static uint64_t get_or_fail(tp_link_t *l)
 {
     uint64_t v = 0;
-    if (bp_get(l->in, &v, BP_WAIT_MS) != 0) {
+    if (tp_get(l->in, &v, TP_WAIT_MS) != 0) {
         KCHECK(!"no message from the coordinator");
         return 0;
     }
@@ -79,7 +79,7 @@ static uint64_t get_or_fail(bp_link_t *l)
 
 /* ---- a, b: one client ------------------------------------------------------- */
 
-static void one_client(bp_link_t *l, void *argp)
+static void one_client(tp_link_t *l, void *argp)
 {
     (void)argp;
     gm_pool_t *pool = NULL;
@@ -96,8 +96,8 @@ static void one_client(bp_link_t *l, void *argp)
     KCHECK_RC(bp_fill(pool, c, 10 * MiB, 0xc1), GM_OK);
     KCHECK_RC(gm_free(pool, c, NULL), GM_OK);
     KCHECK_RC(gm_trim(pool, 0, NULL), GM_OK);
-    bp_put(l->out, BP_READY);
-    bp_put(l->out, reserved_of(pool));
+    tp_put(l->out, BP_READY);
+    tp_put(l->out, reserved_of(pool));
 
     /* The broker is gone now. */
     if (get_or_fail(l) != BP_NEXT) return;
@@ -127,7 +127,7 @@ static void one_client(bp_link_t *l, void *argp)
     KCHECK(ms1 < 1000 && ms2 < 100);
     KCHECK(bp_same(pool, b, 6 * MiB, 0xb2));
     KCHECK_RC(gm_pool_check(pool), GM_OK);
-    bp_put(l->out, BP_ACK);
+    tp_put(l->out, BP_ACK);
 
     /* A new broker: the next allocation reconnects. */
     if (get_or_fail(l) != BP_NEXT) return;
@@ -144,9 +144,9 @@ static void one_client(bp_link_t *l, void *argp)
     KCHECK(back_ms <= back_limit_ms);
     KCHECK_RC(bp_fill(pool, d, 4 * MiB, 0xd1), GM_OK);
     KCHECK_RC(gm_trim(pool, 0, NULL), GM_OK); /* the stock goes back */
-    bp_put(l->out, BP_VALUE);
-    bp_put(l->out, reserved_of(pool));
-    bp_put(l->out, (uint64_t)(back_ms * 1000));
+    tp_put(l->out, BP_VALUE);
+    tp_put(l->out, reserved_of(pool));
+    tp_put(l->out, (uint64_t)(back_ms * 1000));
 
     if (get_or_fail(l) != BP_NEXT) return;
     KCHECK(bp_same(pool, b, 6 * MiB, 0xb2));
@@ -162,10 +162,10 @@ static void one_client(bp_link_t *l, void *argp)
         fprintf(stderr, "pid %d: %llu pages imported, %llu releases\n", (int)getpid(),
                 (unsigned long long)imports, (unsigned long long)releases);
     KCHECK(imports == releases);
-    bp_put(l->out, BP_ACK);
+    tp_put(l->out, BP_ACK);
     if (get_or_fail(l) != BP_STOP) return;
     gm_pool_destroy(pool);
-    bp_put(l->out, BP_DONE);
+    tp_put(l->out, BP_DONE);
 }
 
 static gm_broker_tenant_t row(void)
@@ -182,7 +182,7 @@ static void role_one(int sig)
     tb_init(&g_b);
     tb_config(&g_b, "1GiB", "");
     bp_start(&g_b);
-    bp_kid_t k = bp_spawn(one_client, NULL);
+    tp_kid_t k = tp_spawn(one_client, NULL);
     if (k.pid <= 0) {
         CHECK(k.pid > 0);
         tb_cleanup(&g_b);
@@ -190,8 +190,8 @@ static void role_one(int sig)
     }
     uint64_t held = 0;
     int st = -1;
-    if (!bp_expect(&k, BP_READY)) goto out;
-    CHECK(bp_get(k.from, &held, BP_WAIT_MS) == 0);
+    if (!tp_expect(&k, BP_READY)) goto out;
+    CHECK(tp_get(k.from, &held, TP_WAIT_MS) == 0);
     CHECK(held == 11 * PAGE); /* a and b: 8 + 3 pages */
     WAIT_FOR(row().used == held, 2000);
     CHECK(row().used == held);
@@ -202,15 +202,15 @@ static void role_one(int sig)
     struct stat sst;
     if (sig == SIGKILL) CHECK(stat(g_b.sock, &sst) == 0 && S_ISSOCK(sst.st_mode)); /* stale */
     else CHECK(stat(g_b.sock, &sst) != 0);
-    bp_put(k.to, BP_NEXT);
-    if (!bp_expect(&k, BP_ACK)) goto out;
+    tp_put(k.to, BP_NEXT);
+    if (!tp_expect(&k, BP_ACK)) goto out;
 
     bp_start(&g_b); /* takes over the stale socket */
-    bp_put(k.to, BP_NEXT);
-    if (!bp_expect(&k, BP_VALUE)) goto out;
+    tp_put(k.to, BP_NEXT);
+    if (!tp_expect(&k, BP_VALUE)) goto out;
     uint64_t us = 0;
-    CHECK(bp_get(k.from, &held, BP_WAIT_MS) == 0);
-    CHECK(bp_get(k.from, &us, BP_WAIT_MS) == 0);
+    CHECK(tp_get(k.from, &held, TP_WAIT_MS) == 0);
+    CHECK(tp_get(k.from, &us, TP_WAIT_MS) == 0);
     printf("%s: the client's allocation succeeded %.1f ms after the new broker was up\n", what,
            us / 1000.0);
     CHECK(held == 5 * PAGE); /* b's 3 pages kept, d's 2 new */
@@ -219,14 +219,14 @@ static void role_one(int sig)
     CHECK(row().clients == 1);
     CHECK(bp_log_count(&g_b, "kept 3 pages from an earlier broker run") == 1);
 
-    bp_put(k.to, BP_NEXT);
-    if (!bp_expect(&k, BP_ACK)) goto out;
+    tp_put(k.to, BP_NEXT);
+    if (!tp_expect(&k, BP_ACK)) goto out;
     WAIT_FOR(row().used == 0, 2000);
     CHECK(row().used == 0);
     CHECK(row().clients == 1);
-    bp_put(k.to, BP_STOP);
-    bp_expect(&k, BP_DONE);
-    CHECK(bp_exited_ok(bp_wait(k.pid, BP_WAIT_MS)));
+    tp_put(k.to, BP_STOP);
+    tp_expect(&k, BP_DONE);
+    CHECK(tp_exited_ok(tp_wait(k.pid, TP_WAIT_MS)));
     WAIT_FOR(row().clients == 0, 2000);
     gm_broker_tenant_t t = row();
     CHECK(t.used == 0 && t.clients == 0);
@@ -237,7 +237,7 @@ out:
         kill(k.pid, SIGKILL);
         waitpid(k.pid, &st, 0);
     }
-    bp_kid_close(&k);
+    tp_kid_close(&k);
     if (g_b.pid > 0) CHECK(tb_stop(&g_b, SIGTERM) == 0);
     if (test_failed_) bp_log_dump(&g_b);
     tb_cleanup(&g_b);
@@ -252,7 +252,7 @@ typedef struct ckid {
     size_t lease, release_threshold;
 } ckid_t;
 
-static void chaos_client(bp_link_t *l, void *argp)
+static void chaos_client(tp_link_t *l, void *argp)
 {
     ckid_t *a = argp;
     uint64_t rs = a->seed;
@@ -260,7 +260,7 @@ static void chaos_client(bp_link_t *l, void *argp)
     int rc = bp_pool(&g_b, a->lease, a->release_threshold, &pool);
     KCHECK_RC(rc, GM_OK);
     if (rc != GM_OK) return;
-    bp_put(l->out, BP_READY);
+    tp_put(l->out, BP_READY);
     void *blk[MAX_LIVE];
     size_t sz[MAX_LIVE];
     uint64_t tag[MAX_LIVE], ntag = a->seed << 16;
@@ -299,7 +299,7 @@ static void chaos_client(bp_link_t *l, void *argp)
         sleep_us(200);
     }
     uint64_t v = 0;
-    KCHECK(bp_get(l->in, &v, 0) == 0 && v == BP_STOP);
+    KCHECK(tp_get(l->in, &v, 0) == 0 && v == BP_STOP);
     for (size_t i = 0; i < n; i++) {
         KCHECK(bp_same(pool, blk[i], sz[i], tag[i]));
         KCHECK_RC(gm_free(pool, blk[i], NULL), GM_OK);
@@ -313,12 +313,12 @@ static void chaos_client(bp_link_t *l, void *argp)
         fprintf(stderr, "pid %d: %llu pages imported, %llu releases\n", (int)getpid(),
                 (unsigned long long)imports, (unsigned long long)releases);
     KCHECK(imports == releases);
-    bp_put(l->out, BP_ACK);
-    bp_put(l->out, allocs);
-    bp_put(l->out, ios);
+    tp_put(l->out, BP_ACK);
+    tp_put(l->out, allocs);
+    tp_put(l->out, ios);
     if (get_or_fail(l) != BP_NEXT) return;
     gm_pool_destroy(pool);
-    bp_put(l->out, BP_DONE);
+    tp_put(l->out, BP_DONE);
 }
 
 
@@ -329,16 +329,16 @@ static void role_chaos(int restarts, uint64_t *rs)
     tb_config(&g_b, "1GiB", "");
     bp_start(&g_b);
     ckid_t args[CHAOS];
-    bp_kid_t k[CHAOS];
+    tp_kid_t k[CHAOS];
     pid_t pids[CHAOS];
     for (int i = 0; i < CHAOS; i++) {
         args[i] = (ckid_t){.seed = rng_next(rs), .lease = (1 + bp_below(rs, 4)) * PAGE,
                            .release_threshold = i % 2 ? 0 : SIZE_MAX};
-        k[i] = bp_spawn(chaos_client, &args[i]);
+        k[i] = tp_spawn(chaos_client, &args[i]);
         CHECK(k[i].pid > 0);
         pids[i] = k[i].pid;
     }
-    for (int i = 0; i < CHAOS; i++) bp_expect(&k[i], BP_READY);
+    for (int i = 0; i < CHAOS; i++) tp_expect(&k[i], BP_READY);
     int kept_lines = 0;
     for (int r = 0; r < restarts; r++) {
         sleep_ms(100 + (long)bp_below(rs, 300));
@@ -360,13 +360,13 @@ static void role_chaos(int restarts, uint64_t *rs)
             CHECK(!"the books match the kernel");
         }
     }
-    for (int i = 0; i < CHAOS; i++) bp_put(k[i].to, BP_STOP);
+    for (int i = 0; i < CHAOS; i++) tp_put(k[i].to, BP_STOP);
     uint64_t allocs = 0, ios = 0;
     for (int i = 0; i < CHAOS; i++) {
         uint64_t v = 0, x = 0, y = 0;
-        while (bp_get(k[i].from, &v, BP_WAIT_MS) == 0 && v == BP_FAIL) {}
+        while (tp_get(k[i].from, &v, TP_WAIT_MS) == 0 && v == TP_FAIL) {}
         CHECK(v == BP_ACK);
-        CHECK(bp_get(k[i].from, &x, BP_WAIT_MS) == 0 && bp_get(k[i].from, &y, BP_WAIT_MS) == 0);
+        CHECK(tp_get(k[i].from, &x, TP_WAIT_MS) == 0 && tp_get(k[i].from, &y, TP_WAIT_MS) == 0);
         allocs += x;
         ios += y;
     }
@@ -387,10 +387,10 @@ static void role_chaos(int restarts, uint64_t *rs)
         free(qv.tenants);
     }
     for (int i = 0; i < CHAOS; i++) {
-        bp_put(k[i].to, BP_NEXT);
-        bp_expect(&k[i], BP_DONE);
-        CHECK(bp_exited_ok(bp_wait(k[i].pid, BP_WAIT_MS)));
-        bp_kid_close(&k[i]);
+        tp_put(k[i].to, BP_NEXT);
+        tp_expect(&k[i], BP_DONE);
+        CHECK(tp_exited_ok(tp_wait(k[i].pid, TP_WAIT_MS)));
+        tp_kid_close(&k[i]);
     }
     WAIT_FOR(row().clients == 0, 2000);
     gm_broker_tenant_t t = row();
@@ -411,7 +411,7 @@ static void role_chaos(int restarts, uint64_t *rs)
 
 /* ---- d: the broker dies between a RECLAIM and the answer --------------------- */
 
-static void d_holder(bp_link_t *l, void *argp)
+static void d_holder(tp_link_t *l, void *argp)
 {
     (void)argp;
     gm_pool_t *pool = NULL;
@@ -422,7 +422,7 @@ static void d_holder(bp_link_t *l, void *argp)
     KCHECK_RC(gm_alloc(pool, PAGE, NULL, &a), GM_OK); /* one page used, 7 in the stock */
     if (!a) return;
     KCHECK_RC(bp_fill(pool, a, PAGE, 0xd0), GM_OK);
-    bp_put(l->out, BP_READY);
+    tp_put(l->out, BP_READY);
     /* Stopped, given a RECLAIM, the broker killed, continued. */
     if (get_or_fail(l) != BP_NEXT) return;
     KCHECK(bp_same(pool, a, PAGE, 0xd0));
@@ -438,17 +438,17 @@ static void d_holder(bp_link_t *l, void *argp)
     calls_of(pool, &imports, &releases);
     KCHECK(imports == releases);
     gm_pool_destroy(pool);
-    bp_put(l->out, BP_DONE);
+    tp_put(l->out, BP_DONE);
 }
 
-static void d_asker(bp_link_t *l, void *argp)
+static void d_asker(tp_link_t *l, void *argp)
 {
     (void)argp;
     gm_pool_t *pool = NULL;
     int rc = bp_pool(&g_b, PAGE, SIZE_MAX, &pool);
     KCHECK_RC(rc, GM_OK);
     if (rc != GM_OK) return;
-    bp_put(l->out, BP_READY);
+    tp_put(l->out, BP_READY);
     if (get_or_fail(l) != BP_NEXT) return;
     void *p = NULL;
     double t0 = now_ms();
@@ -459,7 +459,7 @@ static void d_asker(bp_link_t *l, void *argp)
     if (rc == GM_OK) gm_free(pool, p, NULL);
     KCHECK(ms < 5000);
     gm_pool_destroy(pool);
-    bp_put(l->out, BP_DONE);
+    tp_put(l->out, BP_DONE);
 }
 
 static void role_reclaim_then_death(void)
@@ -468,26 +468,26 @@ static void role_reclaim_then_death(void)
     tb_init(&g_b);
     tb_config(&g_b, "32MiB", "reclaim_ms = 3000\n");
     bp_start(&g_b);
-    bp_kid_t h = bp_spawn(d_holder, NULL), a = bp_spawn(d_asker, NULL);
+    tp_kid_t h = tp_spawn(d_holder, NULL), a = tp_spawn(d_asker, NULL);
     CHECK(h.pid > 0 && a.pid > 0);
-    if (h.pid > 0 && a.pid > 0 && bp_expect(&h, BP_READY) && bp_expect(&a, BP_READY)) {
+    if (h.pid > 0 && a.pid > 0 && tp_expect(&h, BP_READY) && tp_expect(&a, BP_READY)) {
         CHECK(row().used == 8 * PAGE);
-        CHECK(bp_freeze(&h.pid, 1));
-        bp_put(a.to, BP_NEXT);
+        CHECK(tp_freeze(&h.pid, 1));
+        tp_put(a.to, BP_NEXT);
         /* The broker asked the holder (stopped) for its unused pages. */
         WAIT_FOR(row().reclaims >= 1, 3000);
         CHECK(row().reclaims >= 1);
         CHECK(tb_stop(&g_b, SIGKILL) == 128 + SIGKILL);
-        bp_thaw(&h.pid, 1);
+        tp_thaw(&h.pid, 1);
         sleep_ms(100); /* its events thread reads the RECLAIM, then the end */
-        bp_put(h.to, BP_NEXT);
-        bp_expect(&h, BP_DONE);
-        bp_expect(&a, BP_DONE);
+        tp_put(h.to, BP_NEXT);
+        tp_expect(&h, BP_DONE);
+        tp_expect(&a, BP_DONE);
     }
-    CHECK(bp_exited_ok(bp_wait(h.pid, BP_WAIT_MS)));
-    CHECK(bp_exited_ok(bp_wait(a.pid, BP_WAIT_MS)));
-    bp_kid_close(&h);
-    bp_kid_close(&a);
+    CHECK(tp_exited_ok(tp_wait(h.pid, TP_WAIT_MS)));
+    CHECK(tp_exited_ok(tp_wait(a.pid, TP_WAIT_MS)));
+    tp_kid_close(&h);
+    tp_kid_close(&a);
     if (test_failed_) bp_log_dump(&g_b);
     tb_cleanup(&g_b);
     printf("d (the broker killed between a RECLAIM and its answer): %.2f s\n",
@@ -510,15 +510,15 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());
     int rd;
-    bp_results_init(&rd);
+    tp_results_init(&rd);
     uint64_t rs = g_seed;
     role_one(SIGKILL);
-    bp_drain_results(rd);
+    tp_results_drain(rd);
     role_one(SIGTERM);
-    bp_drain_results(rd);
+    tp_results_drain(rd);
     role_chaos(restarts, &rs);
-    bp_drain_results(rd);
+    tp_results_drain(rd);
     role_reclaim_then_death();
-    bp_drain_results(rd);
+    tp_results_drain(rd);
     return test_summary();
 }

@@ -40,7 +40,7 @@ typedef struct skid {
 
 /* ---- the child: a pool that does what it is told ---------------------------------- */
 
-static void client(bp_link_t *l, void *argp)
+static void client(tp_link_t *l, void *argp)
 {
     skid_t *a = argp;
     gm_pool_t *pool = NULL;
@@ -50,11 +50,11 @@ static void client(bp_link_t *l, void *argp)
     void *blk[SLOTS] = {0};
     size_t sz[SLOTS] = {0};
     uint64_t tag[SLOTS] = {0};
-    bp_put(l->out, BP_READY);
+    tp_put(l->out, BP_READY);
     for (;;) {
         uint64_t op, x, y;
-        if (bp_get(l->in, &op, 600000) || bp_get(l->in, &x, BP_WAIT_MS) ||
-            bp_get(l->in, &y, BP_WAIT_MS))
+        if (tp_get(l->in, &op, 600000) || tp_get(l->in, &x, TP_WAIT_MS) ||
+            tp_get(l->in, &y, TP_WAIT_MS))
             return;
         if (op == OP_ALLOC) { /* x size, y tag; replies rc, slot, 1 when the error names the quota */
             int s = 0;
@@ -72,9 +72,9 @@ static void client(bp_link_t *l, void *argp)
                 sz[s] = x;
                 tag[s] = y;
             }
-            bp_put(l->out, (uint64_t)rc);
-            bp_put(l->out, rc == GM_OK ? (uint64_t)s : 0);
-            bp_put(l->out, quota);
+            tp_put(l->out, (uint64_t)rc);
+            tp_put(l->out, rc == GM_OK ? (uint64_t)s : 0);
+            tp_put(l->out, quota);
         } else if (op == OP_FREE || op == OP_CHECK) {
             int ok = x < SLOTS && blk[x] && bp_same(pool, blk[x], sz[x], tag[x]);
             KCHECK(ok);
@@ -82,13 +82,13 @@ static void client(bp_link_t *l, void *argp)
                 KCHECK_RC(gm_free(pool, blk[x], NULL), GM_OK);
                 blk[x] = NULL;
             }
-            bp_put(l->out, (uint64_t)ok);
+            tp_put(l->out, (uint64_t)ok);
         } else if (op == OP_STATS) { /* reserved, active */
             gm_stats_t st = GM_STATS_INIT;
             KCHECK_RC(gm_pool_stats(pool, &st), GM_OK);
             KCHECK_RC(gm_pool_check(pool), GM_OK);
-            bp_put(l->out, st.reserved);
-            bp_put(l->out, st.active);
+            tp_put(l->out, st.reserved);
+            tp_put(l->out, st.active);
         } else if (op == OP_EXIT) {
             for (int s = 0; s < SLOTS; s++)
                 if (blk[s]) {
@@ -97,7 +97,7 @@ static void client(bp_link_t *l, void *argp)
                 }
             KCHECK_RC(gm_pool_check(pool), GM_OK);
             gm_pool_destroy(pool);
-            bp_put(l->out, BP_DONE);
+            tp_put(l->out, BP_DONE);
             return;
         } else {
             KCHECK(!"an unknown op");
@@ -108,11 +108,11 @@ static void client(bp_link_t *l, void *argp)
 
 /* ---- the coordinator's side ---------------------------------------------------------- */
 
-static uint64_t get1(bp_kid_t *k)
+static uint64_t get1(tp_kid_t *k)
 {
     uint64_t v = 0;
     int r;
-    while ((r = bp_get(k->from, &v, 60000)) == 0 && v == BP_FAIL) {}
+    while ((r = tp_get(k->from, &v, 60000)) == 0 && v == TP_FAIL) {}
     if (r != 0) {
         fprintf(stderr, "no answer from pid %d\n", (int)k->pid);
         CHECK(!"an answer");
@@ -121,16 +121,16 @@ static uint64_t get1(bp_kid_t *k)
     return v;
 }
 
-static void send_op(bp_kid_t *k, uint64_t op, uint64_t x, uint64_t y)
+static void send_op(tp_kid_t *k, uint64_t op, uint64_t x, uint64_t y)
 {
-    bp_put(k->to, op);
-    bp_put(k->to, x);
-    bp_put(k->to, y);
+    tp_put(k->to, op);
+    tp_put(k->to, x);
+    tp_put(k->to, y);
 }
 
 typedef struct areply { int rc; uint64_t slot, quota; } areply_t;
 
-static areply_t do_alloc(bp_kid_t *k, size_t size, uint64_t tag)
+static areply_t do_alloc(tp_kid_t *k, size_t size, uint64_t tag)
 {
     send_op(k, OP_ALLOC, size, tag);
     areply_t r;
@@ -140,25 +140,25 @@ static areply_t do_alloc(bp_kid_t *k, size_t size, uint64_t tag)
     return r;
 }
 
-static int do_op(bp_kid_t *k, uint64_t op, uint64_t x)
+static int do_op(tp_kid_t *k, uint64_t op, uint64_t x)
 {
     send_op(k, op, x, 0);
     return (int)get1(k);
 }
 
-static void stats_of(bp_kid_t *k, uint64_t *reserved, uint64_t *active)
+static void stats_of(tp_kid_t *k, uint64_t *reserved, uint64_t *active)
 {
     send_op(k, OP_STATS, 0, 0);
     *reserved = get1(k);
     *active = get1(k);
 }
 
-static void finish(bp_kid_t *k)
+static void finish(tp_kid_t *k)
 {
     send_op(k, OP_EXIT, 0, 0);
     CHECK(get1(k) == BP_DONE);
-    CHECK(bp_exited_ok(bp_wait(k->pid, BP_WAIT_MS)));
-    bp_kid_close(k);
+    CHECK(tp_exited_ok(tp_wait(k->pid, TP_WAIT_MS)));
+    tp_kid_close(k);
 }
 
 static gm_broker_tenant_t row_of(const char *name)
@@ -181,9 +181,9 @@ static void round_(const char *what, size_t lease, size_t release_threshold, uin
 {
     size_t lease_eff = lease ? lease : 64 * MiB;
     skid_t ka = {lease, release_threshold};
-    bp_kid_t a = bp_spawn(client, &ka), b = bp_spawn(client, &ka);
+    tp_kid_t a = tp_spawn(client, &ka), b = tp_spawn(client, &ka);
     CHECK(a.pid > 0 && b.pid > 0);
-    if (!bp_expect(&a, BP_READY) || !bp_expect(&b, BP_READY)) return;
+    if (!tp_expect(&a, BP_READY) || !tp_expect(&b, BP_READY)) return;
     uint64_t ta = rng_next(rs) | 1, tb = rng_next(rs) | 1;
 
     /* 1, 2: A's block, then an allocation past the quota. */
@@ -234,7 +234,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());
     int rd;
-    bp_results_init(&rd);
+    tp_results_init(&rd);
     uint64_t rs = g_seed;
     tb_init(&g_b);
     tb_config(&g_b, "2GiB", "default_quota = 512MiB\n");
@@ -245,6 +245,6 @@ int main(int argc, char **argv)
     round_("kept pages, 8 MiB leases", 8 * MiB, SIZE_MAX, &rs);
     CHECK(tb_stop(&g_b, SIGTERM) == 0);
     tb_cleanup(&g_b);
-    bp_drain_results(rd);
+    tp_results_drain(rd);
     return test_summary();
 }

@@ -79,13 +79,13 @@ static int file_has(const char *path, const char *text)
 /* The broker's page (a raw STATS; the reply names it). */
 static uint64_t page_of(const char *sock)
 {
-    int fd = bp_raw_connect(sock, 5000);
+    int fd = tp_raw_connect(sock, 5000);
     if (fd < 0) return 0;
     gm__broker_msg_t m;
     bp_msg(&m, GM__BROKER_STATS);
     m.first = 1u << 30;
     uint64_t page = 0;
-    if (bp_raw_send(fd, &m, sizeof m, NULL, 0) == 0 && bp_raw_recv(fd, &m, NULL, 0, NULL) == 1)
+    if (tp_raw_send(fd, &m, sizeof m, NULL, 0) == 0 && bp_raw_recv(fd, &m, NULL, 0, NULL) == 1)
         page = m.page_size;
     close(fd);
     return page;
@@ -101,7 +101,7 @@ static int raw_hello(int fd, uint64_t page, uint64_t adopt, gm__broker_msg_t *r)
     m.page_size = page;
     m.adopt = adopt;
     memset(r, 0, sizeof *r);
-    bp_raw_send(fd, &m, sizeof m, NULL, 0); /* may fail: turned away and closed */
+    tp_raw_send(fd, &m, sizeof m, NULL, 0); /* may fail: turned away and closed */
     for (int i = 0; i < 2; i++) {
         ssize_t n = recv(fd, r, sizeof *r, 0);
         if (n == (ssize_t)sizeof *r) return 1;
@@ -119,7 +119,7 @@ static void impostor_prep(void)
 }
 
 /* With GPUMEM_BROKER_UID naming the impostor's uid: trusted. */
-static void trusting_kid(bp_link_t *l, void *arg)
+static void trusting_kid(tp_link_t *l, void *arg)
 {
     (void)l;
     const char *value = arg;
@@ -137,7 +137,7 @@ static void trusting_kid(bp_link_t *l, void *arg)
 
 /* The impostor's table, as a process that trusts it reads it: no tenant
  * (no HELLO ever reached it). */
-static void count_kid(bp_link_t *l, void *arg)
+static void count_kid(tp_link_t *l, void *arg)
 {
     (void)l;
     (void)arg;
@@ -155,7 +155,7 @@ static void count_kid(bp_link_t *l, void *arg)
 /* Without GPUMEM_BROKER_UID: a pool there and a query are refused, naming
  * the path and the uids (in a child: this process makes no pool, so the
  * brokers it forks later can use the device). */
-static void refused_kid(bp_link_t *l, void *arg)
+static void refused_kid(tp_link_t *l, void *arg)
 {
     (void)l;
     (void)arg;
@@ -175,13 +175,13 @@ static void refused_kid(bp_link_t *l, void *arg)
     if (rc == GM_OK) free(v.tenants);
 }
 
-static void run_kid(void (*fn)(bp_link_t *, void *), void *arg)
+static void run_kid(void (*fn)(tp_link_t *, void *), void *arg)
 {
-    bp_kid_t k = bp_spawn(fn, arg);
+    tp_kid_t k = tp_spawn(fn, arg);
     CHECK(k.pid > 0);
     if (k.pid <= 0) return;
-    CHECK(bp_exited_ok(bp_wait(k.pid, 60000)));
-    bp_kid_close(&k);
+    CHECK(tp_exited_ok(tp_wait(k.pid, 60000)));
+    tp_kid_close(&k);
 }
 
 static void part_a(void)
@@ -203,7 +203,7 @@ static void part_a(void)
     g_b.pid = pid;
     int up = 0;
     for (int i = 0; i < 5000 && !up; i++) {
-        int fd = bp_raw_connect(g_b.sock, 1000);
+        int fd = tp_raw_connect(g_b.sock, 1000);
         if (fd >= 0) {
             close(fd);
             up = 1;
@@ -248,7 +248,7 @@ static void part_a(void)
     g_b.pid = pid;
     up = 0;
     for (int i = 0; i < 5000 && !up; i++) {
-        int fd = bp_raw_connect(g_b.sock, 1000);
+        int fd = tp_raw_connect(g_b.sock, 1000);
         if (fd >= 0) {
             close(fd);
             up = 1;
@@ -319,11 +319,11 @@ static void part_b(void)
 typedef struct claim { uid_t uid; uint64_t adopt, page; } claim_t;
 
 /* Claims to keep adopt pages, holds the connection until told to stop. */
-static void claimer(bp_link_t *l, void *arg)
+static void claimer(tp_link_t *l, void *arg)
 {
     claim_t *c = arg;
     KCHECK(become(c->uid) == 0);
-    int fd = bp_raw_connect(g_b.sock, 5000);
+    int fd = tp_raw_connect(g_b.sock, 5000);
     KCHECK(fd >= 0);
     gm__broker_msg_t r;
     int got = fd >= 0 && raw_hello(fd, c->page, c->adopt, &r);
@@ -335,14 +335,14 @@ static void claimer(bp_link_t *l, void *arg)
                     (unsigned long long)r.used);
         KCHECK(r.adopt == 0 && r.used == 0);
     }
-    bp_put(l->out, BP_READY);
+    tp_put(l->out, BP_READY);
     uint64_t v;
-    bp_get(l->in, &v, BP_WAIT_MS);
+    tp_get(l->in, &v, TP_WAIT_MS);
     if (fd >= 0) close(fd);
 }
 
 /* The guaranteed tenant: a pool that allocates and writes 128 MiB. */
-static void gold_kid(bp_link_t *l, void *arg)
+static void gold_kid(tp_link_t *l, void *arg)
 {
     (void)l;
     (void)arg;
@@ -377,9 +377,9 @@ static void part_c(void)
     if (!page) return;
     claim_t small = {SMALL, (512 * MiB) / page, page};
     claim_t hog = {NOBODY, (1024 * MiB) / page, page};
-    bp_kid_t ks = bp_spawn(claimer, &small), kh = bp_spawn(claimer, &hog);
-    bp_expect(&ks, BP_READY);
-    bp_expect(&kh, BP_READY);
+    tp_kid_t ks = tp_spawn(claimer, &small), kh = tp_spawn(claimer, &hog);
+    tp_expect(&ks, BP_READY);
+    tp_expect(&kh, BP_READY);
     gm_broker_view_t v;
     CHECK(bp_quiet_view(&g_b, &v, 5000));
     uint64_t small_used = UINT64_MAX;
@@ -393,30 +393,30 @@ static void part_c(void)
     CHECK(bp_log_count(&g_b, "the lease record proves 0") == 2);
     /* A guaranteed tenant is served while they hold their claims. */
     run_kid(gold_kid, NULL);
-    bp_put(ks.to, BP_STOP);
-    bp_put(kh.to, BP_STOP);
-    CHECK(bp_exited_ok(bp_wait(ks.pid, 30000)));
-    CHECK(bp_exited_ok(bp_wait(kh.pid, 30000)));
-    bp_kid_close(&ks);
-    bp_kid_close(&kh);
+    tp_put(ks.to, BP_STOP);
+    tp_put(kh.to, BP_STOP);
+    CHECK(tp_exited_ok(tp_wait(ks.pid, 30000)));
+    CHECK(tp_exited_ok(tp_wait(kh.pid, 30000)));
+    tp_kid_close(&ks);
+    tp_kid_close(&kh);
 
     /* A lease the record holds is proven to the next run: this process
      * leases 3 pages, the broker is killed, a new one books 3 of a claim
      * of 10. */
-    int fd = bp_raw_connect(g_b.sock, 5000);
+    int fd = tp_raw_connect(g_b.sock, 5000);
     gm__broker_msg_t r;
     CHECK(fd >= 0 && raw_hello(fd, page, 0, &r) && r.status == GM_OK);
     bp_msg(&r, GM__BROKER_LEASE);
     r.min = r.count = 3;
     int fds[64];
     size_t nfds = 0;
-    CHECK(bp_raw_send(fd, &r, sizeof r, NULL, 0) == 0);
+    CHECK(tp_raw_send(fd, &r, sizeof r, NULL, 0) == 0);
     CHECK(bp_raw_recv(fd, &r, fds, 64, &nfds) == 1 && r.status == GM_OK && nfds == 3);
     for (size_t i = 0; i < nfds; i++) close(fds[i]);
     tb_stop(&g_b, SIGKILL);
     close(fd);
     bp_start(&g_b);
-    fd = bp_raw_connect(g_b.sock, 5000);
+    fd = tp_raw_connect(g_b.sock, 5000);
     CHECK(fd >= 0 && raw_hello(fd, page, 10, &r) && r.status == GM_OK);
     CHECK(r.adopt == 3 && r.used == 3 * page);
     CHECK(bp_log_count(&g_b, "claims to keep 10 pages from an earlier broker run; the lease "
@@ -424,7 +424,7 @@ static void part_c(void)
     /* It lets go of them: 3, not 10. */
     bp_msg(&r, GM__BROKER_UNADOPT);
     r.count = 3;
-    CHECK(bp_raw_send(fd, &r, sizeof r, NULL, 0) == 0);
+    CHECK(tp_raw_send(fd, &r, sizeof r, NULL, 0) == 0);
     gm_broker_tenant_t t;
     char me[32];
     snprintf(me, sizeof me, "uid:%u", (unsigned)geteuid());
@@ -434,7 +434,7 @@ static void part_c(void)
     /* A record another uid could have written is not believed. */
     bp_msg(&r, GM__BROKER_LEASE);
     r.min = r.count = 2;
-    CHECK(bp_raw_send(fd, &r, sizeof r, NULL, 0) == 0);
+    CHECK(tp_raw_send(fd, &r, sizeof r, NULL, 0) == 0);
     nfds = 0;
     CHECK(bp_raw_recv(fd, &r, fds, 64, &nfds) == 1 && r.status == GM_OK && nfds == 2);
     for (size_t i = 0; i < nfds; i++) close(fds[i]);
@@ -444,7 +444,7 @@ static void part_c(void)
     snprintf(record, sizeof record, "%s.leases", g_b.sock);
     CHECK(chmod(record, 0666) == 0);
     bp_start(&g_b);
-    fd = bp_raw_connect(g_b.sock, 5000);
+    fd = tp_raw_connect(g_b.sock, 5000);
     CHECK(fd >= 0 && raw_hello(fd, page, 2, &r) && r.status == GM_OK);
     CHECK(r.adopt == 0 && r.used == 0);
     CHECK(bp_log_count(&g_b, "that only it may write; ignored") == 1);
@@ -461,13 +461,13 @@ typedef struct flood { uid_t uid; uint64_t page; const char *want; } flood_t;
 /* Open connections (each says HELLO) until one is turned away: how many
  * were served (reported), the refusal's text must hold f->want; then the
  * library's pool creation is refused with it too; hold them until told. */
-static void flooder(bp_link_t *l, void *arg)
+static void flooder(tp_link_t *l, void *arg)
 {
     flood_t *f = arg;
     KCHECK(become(f->uid) == 0);
     int fds[16], n = 0, refused = 0;
     while (n < 16) {
-        int fd = bp_raw_connect(g_b.sock, 5000);
+        int fd = tp_raw_connect(g_b.sock, 5000);
         KCHECK(fd >= 0);
         if (fd < 0) break;
         gm__broker_msg_t r;
@@ -494,10 +494,10 @@ static void flooder(bp_link_t *l, void *arg)
     } else {
         gm_pool_destroy(pool);
     }
-    bp_put(l->out, BP_VALUE);
-    bp_put(l->out, (uint64_t)n);
+    tp_put(l->out, BP_VALUE);
+    tp_put(l->out, (uint64_t)n);
     uint64_t v;
-    bp_get(l->in, &v, BP_WAIT_MS);
+    tp_get(l->in, &v, TP_WAIT_MS);
     for (int i = 0; i < n; i++) close(fds[i]);
 }
 
@@ -513,26 +513,26 @@ static void part_d(void)
     uint64_t page = page_of(g_b.sock);
     CHECK(page != 0);
     flood_t hostile = {NOBODY, page, "turned away: tenant 'uid:65534' has 4 connections, the limit"};
-    bp_kid_t kh = bp_spawn(flooder, &hostile);
+    tp_kid_t kh = tp_spawn(flooder, &hostile);
     uint64_t n = 0;
-    CHECK(bp_expect(&kh, BP_VALUE) && bp_get(kh.from, &n, BP_WAIT_MS) == 0);
+    CHECK(tp_expect(&kh, BP_VALUE) && tp_get(kh.from, &n, TP_WAIT_MS) == 0);
     printf("the hostile tenant holds %llu connections of 8\n", (unsigned long long)n);
     CHECK(n == 4);
     /* The guaranteed tenant is served meanwhile. */
     run_kid(gold_kid, NULL);
     /* A third tenant takes what is left: then the broker is full. */
     flood_t third = {THIRD, page, "broker full: max_clients 8"};
-    bp_kid_t kt = bp_spawn(flooder, &third);
+    tp_kid_t kt = tp_spawn(flooder, &third);
     uint64_t m = 0;
-    CHECK(bp_expect(&kt, BP_VALUE) && bp_get(kt.from, &m, BP_WAIT_MS) == 0);
+    CHECK(tp_expect(&kt, BP_VALUE) && tp_get(kt.from, &m, TP_WAIT_MS) == 0);
     printf("a third tenant then holds %llu connections\n", (unsigned long long)m);
     CHECK(m >= 1 && m <= 4);
-    bp_put(kh.to, BP_STOP);
-    bp_put(kt.to, BP_STOP);
-    CHECK(bp_exited_ok(bp_wait(kh.pid, 30000)));
-    CHECK(bp_exited_ok(bp_wait(kt.pid, 30000)));
-    bp_kid_close(&kh);
-    bp_kid_close(&kt);
+    tp_put(kh.to, BP_STOP);
+    tp_put(kt.to, BP_STOP);
+    CHECK(tp_exited_ok(tp_wait(kh.pid, 30000)));
+    CHECK(tp_exited_ok(tp_wait(kt.pid, 30000)));
+    tp_kid_close(&kh);
+    tp_kid_close(&kt);
     CHECK(bp_log_count(&g_b, "turned away: tenant 'uid:65534'") >= 2);
     CHECK(bp_log_count(&g_b, "broker full: max_clients 8") >= 2);
     tb_stop(&g_b, SIGTERM);
@@ -545,7 +545,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);
     int results;
-    bp_results_init(&results);
+    tp_results_init(&results);
     if (!can_switch()) {
         printf("test_broker_trust: cannot change uid here (not root): skipped\n");
         return 77;
@@ -554,6 +554,6 @@ int main(void)
     part_b();
     part_c();
     part_d();
-    bp_drain_results(results);
+    tp_results_drain(results);
     return test_summary();
 }

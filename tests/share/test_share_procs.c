@@ -53,65 +53,22 @@
 #include "gpumem.h"
 #include "test.h"
 #include "share_util.h"
+#include "lib/procs.h"
 
 #define MiB ((size_t)1 << 20)
-#define WAIT_MS 15000 /* a pipe message not there in this long: the other side hung */
 
-/* Messages over the pipes (one uint64_t each). */
+/* Messages over the pipes (one uint64_t each); a failed KCHECK sends TP_FAIL. */
 enum { M_GO = 1, M_READY, M_VERIFIED, M_WRITE, M_WRITTEN, M_RELEASE, M_RELEASED, M_DONE,
-       M_HOLDING, M_STARTED, M_CHECK, M_CHECKED, M_ACK, M_END, M_FAIL = 0xFA11 };
+       M_HOLDING, M_STARTED, M_CHECK, M_CHECKED, M_ACK, M_END };
 
 static unsigned long long g_seed = 0x5ea7c0de2024ull;
-static int g_results = -1; /* write end of the coordinator's result pipe */
-static int g_kid_out = -1; /* this child's pipe to its parent */
-static int g_parent_fds[256];
-static int g_n_parent_fds;
 static const char *g_tmp = "/tmp";
 
 #define RQ(c) do { if (!(c)) { CHECK(c); return; } } while (0)
-/* A CHECK in a process that is going to be killed: its failure also travels
- * over its pipe, so the parent counts it. */
-#define KCHECK(c)                                                              \
-    do {                                                                       \
-        int kc_ = (c);                                                         \
-        if (kc_) {                                                             \
-            test_passed_++;                                                    \
-        } else {                                                               \
-            test_failed_++;                                                    \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c); \
-            if (g_kid_out >= 0) put(g_kid_out, M_FAIL);                        \
-        }                                                                      \
-    } while (0)
 
 /* ---- small helpers ---------------------------------------------------------- */
 
 static uint64_t rng_below(uint64_t *s, uint64_t n) { return rng_next(s) % n; }
-
-static int put(int fd, uint64_t v)
-{
-    ssize_t n;
-    do n = write(fd, &v, sizeof v);
-    while (n < 0 && errno == EINTR);
-    return n == (ssize_t)sizeof v ? 0 : -1;
-}
-
-/* One message within ms; -1 on EOF or timeout. */
-static int get(int fd, uint64_t *v, int ms)
-{
-    double end = now_ms() + ms;
-    for (;;) {
-        int left = (int)(end - now_ms());
-        if (left < 0) left = 0;
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        int r = poll(&p, 1, left);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return -1;
-        ssize_t n;
-        do n = read(fd, v, sizeof *v);
-        while (n < 0 && errno == EINTR);
-        return n == (ssize_t)sizeof *v ? 0 : -1;
-    }
-}
 
 static size_t page_of(gm_pool_t *p)
 {
@@ -178,110 +135,6 @@ static int all_is(gm_pool_t *p, const void *src, unsigned char v, size_t n)
     return ok;
 }
 
-/* ---- processes -------------------------------------------------------------- */
-
-typedef struct { pid_t pid; int to, from; } kid_t; /* the parent's side */
-typedef struct { int in, out; } link_t;          /* the child's side */
-
-static void child_exit(void)
-{
-    unsigned long r[2] = {test_passed_, test_failed_};
-    if (g_results >= 0 && write(g_results, r, sizeof r) != (ssize_t)sizeof r)
-        fprintf(stderr, "pid %d: cannot report\n", (int)getpid());
-    fflush(stdout);
-    fflush(stderr);
-    _exit(test_failed_ ? 1 : 0);
-}
-
-/* fork a child running fn; the caller must not have made a pool yet. */
-static kid_t spawn(void (*fn)(link_t *, void *), void *arg)
-{
-    kid_t k = {-1, -1, -1};
-    int a[2], b[2];
-    if (pipe2(a, O_CLOEXEC) != 0) return k;
-    if (pipe2(b, O_CLOEXEC) != 0) { close(a[0]); close(a[1]); return k; }
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        for (int i = 0; i < g_n_parent_fds; i++) close(g_parent_fds[i]);
-        g_n_parent_fds = 0;
-        close(a[1]);
-        close(b[0]);
-        test_passed_ = test_failed_ = 0;
-        link_t l = {a[0], b[1]};
-        g_kid_out = b[1];
-        fn(&l, arg);
-        child_exit();
-    }
-    close(a[0]);
-    close(b[1]);
-    if (pid < 0) { close(a[1]); close(b[0]); return k; }
-    k = (kid_t){pid, a[1], b[0]};
-    if (g_n_parent_fds + 2 <= (int)(sizeof g_parent_fds / sizeof *g_parent_fds)) {
-        g_parent_fds[g_n_parent_fds++] = a[1];
-        g_parent_fds[g_n_parent_fds++] = b[0];
-    }
-    return k;
-}
-
-static void kid_close(kid_t *k)
-{
-    for (int i = 0; i < g_n_parent_fds; i++)
-        if (g_parent_fds[i] == k->to || g_parent_fds[i] == k->from)
-            g_parent_fds[i--] = g_parent_fds[--g_n_parent_fds];
-    if (k->to >= 0) close(k->to);
-    if (k->from >= 0) close(k->from);
-    k->to = k->from = -1;
-}
-
-/* Wait for pid at most ms; kill it after.  Its wait status, or -1. */
-static int wait_kid(pid_t pid, int ms)
-{
-    int st;
-    double end = now_ms() + ms;
-    for (;;) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) return st;
-        if (r < 0) return -1;
-        if (now_ms() > end) break;
-        sleep_us(2000);
-    }
-    fprintf(stderr, "pid %d hung: killed\n", (int)pid);
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    return -1;
-}
-
-static int exited_ok(int st) { return st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0; }
-
-/* The next message from k is `want`. */
-static int expect(kid_t *k, uint64_t want)
-{
-    uint64_t v = 0;
-    int ok = get(k->from, &v, WAIT_MS) == 0 && v == want;
-    if (!ok) fprintf(stderr, "pid %d: expected message %llu from %d, got %llu\n", (int)getpid(),
-                     (unsigned long long)want, (int)k->pid, (unsigned long long)v);
-    CHECK(ok);
-    return ok;
-}
-
-/* Kill k (-9), reap it, count the failures it sent before dying. */
-static void kill_kid(kid_t *k)
-{
-    CHECK(kill(k->pid, SIGKILL) == 0);
-    int st = -1;
-    CHECK(waitpid(k->pid, &st, 0) == k->pid);
-    if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL))
-        fprintf(stderr, "pid %d ended before the kill (status %#x)\n", (int)k->pid, st);
-    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
-    int fails = 0;
-    uint64_t v;
-    while (get(k->from, &v, 0) == 0) fails += v == M_FAIL;
-    CHECK(fails == 0);
-}
-
 /* ---- a: one exporter, several importers ------------------------------------- */
 
 #define A_KIDS 4
@@ -292,11 +145,11 @@ typedef struct {
     int idx;
 } a_arg_t;
 
-static void a_importer(link_t *l, void *argp)
+static void a_importer(tp_link_t *l, void *argp)
 {
     a_arg_t *a = argp;
     uint64_t v;
-    RQ(get(l->in, &v, WAIT_MS) == 0 && v == M_GO);
+    RQ(tp_get(l->in, &v, TP_WAIT_MS) == 0 && v == M_GO);
     gm_pool_t *pool = test_pool(256 * MiB, 0);
     RQ(pool != NULL);
     size_t page = page_of(pool);
@@ -319,14 +172,14 @@ static void a_importer(link_t *l, void *argp)
     size_t mid_pages = (a->mid_off + a->mid_len + page - 1) / page - a->mid_off / page;
     gm_share_stats_t s = sstats(pool);
     CHECK(s.imports == 2 && s.imported_bytes == (a->size / page + mid_pages) * page);
-    put(l->out, M_VERIFIED);
-    RQ(get(l->in, &v, WAIT_MS) == 0 && v == M_WRITE);
+    tp_put(l->out, M_VERIFIED);
+    RQ(tp_get(l->in, &v, TP_WAIT_MS) == 0 && v == M_WRITE);
     /* A marker of its own near the end of the block, through its mapping. */
     CHECK_OK(gm_memset(pool, (char *)p + a->size - 4096 + (size_t)a->idx * 64, 0xA0 + a->idx, 64,
                        NULL));
     CHECK_OK(gm_stream_synchronize(pool, NULL));
-    put(l->out, M_WRITTEN);
-    RQ(get(l->in, &v, WAIT_MS) == 0 && v == M_RELEASE);
+    tp_put(l->out, M_WRITTEN);
+    RQ(tp_get(l->in, &v, TP_WAIT_MS) == 0 && v == M_RELEASE);
     /* Every importer's marker is visible to every other one. */
     for (int i = 0; i < A_KIDS; i++)
         CHECK(all_is(pool, (char *)p + a->size - 4096 + (size_t)i * 64, 0xA0 + i, 64));
@@ -337,12 +190,12 @@ static void a_importer(link_t *l, void *argp)
     CHECK(s.imports == 0 && s.imported_bytes == 0);
     CHECK_OK(gm_share_disconnect(cli));
     gm_pool_destroy(pool);
-    put(l->out, M_DONE);
+    tp_put(l->out, M_DONE);
 }
 
 static void role_a(void)
 {
-    kid_t k[A_KIDS];
+    tp_kid_t k[A_KIDS];
     a_arg_t args[A_KIDS];
     char path[108];
     sock_path(path, sizeof path, "a");
@@ -350,7 +203,7 @@ static void role_a(void)
         args[i] = (a_arg_t){.tag = 5, .size = 8 * MiB, .mid_off = 3 * MiB + 123,
                             .mid_len = MiB + 7, .idx = i};
         memcpy(args[i].path, path, sizeof path);
-        k[i] = spawn(a_importer, &args[i]);
+        k[i] = tp_spawn(a_importer, &args[i]);
         RQ(k[i].pid > 0);
     }
     gm_pool_t *pool = test_pool(256 * MiB, 0);
@@ -367,9 +220,9 @@ static void role_a(void)
     CHECK_OK(gm_share_publish(srv, "a-mid", (char *)blk + args[0].mid_off, args[0].mid_len,
                               GM_SHARE_READ_WRITE, "tok-a", NULL));
     int fd1 = fd_count();
-    for (int i = 0; i < A_KIDS; i++) put(k[i].to, M_GO);
+    for (int i = 0; i < A_KIDS; i++) tp_put(k[i].to, M_GO);
     int ok = 1;
-    for (int i = 0; i < A_KIDS; i++) ok &= expect(&k[i], M_VERIFIED);
+    for (int i = 0; i < A_KIDS; i++) ok &= tp_expect(&k[i], M_VERIFIED);
     size_t mid_pages = (args[0].mid_off + args[0].mid_len + page - 1) / page -
                        args[0].mid_off / page;
     gm_share_stats_t s = sstats(pool);
@@ -378,18 +231,18 @@ static void role_a(void)
         CHECK(s.exported_bytes == A_KIDS * (8 * MiB / page + mid_pages) * page);
         CHECK(s.published == 2 && s.published_bytes == 8 * MiB + args[0].mid_len);
     }
-    for (int i = 0; i < A_KIDS; i++) put(k[i].to, M_WRITE);
-    for (int i = 0; i < A_KIDS; i++) expect(&k[i], M_WRITTEN);
+    for (int i = 0; i < A_KIDS; i++) tp_put(k[i].to, M_WRITE);
+    for (int i = 0; i < A_KIDS; i++) tp_expect(&k[i], M_WRITTEN);
     /* The importers' writes are in the exporter's memory; nothing else moved. */
     for (int i = 0; i < A_KIDS; i++)
         CHECK(all_is(pool, (char *)blk + 8 * MiB - 4096 + (size_t)i * 64, 0xA0 + i, 64));
     CHECK(same(pool, blk, 5, 0, 8 * MiB - 4096));
     CHECK(same(pool, (char *)blk + 8 * MiB - 4096 + A_KIDS * 64, 5, 8 * MiB - 4096 + A_KIDS * 64,
                4096 - A_KIDS * 64));
-    for (int i = 0; i < A_KIDS; i++) put(k[i].to, M_RELEASE);
+    for (int i = 0; i < A_KIDS; i++) tp_put(k[i].to, M_RELEASE);
     for (int i = 0; i < A_KIDS; i++) {
-        expect(&k[i], M_DONE);
-        CHECK(exited_ok(wait_kid(k[i].pid, WAIT_MS)));
+        tp_expect(&k[i], M_DONE);
+        CHECK(tp_exited_ok(tp_wait(k[i].pid, TP_WAIT_MS)));
     }
     WAIT_FOR(sstats(pool).exported_bytes == 0 && sstats(pool).peers == 0, 1000);
     s = sstats(pool);
@@ -403,7 +256,7 @@ static void role_a(void)
     CHECK(st.live_blocks == base.live_blocks && st.allocated == base.allocated);
     CHECK_OK(gm_share_close(srv));
     CHECK(access(path, F_OK) != 0);
-    for (int i = 0; i < A_KIDS; i++) kid_close(&k[i]);
+    for (int i = 0; i < A_KIDS; i++) tp_kid_close(&k[i]);
     gm_pool_destroy(pool);
 }
 
@@ -454,11 +307,11 @@ static int b_import(gm_pool_t *pool, gm_share_client_t *cli, const b_arg_t *a, i
     return GM_OK;
 }
 
-static void b_importer(link_t *l, void *argp)
+static void b_importer(tp_link_t *l, void *argp)
 {
     b_arg_t *a = argp;
     uint64_t v;
-    RQ(get(l->in, &v, 60000) == 0 && v == M_GO);
+    RQ(tp_get(l->in, &v, 60000) == 0 && v == M_GO);
     uint64_t rng = a->seed;
     gm_pool_t *pool = test_pool(256 * MiB, 0);
     RQ(pool != NULL);
@@ -482,13 +335,13 @@ static void b_importer(link_t *l, void *argp)
         }
         gm_share_stats_t s = sstats(pool);
         KCHECK(s.imports == B_NAMES && s.imported_bytes == want);
-        put(l->out, M_HOLDING);
-        get(l->in, &v, 60000); /* killed meanwhile */
+        tp_put(l->out, M_HOLDING);
+        tp_get(l->in, &v, 60000); /* killed meanwhile */
         return;
     }
     /* Import and release at random until killed. */
     int held[B_NAMES] = {0};
-    put(l->out, M_STARTED);
+    tp_put(l->out, M_STARTED);
     for (long it = 0; it < 10000000; it++) {
         int i = (int)rng_below(&rng, B_NAMES);
         if (held[i] < 2 && rng_below(&rng, 3) != 0) {
@@ -524,13 +377,13 @@ static void role_b(void)
         b->access = (int)rng_below(&rng, 2);
         b->token = rng_below(&rng, 3) == 0;
     }
-    kid_t k[B_HOLD_KIDS + B_LOOP_KIDS];
+    tp_kid_t k[B_HOLD_KIDS + B_LOOP_KIDS];
     uint64_t kill_after_us[B_HOLD_KIDS + B_LOOP_KIDS];
     for (int j = 0; j < B_HOLD_KIDS + B_LOOP_KIDS; j++) {
         arg.seed = rng_next(&rng);
         arg.loop = j >= B_HOLD_KIDS;
         kill_after_us[j] = arg.loop ? rng_below(&rng, 40000) : rng_below(&rng, 5000);
-        k[j] = spawn(b_importer, &arg);
+        k[j] = tp_spawn(b_importer, &arg);
         RQ(k[j].pid > 0);
     }
     gm_pool_t *pool = test_pool(256 * MiB, 0);
@@ -538,7 +391,7 @@ static void role_b(void)
     size_t page = page_of(pool);
     if (page != pg) {
         printf("b: page of %zu bytes, not 2 MiB: skipped\n", page);
-        for (int j = 0; j < B_HOLD_KIDS + B_LOOP_KIDS; j++) { kill_kid(&k[j]); kid_close(&k[j]); }
+        for (int j = 0; j < B_HOLD_KIDS + B_LOOP_KIDS; j++) tp_kill(&k[j]);
         gm_pool_destroy(pool);
         return;
     }
@@ -563,16 +416,16 @@ static void role_b(void)
     int fd_base = fd_count();
     double worst = 0;
     for (int j = 0; j < B_HOLD_KIDS + B_LOOP_KIDS; j++) {
-        put(k[j].to, M_GO);
+        tp_put(k[j].to, M_GO);
         if (j < B_HOLD_KIDS) {
-            if (!expect(&k[j], M_HOLDING)) { kill_kid(&k[j]); kid_close(&k[j]); continue; }
+            if (!tp_expect(&k[j], M_HOLDING)) { tp_kill(&k[j]); continue; }
             gm_share_stats_t s = sstats(pool);
             CHECK(s.peers == 1 && s.exported_bytes == all_bytes);
         } else {
-            if (!expect(&k[j], M_STARTED)) { kill_kid(&k[j]); kid_close(&k[j]); continue; }
+            if (!tp_expect(&k[j], M_STARTED)) { tp_kill(&k[j]); continue; }
         }
         sleep_us((long)kill_after_us[j]);
-        kill_kid(&k[j]);
+        tp_kill(&k[j]);
         double t0 = now_ms();
         WAIT_FOR(sstats(pool).exported_bytes == 0 && sstats(pool).peers == 0, 1000);
         double dt = now_ms() - t0;
@@ -584,7 +437,7 @@ static void role_b(void)
                     (unsigned long long)s.peers);
         CHECK(s.exported_bytes == 0 && s.peers == 0);
         CHECK(s.peers_dropped == 0 && s.held_for_peers_bytes == 0);
-        kid_close(&k[j]);
+        tp_kid_close(&k[j]);
         int want = fd_base - 2 * (j + 1);
         WAIT_FOR(fd_count() == want, 1000);
         if (fd_count() != want) fprintf(stderr, "b: %d descriptors, want %d\n", fd_count(), want);
@@ -628,11 +481,11 @@ static void role_b(void)
 #define C_Y (4 * MiB)
 typedef struct { char path[108]; unsigned tag; } c_arg_t;
 
-static void c_exporter(link_t *l, void *argp)
+static void c_exporter(tp_link_t *l, void *argp)
 {
     c_arg_t *a = argp;
     uint64_t v;
-    if (get(l->in, &v, 60000) != 0 || v != M_GO) return; /* not needed */
+    if (tp_get(l->in, &v, 60000) != 0 || v != M_GO) return; /* not needed */
     gm_pool_t *pool = test_pool(256 * MiB, 0);
     RQ(pool != NULL);
     void *x = NULL, *y = NULL;
@@ -648,8 +501,8 @@ static void c_exporter(link_t *l, void *argp)
     RQ(rc == GM_OK);
     CHECK_OK(gm_share_publish(srv, "x", x, C_X, GM_SHARE_READ_WRITE, NULL, NULL));
     CHECK_OK(gm_share_publish(srv, "y", y, C_Y, GM_SHARE_READ_ONLY, NULL, NULL));
-    put(l->out, M_READY);
-    get(l->in, &v, 60000); /* killed meanwhile */
+    tp_put(l->out, M_READY);
+    tp_get(l->in, &v, 60000); /* killed meanwhile */
 }
 
 typedef struct {
@@ -687,14 +540,14 @@ static void *c_loop(void *arg)
 static void role_c(void)
 {
     uint64_t rng = g_seed ^ 0xC;
-    kid_t k[C_ROUNDS];
+    tp_kid_t k[C_ROUNDS];
     c_arg_t args[C_ROUNDS];
     char path[108];
     sock_path(path, sizeof path, "c"); /* the same path every round */
     for (int r = 0; r < C_ROUNDS; r++) {
         memcpy(args[r].path, path, sizeof path);
         args[r].tag = 20 + 2 * (unsigned)r;
-        k[r] = spawn(c_exporter, &args[r]);
+        k[r] = tp_spawn(c_exporter, &args[r]);
         RQ(k[r].pid > 0);
     }
     gm_pool_t *pool = test_pool(256 * MiB, 0);
@@ -706,11 +559,11 @@ static void role_c(void)
         modes[mode]++;
         unsigned tag = args[r].tag;
         int fd0 = fd_count();
-        put(k[r].to, M_GO);
-        if (!expect(&k[r], M_READY)) { kill_kid(&k[r]); kid_close(&k[r]); continue; }
+        tp_put(k[r].to, M_GO);
+        if (!tp_expect(&k[r], M_READY)) { tp_kill(&k[r]); continue; }
         gm_share_client_t *cli = NULL;
         CHECK_OK(gm_share_connect(pool, path, &cli));
-        if (!cli) { kill_kid(&k[r]); kid_close(&k[r]); continue; }
+        if (!cli) { tp_kill(&k[r]); continue; }
         void *x = NULL, *x2 = NULL, *y = NULL;
         size_t n = 0;
         int acc = -1;
@@ -732,7 +585,7 @@ static void role_c(void)
             sleep_us(delay);
         }
         /* The exporter dies while this process maps its memory. */
-        kill_kid(&k[r]);
+        tp_kill(&k[r]);
         if (threaded) {
             WAIT_FOR(atomic_load(&L.done), 5000);
             CHECK(atomic_load(&L.done));
@@ -778,7 +631,7 @@ static void role_c(void)
         CHECK(gm_share_connect(pool, path, &c2) != GM_OK && c2 == NULL);
         CHECK(now_ms() - t0 < 2000);
         CHECK_OK(gm_share_disconnect(cli));
-        kid_close(&k[r]);
+        tp_kid_close(&k[r]);
         int want = fd0 - 2;
         if (fd_count() != want) fprintf(stderr, "c: %d descriptors, want %d\n", fd_count(), want);
         CHECK(fd_count() == want);
@@ -796,11 +649,11 @@ typedef struct { char path[108]; } d_arg_t;
 #define D_A (8 * MiB)
 #define D_B (4 * MiB)
 
-static void d_importer(link_t *l, void *argp)
+static void d_importer(tp_link_t *l, void *argp)
 {
     d_arg_t *a = argp;
     uint64_t v;
-    RQ(get(l->in, &v, WAIT_MS) == 0 && v == M_GO);
+    RQ(tp_get(l->in, &v, TP_WAIT_MS) == 0 && v == M_GO);
     gm_pool_t *pool = test_pool(256 * MiB, 0);
     RQ(pool != NULL);
     gm_share_client_t *cli = NULL;
@@ -810,30 +663,30 @@ static void d_importer(link_t *l, void *argp)
     CHECK_OK(gm_share_import(cli, "d-b", NULL, &pb, NULL, NULL));
     RQ(pa && pb);
     CHECK(same(pool, pa, 10, 0, D_A) && same(pool, pb, 11, 0, D_B));
-    put(l->out, M_VERIFIED);
-    RQ(get(l->in, &v, WAIT_MS) == 0 && v == M_CHECK);
+    tp_put(l->out, M_VERIFIED);
+    RQ(tp_get(l->in, &v, TP_WAIT_MS) == 0 && v == M_CHECK);
     /* Freed by the owner, who wrote new blocks since: the old bytes. */
     CHECK(same(pool, pa, 10, 0, D_A));
     CHECK(same(pool, pb, 11, 0, D_B));
-    put(l->out, M_CHECKED);
-    RQ(get(l->in, &v, WAIT_MS) == 0 && v == M_RELEASE);
+    tp_put(l->out, M_CHECKED);
+    RQ(tp_get(l->in, &v, TP_WAIT_MS) == 0 && v == M_RELEASE);
     CHECK_OK(gm_share_release(cli, pa, NULL));
-    put(l->out, M_RELEASED);
-    RQ(get(l->in, &v, WAIT_MS) == 0 && v == M_RELEASE);
+    tp_put(l->out, M_RELEASED);
+    RQ(tp_get(l->in, &v, TP_WAIT_MS) == 0 && v == M_RELEASE);
     CHECK(same(pool, pb, 11, 0, D_B));
     CHECK_OK(gm_share_release(cli, pb, NULL));
-    put(l->out, M_RELEASED);
-    RQ(get(l->in, &v, WAIT_MS) == 0 && v == M_END);
+    tp_put(l->out, M_RELEASED);
+    RQ(tp_get(l->in, &v, TP_WAIT_MS) == 0 && v == M_END);
     CHECK_OK(gm_share_disconnect(cli));
     gm_pool_destroy(pool);
-    put(l->out, M_DONE);
+    tp_put(l->out, M_DONE);
 }
 
 static void role_d(void)
 {
     d_arg_t arg;
     sock_path(arg.path, sizeof arg.path, "d");
-    kid_t k = spawn(d_importer, &arg);
+    tp_kid_t k = tp_spawn(d_importer, &arg);
     RQ(k.pid > 0);
     gm_pool_t *pool = test_pool(512 * MiB, 0);
     RQ(pool != NULL);
@@ -847,8 +700,8 @@ static void role_d(void)
     RQ(gm_share_listen(pool, arg.path, NULL, &srv) == GM_OK);
     CHECK_OK(gm_share_publish(srv, "d-a", a, D_A, GM_SHARE_READ_WRITE, NULL, NULL));
     CHECK_OK(gm_share_publish(srv, "d-b", b, D_B, GM_SHARE_READ_ONLY, NULL, NULL));
-    put(k.to, M_GO);
-    RQ(expect(&k, M_VERIFIED));
+    tp_put(k.to, M_GO);
+    RQ(tp_expect(&k, M_VERIFIED));
     gm_stats_t s0 = pool_stats_of(pool);
     CHECK_OK(gm_free(pool, a, NULL));
     CHECK_RC(gm_free(pool, a, NULL), GM_DOUBLE_FREE);
@@ -879,15 +732,15 @@ static void role_d(void)
         CHECK_OK(gm_memset(pool, nb[i], 0xEE, sz, NULL));
     }
     CHECK_OK(gm_stream_synchronize(pool, NULL));
-    put(k.to, M_CHECK);
-    expect(&k, M_CHECKED);
+    tp_put(k.to, M_CHECK);
+    tp_expect(&k, M_CHECKED);
     s = sstats(pool);
     CHECK(s.held_for_peers_bytes == D_A + D_B);
     st = pool_stats_of(pool);
     CHECK(st.live_blocks == s0.live_blocks + NEW);
     /* The importer lets go of "d-a": freed for real. */
-    put(k.to, M_RELEASE);
-    expect(&k, M_RELEASED);
+    tp_put(k.to, M_RELEASE);
+    tp_expect(&k, M_RELEASED);
     /* (the server thread frees it just after it stops counting it as held) */
     WAIT_FOR(sstats(pool).held_for_peers_bytes == D_B &&
              pool_stats_of(pool).live_blocks == s0.live_blocks + NEW - 1, 1000);
@@ -897,8 +750,8 @@ static void role_d(void)
     CHECK(st.live_blocks == s0.live_blocks + NEW - 1);
     CHECK(st.allocated == s0.allocated + new_bytes - D_A);
     /* ... and of "d-b", still published: kept until unpublished. */
-    put(k.to, M_RELEASE);
-    expect(&k, M_RELEASED);
+    tp_put(k.to, M_RELEASE);
+    tp_expect(&k, M_RELEASED);
     WAIT_FOR(sstats(pool).exported_bytes == 0, 1000);
     s = sstats(pool);
     CHECK(s.exported_bytes == 0 && s.held_for_peers_bytes == D_B);
@@ -909,15 +762,15 @@ static void role_d(void)
     st = pool_stats_of(pool);
     CHECK(st.live_blocks == s0.live_blocks + NEW - 2);
     CHECK(gm_free(pool, b, NULL) != GM_OK); /* freed for real now */
-    put(k.to, M_END);
-    expect(&k, M_DONE);
-    CHECK(exited_ok(wait_kid(k.pid, WAIT_MS)));
+    tp_put(k.to, M_END);
+    tp_expect(&k, M_DONE);
+    CHECK(tp_exited_ok(tp_wait(k.pid, TP_WAIT_MS)));
     for (int i = 0; i < NEW; i++) if (nb[i]) CHECK_OK(gm_free(pool, nb[i], NULL));
     st = pool_stats_of(pool);
     CHECK(st.live_blocks == base.live_blocks && st.allocated == base.allocated);
     CHECK_OK(gm_pool_check(pool));
     CHECK_OK(gm_share_close(srv));
-    kid_close(&k);
+    tp_kid_close(&k);
     gm_pool_destroy(pool);
 }
 
@@ -926,11 +779,11 @@ static void role_d(void)
 #define E_CYCLES 1000
 typedef struct { char path[108]; } e_arg_t;
 
-static void e_importer(link_t *l, void *argp)
+static void e_importer(tp_link_t *l, void *argp)
 {
     e_arg_t *a = argp;
     uint64_t v;
-    RQ(get(l->in, &v, WAIT_MS) == 0 && v == M_GO);
+    RQ(tp_get(l->in, &v, TP_WAIT_MS) == 0 && v == M_GO);
     gm_pool_t *pool = test_pool(256 * MiB, 0);
     RQ(pool != NULL);
     int fd0 = fd_count();
@@ -939,9 +792,9 @@ static void e_importer(link_t *l, void *argp)
     int bad = 0;
     for (;;) {
         uint64_t w, size;
-        if (get(l->in, &w, WAIT_MS) != 0) { CHECK(!"no word"); break; }
+        if (tp_get(l->in, &w, TP_WAIT_MS) != 0) { CHECK(!"no word"); break; }
         if (w == M_END) break;
-        if (get(l->in, &size, WAIT_MS) != 0) { CHECK(!"no size"); break; }
+        if (tp_get(l->in, &size, TP_WAIT_MS) != 0) { CHECK(!"no size"); break; }
         unsigned long i = (unsigned long)(w >> 8);
         int access = (int)(w >> 1 & 1), tok = (int)(w & 1);
         char nm[16];
@@ -953,7 +806,7 @@ static void e_importer(link_t *l, void *argp)
         if (rc != GM_OK || n != size || acc != access) {
             if (bad++ < 5) fprintf(stderr, "e: cycle %lu: import %s: %d %s\n", i, nm, rc,
                                    gm_last_error());
-            put(l->out, M_FAIL);
+            tp_put(l->out, TP_FAIL);
             continue;
         }
         uint64_t stamp[2] = {0, 0}, tail[2] = {0, 0};
@@ -971,9 +824,9 @@ static void e_importer(link_t *l, void *argp)
         if (i % 100 == 99) { /* a new connection now and then */
             if (gm_share_disconnect(cli) != GM_OK) bad++;
             cli = NULL;
-            if (gm_share_connect(pool, a->path, &cli) != GM_OK) { bad++; put(l->out, M_FAIL); break; }
+            if (gm_share_connect(pool, a->path, &cli) != GM_OK) { bad++; tp_put(l->out, TP_FAIL); break; }
         }
-        put(l->out, M_ACK);
+        tp_put(l->out, M_ACK);
     }
     CHECK(bad == 0);
     if (cli) CHECK_OK(gm_share_disconnect(cli));
@@ -983,7 +836,7 @@ static void e_importer(link_t *l, void *argp)
     if (fd1 != fd0) fprintf(stderr, "e: importer has %d descriptors, had %d\n", fd1, fd0);
     CHECK(fd1 == fd0);
     gm_pool_destroy(pool);
-    put(l->out, M_DONE);
+    tp_put(l->out, M_DONE);
 }
 
 static void role_e(void)
@@ -991,7 +844,7 @@ static void role_e(void)
     uint64_t rng = g_seed ^ 0xE;
     e_arg_t arg;
     sock_path(arg.path, sizeof arg.path, "e");
-    kid_t k = spawn(e_importer, &arg);
+    tp_kid_t k = tp_spawn(e_importer, &arg);
     RQ(k.pid > 0);
     gm_pool_t *pool = test_pool(256 * MiB, 0);
     RQ(pool != NULL);
@@ -1001,7 +854,7 @@ static void role_e(void)
     gm_stats_t base = pool_stats_of(pool);
     CHECK_OK(gm_trim(pool, 0, NULL));
     int fd0 = fd_count();
-    put(k.to, M_GO);
+    tp_put(k.to, M_GO);
     double t0 = now_ms();
     int done = 0, fails = 0;
     for (unsigned long i = 0; i < E_CYCLES; i++) {
@@ -1017,11 +870,11 @@ static void role_e(void)
         snprintf(nm, sizeof nm, "e%lu", i % 7);
         int rc = gm_share_publish(srv, nm, p, size, access, tok ? "tk" : NULL, NULL);
         if (rc != GM_OK) { CHECK_OK(rc); break; }
-        put(k.to, (uint64_t)i << 8 | (uint64_t)access << 1 | (uint64_t)tok);
-        put(k.to, size);
+        tp_put(k.to, (uint64_t)i << 8 | (uint64_t)access << 1 | (uint64_t)tok);
+        tp_put(k.to, size);
         uint64_t v = 0;
-        if (get(k.from, &v, WAIT_MS) != 0) { CHECK(!"no answer"); break; }
-        fails += v == M_FAIL;
+        if (tp_get(k.from, &v, TP_WAIT_MS) != 0) { CHECK(!"no answer"); break; }
+        fails += v == TP_FAIL;
         if (free_first) {
             CHECK_OK(gm_free(pool, p, NULL));
             CHECK_OK(gm_share_unpublish(srv, nm));
@@ -1031,9 +884,9 @@ static void role_e(void)
         }
         done++;
     }
-    put(k.to, M_END);
-    expect(&k, M_DONE);
-    CHECK(exited_ok(wait_kid(k.pid, WAIT_MS)));
+    tp_put(k.to, M_END);
+    tp_expect(&k, M_DONE);
+    CHECK(tp_exited_ok(tp_wait(k.pid, TP_WAIT_MS)));
     CHECK(done == E_CYCLES && fails == 0);
     double dt = now_ms() - t0;
     WAIT_FOR(sstats(pool).exported_bytes == 0 && sstats(pool).held_for_peers_bytes == 0 &&
@@ -1043,7 +896,7 @@ static void role_e(void)
           s.published == 0 && s.published_bytes == 0 && s.peers_dropped == 0);
     gm_stats_t st = pool_stats_of(pool);
     CHECK(st.live_blocks == base.live_blocks && st.allocated == base.allocated);
-    kid_close(&k);
+    tp_kid_close(&k);
     CHECK_OK(gm_trim(pool, 0, NULL));
     int fd1 = fd_count();
     if (fd1 != fd0 - 2) fprintf(stderr, "e: exporter has %d descriptors, want %d\n", fd1, fd0 - 2);
@@ -1058,12 +911,12 @@ static void role_e(void)
 
 typedef struct { char path[108]; } f_arg_t;
 
-static void f_importer(link_t *l, void *argp)
+static void f_importer(tp_link_t *l, void *argp)
 {
     f_arg_t *a = argp;
     int sim = test_backend() == GM_BACKEND_SIM;
     uint64_t v;
-    RQ(get(l->in, &v, WAIT_MS) == 0 && v == M_GO);
+    RQ(tp_get(l->in, &v, TP_WAIT_MS) == 0 && v == M_GO);
     gm_pool_t *pool = test_pool(256 * MiB, 0);
     RQ(pool != NULL);
     gm_share_client_t *cli = NULL;
@@ -1108,14 +961,14 @@ static void f_importer(link_t *l, void *argp)
         gm_share_disconnect(cli);
     }
     gm_pool_destroy(pool);
-    put(l->out, M_DONE);
+    tp_put(l->out, M_DONE);
 }
 
 static void role_f(void)
 {
     f_arg_t arg;
     sock_path(arg.path, sizeof arg.path, "f");
-    kid_t k = spawn(f_importer, &arg);
+    tp_kid_t k = tp_spawn(f_importer, &arg);
     RQ(k.pid > 0);
     gm_pool_t *pool = test_pool(256 * MiB, 0);
     RQ(pool != NULL);
@@ -1128,9 +981,9 @@ static void role_f(void)
     RQ(gm_share_listen(pool, arg.path, NULL, &srv) == GM_OK);
     CHECK_OK(gm_share_publish(srv, "f-ro", a, 4 * MiB, GM_SHARE_READ_ONLY, NULL, NULL));
     CHECK_OK(gm_share_publish(srv, "f-rw", b, 2 * MiB, GM_SHARE_READ_WRITE, NULL, NULL));
-    put(k.to, M_GO);
-    expect(&k, M_DONE);
-    CHECK(exited_ok(wait_kid(k.pid, WAIT_MS)));
+    tp_put(k.to, M_GO);
+    tp_expect(&k, M_DONE);
+    CHECK(tp_exited_ok(tp_wait(k.pid, TP_WAIT_MS)));
     int intact = same(pool, a, 40, 0, 4 * MiB);
     if (test_backend() == GM_BACKEND_SIM) CHECK(intact);
     else printf("f: the read-only block is %s\n", intact ? "intact" : "CHANGED");
@@ -1141,7 +994,7 @@ static void role_f(void)
     CHECK_OK(gm_share_close(srv));
     CHECK_OK(gm_free(pool, a, NULL));
     CHECK_OK(gm_free(pool, b, NULL));
-    kid_close(&k);
+    tp_kid_close(&k);
     gm_pool_destroy(pool);
 }
 
@@ -1250,54 +1103,6 @@ static void role_g(void)
 
 /* ---- the coordinator -------------------------------------------------------- */
 
-static void drain_results(int rd)
-{
-    unsigned long r[2];
-    while (read(rd, r, sizeof r) == (ssize_t)sizeof r) {
-        test_passed_ += r[0];
-        test_failed_ += r[1];
-    }
-}
-
-static void run(const char *name, void (*fn)(void), int rd)
-{
-    double t0 = now_ms();
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        setpgid(0, 0);
-        test_passed_ = test_failed_ = 0;
-        fn();
-        child_exit();
-    }
-    CHECK(pid > 0);
-    if (pid < 0) return;
-    int st = -1;
-    double end = now_ms() + 120000;
-    for (;;) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) break;
-        if (now_ms() > end) {
-            fprintf(stderr, "%s: hung; killed\n", name);
-            kill(-pid, SIGKILL);
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            st = -1;
-            break;
-        }
-        drain_results(rd);
-        sleep_us(5000);
-    }
-    /* Helpers of the role that outlived it (none should). */
-    kill(-pid, SIGKILL);
-    drain_results(rd);
-    if (!exited_ok(st)) fprintf(stderr, "%s: the role process ended with status %#x\n", name, st);
-    CHECK(exited_ok(st));
-    printf("%s: %.2f s\n", name, (now_ms() - t0) / 1e3);
-    fflush(stdout);
-}
-
 int main(int argc, char **argv)
 {
     if (argc > 1) g_seed = strtoull(argv[1], NULL, 0);
@@ -1306,15 +1111,14 @@ int main(int argc, char **argv)
     printf("test_share_procs: seed %#llx (backend %s)\n", g_seed,
            test_backend() == GM_BACKEND_SIM ? "sim" : "cuda");
     signal(SIGPIPE, SIG_IGN);
-    int res[2];
-    if (pipe2(res, O_CLOEXEC | O_NONBLOCK) != 0) return 77;
-    g_results = res[1];
-    run("a (4 importers)", role_a, res[0]);
-    run("b (importers killed)", role_b, res[0]);
-    run("c (exporters killed)", role_c, res[0]);
-    run("d (free while imported)", role_d, res[0]);
-    run("e (cycles)", role_e, res[0]);
-    run("f (read-only)", role_f, res[0]);
-    run("g (double free racing the last release)", role_g, res[0]);
+    int rd;
+    tp_results_init(&rd);
+    tp_role("a (4 importers)", role_a, rd, 120000);
+    tp_role("b (importers killed)", role_b, rd, 120000);
+    tp_role("c (exporters killed)", role_c, rd, 120000);
+    tp_role("d (free while imported)", role_d, rd, 120000);
+    tp_role("e (cycles)", role_e, rd, 120000);
+    tp_role("f (read-only)", role_f, rd, 120000);
+    tp_role("g (double free racing the last release)", role_g, rd, 120000);
     return test_summary();
 }
