@@ -53,7 +53,7 @@
 #include "core/options.h"
 #include "core/pool.h"
 #include "observe/observe.h"
-#include "share/wire.h"
+#include "base/wire.h"
 
 #define TIMEOUT_S 10
 #define RECONNECT_GAP_NS 100000000ull

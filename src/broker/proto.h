@@ -5,7 +5,7 @@
  * `gpumem broker`).  docs/broker.md has the user's side.
  *
  * Every message is one gm__broker_msg_t, whole, over a SOCK_SEQPACKET Unix
- * socket (share/wire.h).  A client process opens two connections:
+ * socket (base/wire.h).  A client process opens two connections:
  *
  *   control (client asks, broker answers; the client's pool lock may be held
  *   while it waits, so the broker answers every request promptly or, for a

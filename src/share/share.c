@@ -45,7 +45,7 @@
 #include "core/pool.h"
 #include "observe/observe.h"
 #include "share/share.h"
-#include "share/wire.h"
+#include "base/wire.h"
 
 /* A connected client that sends nothing for this long while the server
  * waits on it is not waited for; a client waits this long for an answer. */

@@ -35,7 +35,7 @@
 #include "gpumem.h"
 #include "broker/proto.h"
 #include "lib/broker.h"
-#include "share/wire.h"
+#include "base/wire.h"
 
 static const char *const names[] = {
     "\x1b[2J\x1b]0;owned\x07",                 /* clear the screen, set the title */

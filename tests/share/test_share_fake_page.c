@@ -40,7 +40,7 @@
 
 #include "gpumem.h"
 #include "share/share.h"
-#include "share/wire.h"
+#include "base/wire.h"
 #include "test.h"
 #include "share_util.h"
 

@@ -56,7 +56,7 @@
 #include "broker/proto.h"
 #include "core/options.h"
 #include "observe/monitor_seg.h"
-#include "share/wire.h"
+#include "base/wire.h"
 
 #define MAX_RULE_IDS 16
 #define LOG_BURST 64 /* lines per minute before the log is throttled */
@@ -1489,7 +1489,7 @@ static const char *conn_refusal(const broker_t *b, const conn_count_t *n, const 
 }
 
 /* Send a refusal (why) on a connection turned away, then close it: the
- * process reads it as the answer to its first message (share/wire.c reads
+ * process reads it as the answer to its first message (base/wire.c reads
  * a message a peer sent before closing even when the close reset the
  * connection). */
 static void turn_away(broker_t *b, int fd, pid_t pid, uid_t uid, const char *why)

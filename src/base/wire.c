@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "base/internal.h"
-#include "share/wire.h"
+#include "base/wire.h"
 
 int gm__wire_send(int fd, const void *msg, size_t len, const int *fds, size_t nfds, int flags,
                   const char *who)
