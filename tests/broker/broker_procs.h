@@ -19,6 +19,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <stdint.h>
+#include <grp.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -136,6 +138,46 @@ static inline int bp_quiet_view(const test_broker_t *b, gm_broker_view_t *v, int
     }
 }
 
+/* ---- a child's first and last steps ---------------------------------------------- */
+
+/* In a child: take uid as its uid and gid, with no other groups, when uid
+ * >= 0 (and die with the parent again: the change clears that).  0, or -1
+ * with the failure counted. */
+static inline int bp_become(long uid)
+{
+    if (uid < 0) return 0;
+    if (setgroups(0, NULL) != 0 || setgid((gid_t)uid) != 0 || setuid((uid_t)uid) != 0) {
+        KCHECK(!"setuid");
+        return -1;
+    }
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    return 0;
+}
+
+/* In a child: a pool of broker b (bp_pool); BP_READY sent when it is made.
+ * GM_OK, or the failure (counted). */
+static inline int bp_child_pool(tp_link_t *l, const test_broker_t *b, size_t lease,
+                                size_t release_threshold, gm_pool_t **pool)
+{
+    int rc = bp_pool(b, lease, release_threshold, pool);
+    KCHECK_RC(rc, GM_OK);
+    if (rc == GM_OK) tp_put(l->out, BP_READY);
+    return rc;
+}
+
+/* The coordinator's first steps: SIGPIPE ignored (a child gone while it
+ * writes), this user's tenant name written to tenant (when not NULL), the
+ * result pipe made; its read end. */
+static inline int bp_coordinator(char *tenant, size_t cap)
+{
+    int rd;
+    fflush(stdout);
+    signal(SIGPIPE, SIG_IGN);
+    if (tenant) snprintf(tenant, cap, "uid:%u", (unsigned)geteuid());
+    tp_results_init(&rd);
+    return rd;
+}
+
 /* ---- data in blocks ------------------------------------------------------------ */
 
 /* The 8-byte word at offset off of a block tagged tag. */
@@ -201,6 +243,40 @@ static inline int bp_same(gm_pool_t *pool, const void *p, size_t n, uint64_t tag
     if (!ok) fprintf(stderr, "pid %d: block %p (%zu bytes, tag %#llx) changed\n", (int)getpid(), p,
                      n, (unsigned long long)tag);
     return ok;
+}
+
+/* Free block i of a child's blocks (blk, sz, tag) once its pattern is
+ * checked, and move the last of the *n into its place. */
+static inline void bp_drop(gm_pool_t *pool, void **blk, size_t *sz, uint64_t *tag, size_t *n,
+                           size_t i)
+{
+    KCHECK(bp_same(pool, blk[i], sz[i], tag[i]));
+    KCHECK_RC(gm_free(pool, blk[i], NULL), GM_OK);
+    blk[i] = blk[--*n];
+    sz[i] = sz[*n];
+    tag[i] = tag[*n];
+}
+
+/* Free each of the n blocks (NULL ones skipped) once its pattern is checked. */
+static inline void bp_drop_all(gm_pool_t *pool, void **blk, const size_t *sz, const uint64_t *tag,
+                               size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (blk[i]) {
+            KCHECK(bp_same(pool, blk[i], sz[i], tag[i]));
+            KCHECK_RC(gm_free(pool, blk[i], NULL), GM_OK);
+        }
+}
+
+/* A child's last steps: its blocks freed (bp_drop_all), the pool checked and
+ * destroyed, BP_DONE sent. */
+static inline void bp_child_done(tp_link_t *l, gm_pool_t *pool, void **blk, const size_t *sz,
+                                 const uint64_t *tag, size_t n)
+{
+    bp_drop_all(pool, blk, sz, tag, n);
+    KCHECK_RC(gm_pool_check(pool), GM_OK);
+    gm_pool_destroy(pool);
+    tp_put(l->out, BP_DONE);
 }
 
 /* ---- the kernel's count of the sim's pages --------------------------------------- */

@@ -61,13 +61,7 @@ typedef struct ekid {
 static void client(tp_link_t *l, void *argp)
 {
     ekid_t *a = argp;
-    if (a->uid >= 0) {
-        if (setgroups(0, NULL) != 0 || setgid((gid_t)a->uid) != 0 || setuid((uid_t)a->uid) != 0) {
-            KCHECK(!"setuid");
-            return;
-        }
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-    }
+    if (bp_become(a->uid) != 0) return;
     gm_pool_t *pool = NULL;
     int rc = bp_pool(&g_b, a->lease, a->release_threshold, &pool);
     KCHECK_RC(rc, GM_OK);
@@ -138,14 +132,7 @@ static void client(tp_link_t *l, void *argp)
             KCHECK_RC(gm_pool_stats(pool, &st), GM_OK);
             tp_put(l->out, st.reserved);
         } else if (op == OP_EXIT) {
-            for (int s = 0; s < SLOTS; s++)
-                if (blk[s]) {
-                    KCHECK(bp_same(pool, blk[s], sz[s], tag[s]));
-                    KCHECK_RC(gm_free(pool, blk[s], NULL), GM_OK);
-                }
-            KCHECK_RC(gm_pool_check(pool), GM_OK);
-            gm_pool_destroy(pool);
-            tp_put(l->out, BP_DONE);
+            bp_child_done(l, pool, blk, sz, tag, SLOTS);
             return;
         } else {
             KCHECK(!"an unknown op");
@@ -168,18 +155,8 @@ typedef struct areply { int rc; double ms; uint64_t slot, flags, left; } areply_
         CHECK(krc_ == (want));                                                 \
     } while (0)
 
-static uint64_t get1(tp_kid_t *k)
-{
-    uint64_t v = 0;
-    int r;
-    while ((r = tp_get(k->from, &v, 60000)) == 0 && v == TP_FAIL) {}
-    if (r != 0) {
-        fprintf(stderr, "no answer from pid %d\n", (int)k->pid);
-        CHECK(!"an answer");
-        return UINT64_MAX;
-    }
-    return v;
-}
+/* The child's next answer (a lease may wait): at most 60 s. */
+static uint64_t get1(tp_kid_t *k) { return tp_answer(k, 60000); }
 
 static void send_op(tp_kid_t *k, uint64_t op, uint64_t x, uint64_t y, uint64_t z)
 {
@@ -514,11 +491,7 @@ int main(int argc, char **argv)
 {
     if (argc > 1) g_seed = strtoull(argv[1], NULL, 0);
     printf("test_broker_elastic: seed %#llx (backend %s)\n", g_seed, bp_is_cuda() ? "cuda" : "sim");
-    fflush(stdout);
-    signal(SIGPIPE, SIG_IGN);
-    snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());
-    int rd;
-    tp_results_init(&rd);
+    int rd = bp_coordinator(g_tenant, sizeof g_tenant);
     role_elastic(rd);
     role_guaranteed(rd);
     role_long_wait(rd);

@@ -164,6 +164,64 @@ static int leased_client(uint64_t n, uint64_t *ids)
     const char *name_ = (name), *logged_ = (logged)
 #define DROPPED(fd) dropped(name_, (fd), logged_, before_)
 
+/* ---- one bad message each ------------------------------------------------------------ */
+
+#define HELD_ID UINT64_MAX /* in a case's ids: the first page the connection leased */
+
+/* A connection that sends one message of `type`, changed as the fields say
+ * (the rest as bp_msg makes it), and must be dropped with `logged` in the
+ * log.  leased: after HELLO and a lease of 2 pages (else a new connection);
+ * page: page_size = the broker's page. */
+typedef struct hcase {
+    const char *name, *logged;
+    int leased, type, page;
+    uint16_t magic_xor, version_add;
+    uint64_t min, count, ids[2];
+} hcase_t;
+
+static const hcase_t bad_msgs[] = {
+    {"a wrong magic", "bad magic or version", 0, GM__BROKER_HELLO, 1, .magic_xor = 1},
+    {"a wrong version after HELLO", "bad magic or version", 1, GM__BROKER_STATS, 0, .version_add = 1},
+    {"LEASE before HELLO", "the first message is not HELLO or STATS", 0, GM__BROKER_LEASE, 0,
+     .min = 1, .count = 1},
+    {"RETURN before HELLO", "the first message is not HELLO or STATS", 0, GM__BROKER_RETURN, 0,
+     .count = 1, .ids = {1}},
+    {"LEASE of min 0", "a lease of a wrong size", 1, GM__BROKER_LEASE, 0, .min = 0, .count = 4},
+    {"LEASE of min > count", "a lease of a wrong size", 1, GM__BROKER_LEASE, 0, .min = 5, .count = 4},
+    {"LEASE of count 65", "a lease of a wrong size", 1, GM__BROKER_LEASE, 0, .min = 1, .count = 65},
+    {"LEASE of count 2^64-1", "a lease of a wrong size", 1, GM__BROKER_LEASE, 0, .min = 1,
+     .count = UINT64_MAX},
+    {"RETURN of an id it does not hold", "does not hold", 1, GM__BROKER_RETURN, 0, .count = 1,
+     .ids = {1000000}},
+    {"RETURN of its id twice", "does not hold", 1, GM__BROKER_RETURN, 0, .count = 2,
+     .ids = {HELD_ID, HELD_ID}},
+    {"RETURN of no id", "does not hold", 1, GM__BROKER_RETURN, 0, .count = 0},
+    {"UNADOPT without adopting", "more adopted pages than it had", 1, GM__BROKER_UNADOPT, 0,
+     .count = 1},
+    {"type 0 after HELLO", "an unknown message type", 1, 0, .page = 1},
+    {"type HELLO after HELLO", "an unknown message type", 1, GM__BROKER_HELLO, .page = 1},
+    {"type RECLAIM after HELLO", "an unknown message type", 1, GM__BROKER_RECLAIM, .page = 1},
+    {"type REPLY after HELLO", "an unknown message type", 1, GM__BROKER_REPLY, .page = 1},
+    {"type 99 after HELLO", "an unknown message type", 1, 99, .page = 1},
+};
+
+static void bad_msg(const hcase_t *c)
+{
+    CASE(c->name, c->logged);
+    uint64_t ids[2];
+    int fd = c->leased ? leased_client(2, ids) : raw();
+    gm__broker_msg_t m;
+    bp_msg(&m, c->type);
+    m.magic ^= c->magic_xor;
+    m.version = (uint16_t)(m.version + c->version_add);
+    if (c->page) m.page_size = g_page;
+    m.min = c->min;
+    m.count = c->count;
+    for (int i = 0; i < 2; i++) m.ids[i] = c->ids[i] == HELD_ID ? ids[0] : c->ids[i];
+    CHECK(send_msg(fd, &m) == 0);
+    DROPPED(fd);
+}
+
 /* ---- main ---------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
@@ -269,26 +327,7 @@ int main(int argc, char **argv)
         CHECK(tp_raw_send(fd, "", 0, NULL, 0) == 0);
         DROPPED(fd);
     }
-    {
-        CASE("a wrong magic", "bad magic or version");
-        int fd = raw();
-        gm__broker_msg_t m;
-        bp_msg(&m, GM__BROKER_HELLO);
-        m.magic ^= 1;
-        m.page_size = g_page;
-        CHECK(send_msg(fd, &m) == 0);
-        DROPPED(fd);
-    }
-    {
-        CASE("a wrong version after HELLO", "bad magic or version");
-        uint64_t ids[2];
-        int fd = leased_client(2, ids);
-        gm__broker_msg_t m;
-        bp_msg(&m, GM__BROKER_STATS);
-        m.version = GM__BROKER_VERSION + 1;
-        CHECK(send_msg(fd, &m) == 0);
-        DROPPED(fd);
-    }
+    for (size_t i = 0; i < sizeof bad_msgs / sizeof bad_msgs[0]; i++) bad_msg(&bad_msgs[i]);
     for (int after_hello = 0; after_hello < 2; after_hello++) {
         CASE(after_hello ? "descriptors after HELLO" : "descriptors with HELLO",
              "malformed message");
@@ -319,73 +358,6 @@ int main(int argc, char **argv)
         close(fd);
         CASE("unterminated strings", NULL);
         DROPPED(-1);
-    }
-    {
-        CASE("LEASE before HELLO", "the first message is not HELLO or STATS");
-        int fd = raw();
-        gm__broker_msg_t m;
-        bp_msg(&m, GM__BROKER_LEASE);
-        m.min = m.count = 1;
-        CHECK(send_msg(fd, &m) == 0);
-        DROPPED(fd);
-    }
-    {
-        CASE("RETURN before HELLO", "the first message is not HELLO or STATS");
-        int fd = raw();
-        gm__broker_msg_t m;
-        bp_msg(&m, GM__BROKER_RETURN);
-        m.count = 1;
-        m.ids[0] = 1;
-        CHECK(send_msg(fd, &m) == 0);
-        DROPPED(fd);
-    }
-    {
-        const struct { const char *name; uint64_t min, count; } bad[] = {
-            {"LEASE of min 0", 0, 4}, {"LEASE of min > count", 5, 4}, {"LEASE of count 65", 1, 65},
-            {"LEASE of count 2^64-1", 1, UINT64_MAX}};
-        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-            CASE(bad[i].name, "a lease of a wrong size");
-            uint64_t ids[2];
-            int fd = leased_client(2, ids);
-            gm__broker_msg_t m;
-            bp_msg(&m, GM__BROKER_LEASE);
-            m.min = bad[i].min;
-            m.count = bad[i].count;
-            CHECK(send_msg(fd, &m) == 0);
-            DROPPED(fd);
-        }
-    }
-    {
-        CASE("RETURN of an id it does not hold", "does not hold");
-        uint64_t ids[2];
-        int fd = leased_client(2, ids);
-        gm__broker_msg_t m;
-        bp_msg(&m, GM__BROKER_RETURN);
-        m.count = 1;
-        m.ids[0] = 1000000;
-        CHECK(send_msg(fd, &m) == 0);
-        DROPPED(fd);
-    }
-    {
-        CASE("RETURN of its id twice", "does not hold");
-        uint64_t ids[2];
-        int fd = leased_client(2, ids);
-        gm__broker_msg_t m;
-        bp_msg(&m, GM__BROKER_RETURN);
-        m.count = 2;
-        m.ids[0] = m.ids[1] = ids[0];
-        CHECK(send_msg(fd, &m) == 0);
-        DROPPED(fd);
-    }
-    {
-        CASE("RETURN of no id", "does not hold");
-        uint64_t ids[2];
-        int fd = leased_client(2, ids);
-        gm__broker_msg_t m;
-        bp_msg(&m, GM__BROKER_RETURN);
-        m.count = 0;
-        CHECK(send_msg(fd, &m) == 0);
-        DROPPED(fd);
     }
     {
         /* The good pool's pages have small ids: a client that names them. */
@@ -431,31 +403,6 @@ int main(int argc, char **argv)
         m.count = 1;
         CHECK(send_msg(fd, &m) == 0);
         DROPPED(fd);
-    }
-    {
-        CASE("UNADOPT without adopting", "more adopted pages than it had");
-        uint64_t ids[2];
-        int fd = leased_client(2, ids);
-        gm__broker_msg_t m;
-        bp_msg(&m, GM__BROKER_UNADOPT);
-        m.count = 1;
-        CHECK(send_msg(fd, &m) == 0);
-        DROPPED(fd);
-    }
-    {
-        const int types[] = {0, GM__BROKER_HELLO, GM__BROKER_RECLAIM, GM__BROKER_REPLY, 99};
-        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-            char name[64];
-            snprintf(name, sizeof name, "type %d after HELLO", types[i]);
-            CASE(name, "an unknown message type");
-            uint64_t ids[2];
-            int fd = leased_client(2, ids);
-            gm__broker_msg_t m;
-            bp_msg(&m, types[i]);
-            m.page_size = g_page;
-            CHECK(send_msg(fd, &m) == 0);
-            DROPPED(fd);
-        }
     }
     {
         CASE("a viewer that says HELLO", "a viewer sent more than STATS");

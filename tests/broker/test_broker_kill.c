@@ -52,10 +52,8 @@ static void worker(tp_link_t *l, void *argp)
     wkid_t *a = argp;
     uint64_t rs = a->seed;
     gm_pool_t *pool = NULL;
-    int rc = bp_pool(&g_b, PAGE, a->release_threshold, &pool);
-    KCHECK_RC(rc, GM_OK);
+    int rc = bp_child_pool(l, &g_b, PAGE, a->release_threshold, &pool);
     if (rc != GM_OK) return;
-    tp_put(l->out, BP_READY);
     void *blk[MAX_LIVE];
     size_t sz[MAX_LIVE];
     uint64_t tag[MAX_LIVE], ntag = a->seed << 20;
@@ -83,22 +81,11 @@ static void worker(tp_link_t *l, void *argp)
             blk[n] = p;
             sz[n++] = size;
         } else if (n) {
-            size_t i = bp_below(&rs, n);
-            KCHECK(bp_same(pool, blk[i], sz[i], tag[i]));
-            KCHECK_RC(gm_free(pool, blk[i], NULL), GM_OK);
-            blk[i] = blk[--n];
-            sz[i] = sz[n];
-            tag[i] = tag[n];
+            bp_drop(pool, blk, sz, tag, &n, bp_below(&rs, n));
         }
         if (bp_below(&rs, 50) == 0) KCHECK_RC(gm_trim(pool, 0, NULL), GM_OK);
     }
-    for (size_t i = 0; i < n; i++) {
-        KCHECK(bp_same(pool, blk[i], sz[i], tag[i]));
-        KCHECK_RC(gm_free(pool, blk[i], NULL), GM_OK);
-    }
-    KCHECK_RC(gm_pool_check(pool), GM_OK);
-    gm_pool_destroy(pool);
-    tp_put(l->out, BP_DONE);
+    bp_child_done(l, pool, blk, sz, tag, n);
 }
 
 /* Clients the broker counts for the tenant (-1: no answer). */
@@ -128,11 +115,7 @@ int main(int argc, char **argv)
      * once the kernel has torn its memory down, sanitizer shadow included:
      * up to 1.8 s under TSan on a 2-core VM (2026-11-26). */
     limit_ms = bp_is_cuda() || UNDER_SANITIZER ? 5000 : 1000;
-    fflush(stdout);
-    signal(SIGPIPE, SIG_IGN);
-    snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());
-    int rd;
-    tp_results_init(&rd);
+    int rd = bp_coordinator(g_tenant, sizeof g_tenant);
     uint64_t rs = g_seed;
     double t0 = now_ms();
 
@@ -236,8 +219,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < WORKERS; i++) tp_put(k[i].to, BP_STOP);
     for (int i = 0; i < WORKERS; i++) {
         uint64_t v = 0;
-        while (tp_get(k[i].from, &v, TP_WAIT_MS) == 0 && v == TP_FAIL) {}
-        CHECK(v == BP_DONE);
+        CHECK(tp_next_msg(&k[i], &v, TP_WAIT_MS) == 0 && v == BP_DONE);
         CHECK(tp_exited_ok(tp_wait(k[i].pid, TP_WAIT_MS)));
         tp_kid_close(&k[i]);
     }

@@ -63,19 +63,11 @@ typedef struct qkid {
 static void quota_kid(tp_link_t *l, void *argp)
 {
     qkid_t *a = argp;
-    if (a->uid >= 0) {
-        if (setgroups(0, NULL) != 0 || setgid((gid_t)a->uid) != 0 || setuid((uid_t)a->uid) != 0) {
-            KCHECK(!"setuid");
-            return;
-        }
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a change of uid clears it */
-    }
+    if (bp_become(a->uid) != 0) return;
     uint64_t rs = a->seed;
     gm_pool_t *pool = NULL;
-    int rc = bp_pool(&g_b, a->lease, a->release_threshold, &pool);
-    KCHECK_RC(rc, GM_OK);
+    int rc = bp_child_pool(l, &g_b, a->lease, a->release_threshold, &pool);
     if (rc != GM_OK) return;
-    tp_put(l->out, BP_READY);
     uint64_t v;
     if (tp_get(l->in, &v, TP_WAIT_MS) != 0 || v != BP_GO) {
         KCHECK(!"no go");
@@ -136,24 +128,13 @@ static void quota_kid(tp_link_t *l, void *argp)
             }
         }
         if (do_free) {
-            size_t i = bp_below(&rs, n);
-            KCHECK(bp_same(pool, blk[i], sz[i], tag[i]));
-            KCHECK_RC(gm_free(pool, blk[i], NULL), GM_OK);
+            bp_drop(pool, blk, sz, tag, &n, bp_below(&rs, n));
             frees++;
-            blk[i] = blk[--n];
-            sz[i] = sz[n];
-            tag[i] = tag[n];
         } else {
             KCHECK_RC(gm_trim(pool, bp_below(&rs, 3) * 8 * MiB, NULL), GM_OK);
         }
     }
-    for (size_t i = 0; i < n; i++) {
-        KCHECK(bp_same(pool, blk[i], sz[i], tag[i]));
-        KCHECK_RC(gm_free(pool, blk[i], NULL), GM_OK);
-    }
-    KCHECK_RC(gm_pool_check(pool), GM_OK);
-    gm_pool_destroy(pool);
-    tp_put(l->out, BP_DONE);
+    bp_child_done(l, pool, blk, sz, tag, n);
     tp_put(l->out, allocs);
     tp_put(l->out, limits);
     tp_put(l->out, ooms);
@@ -395,10 +376,7 @@ int main(int argc, char **argv)
     }
     printf("test_broker_quota: seed %#llx, %d processes, %.1f s (backend %s)\n", g_seed, nkids,
            secs, bp_is_cuda() ? "cuda" : "sim");
-    fflush(stdout);
-    signal(SIGPIPE, SIG_IGN);
-    int rd;
-    tp_results_init(&rd);
+    int rd = bp_coordinator(NULL, 0);
     uint64_t rs = g_seed;
 
     /* 1: one tenant. */

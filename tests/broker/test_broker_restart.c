@@ -257,10 +257,8 @@ static void chaos_client(tp_link_t *l, void *argp)
     ckid_t *a = argp;
     uint64_t rs = a->seed;
     gm_pool_t *pool = NULL;
-    int rc = bp_pool(&g_b, a->lease, a->release_threshold, &pool);
-    KCHECK_RC(rc, GM_OK);
+    int rc = bp_child_pool(l, &g_b, a->lease, a->release_threshold, &pool);
     if (rc != GM_OK) return;
-    tp_put(l->out, BP_READY);
     void *blk[MAX_LIVE];
     size_t sz[MAX_LIVE];
     uint64_t tag[MAX_LIVE], ntag = a->seed << 16;
@@ -288,22 +286,14 @@ static void chaos_client(tp_link_t *l, void *argp)
             blk[n] = q;
             sz[n++] = size;
         } else if (n) {
-            size_t i = bp_below(&rs, n);
-            KCHECK(bp_same(pool, blk[i], sz[i], tag[i]));
-            KCHECK_RC(gm_free(pool, blk[i], NULL), GM_OK);
-            blk[i] = blk[--n];
-            sz[i] = sz[n];
-            tag[i] = tag[n];
+            bp_drop(pool, blk, sz, tag, &n, bp_below(&rs, n));
         }
         if (bp_below(&rs, 20) == 0) KCHECK_RC(gm_trim(pool, 0, NULL), GM_OK);
         sleep_us(200);
     }
     uint64_t v = 0;
     KCHECK(tp_get(l->in, &v, 0) == 0 && v == BP_STOP);
-    for (size_t i = 0; i < n; i++) {
-        KCHECK(bp_same(pool, blk[i], sz[i], tag[i]));
-        KCHECK_RC(gm_free(pool, blk[i], NULL), GM_OK);
-    }
+    bp_drop_all(pool, blk, sz, tag, n);
     KCHECK_RC(gm_trim(pool, 0, NULL), GM_OK);
     KCHECK(reserved_of(pool) == 0);
     KCHECK_RC(gm_pool_check(pool), GM_OK);
@@ -364,8 +354,7 @@ static void role_chaos(int restarts, uint64_t *rs)
     uint64_t allocs = 0, ios = 0;
     for (int i = 0; i < CHAOS; i++) {
         uint64_t v = 0, x = 0, y = 0;
-        while (tp_get(k[i].from, &v, TP_WAIT_MS) == 0 && v == TP_FAIL) {}
-        CHECK(v == BP_ACK);
+        CHECK(tp_next_msg(&k[i], &v, TP_WAIT_MS) == 0 && v == BP_ACK);
         CHECK(tp_get(k[i].from, &x, TP_WAIT_MS) == 0 && tp_get(k[i].from, &y, TP_WAIT_MS) == 0);
         allocs += x;
         ios += y;
@@ -506,11 +495,7 @@ int main(int argc, char **argv)
     printf("test_broker_restart: seed %#llx, %d restarts (backend %s)\n", g_seed, restarts,
            bp_is_cuda() ? "cuda" : "sim");
     if (bp_is_cuda() || UNDER_SANITIZER) back_limit_ms = 5000;
-    fflush(stdout);
-    signal(SIGPIPE, SIG_IGN);
-    snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());
-    int rd;
-    tp_results_init(&rd);
+    int rd = bp_coordinator(g_tenant, sizeof g_tenant);
     uint64_t rs = g_seed;
     role_one(SIGKILL);
     tp_results_drain(rd);

@@ -90,14 +90,7 @@ static void client(tp_link_t *l, void *argp)
             tp_put(l->out, st.reserved);
             tp_put(l->out, st.active);
         } else if (op == OP_EXIT) {
-            for (int s = 0; s < SLOTS; s++)
-                if (blk[s]) {
-                    KCHECK(bp_same(pool, blk[s], sz[s], tag[s]));
-                    KCHECK_RC(gm_free(pool, blk[s], NULL), GM_OK);
-                }
-            KCHECK_RC(gm_pool_check(pool), GM_OK);
-            gm_pool_destroy(pool);
-            tp_put(l->out, BP_DONE);
+            bp_child_done(l, pool, blk, sz, tag, SLOTS);
             return;
         } else {
             KCHECK(!"an unknown op");
@@ -108,18 +101,8 @@ static void client(tp_link_t *l, void *argp)
 
 /* ---- the coordinator's side ---------------------------------------------------------- */
 
-static uint64_t get1(tp_kid_t *k)
-{
-    uint64_t v = 0;
-    int r;
-    while ((r = tp_get(k->from, &v, 60000)) == 0 && v == TP_FAIL) {}
-    if (r != 0) {
-        fprintf(stderr, "no answer from pid %d\n", (int)k->pid);
-        CHECK(!"an answer");
-        return UINT64_MAX;
-    }
-    return v;
-}
+/* The child's next answer (a lease may wait): at most 60 s. */
+static uint64_t get1(tp_kid_t *k) { return tp_answer(k, 60000); }
 
 static void send_op(tp_kid_t *k, uint64_t op, uint64_t x, uint64_t y)
 {
@@ -230,11 +213,7 @@ int main(int argc, char **argv)
 {
     if (argc > 1) g_seed = strtoull(argv[1], NULL, 0);
     printf("test_broker_strand: seed %#llx (backend %s)\n", g_seed, bp_is_cuda() ? "cuda" : "sim");
-    fflush(stdout);
-    signal(SIGPIPE, SIG_IGN);
-    snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());
-    int rd;
-    tp_results_init(&rd);
+    int rd = bp_coordinator(g_tenant, sizeof g_tenant);
     uint64_t rs = g_seed;
     tb_init(&g_b);
     tb_config(&g_b, "2GiB", "default_quota = 512MiB\n");

@@ -27,11 +27,7 @@
 #include <unistd.h>
 
 #include "gpumem.h"
-#if __has_include("base/wire.h") /* wire.h is moving from share/ to base/ */
 #include "base/wire.h"
-#else
-#include "share/wire.h"
-#endif
 #include "lib/procs.h"
 
 int tp_kid_out = -1;
@@ -206,12 +202,18 @@ int tp_wait(pid_t pid, int ms)
 
 int tp_exited_ok(int st) { return st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0; }
 
+int tp_next_msg(tp_kid_t *k, uint64_t *v, int ms)
+{
+    int r;
+    /* A failure reported on the way is kept for tp_fails. */
+    while ((r = tp_get(k->from, v, ms)) == 0 && *v == TP_FAIL) k->fails++;
+    return r;
+}
+
 int tp_expect_msg(tp_kid_t *k, uint64_t want, int ms)
 {
     uint64_t v = 0;
-    int r;
-    /* A failure reported on the way is kept for tp_fails. */
-    while ((r = tp_get(k->from, &v, ms)) == 0 && v == TP_FAIL && want != TP_FAIL) k->fails++;
+    int r = want == TP_FAIL ? tp_get(k->from, &v, ms) : tp_next_msg(k, &v, ms);
     int ok = r == 0 && v == want;
     if (!ok)
         fprintf(stderr, "pid %d: expected message %llu from pid %d, got %s%llu\n", (int)getpid(),

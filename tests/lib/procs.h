@@ -66,6 +66,9 @@ void tp_kid_close(tp_kid_t *k);
 /* Wait for pid at most ms, kill it (-9) after: its wait status, or -1. */
 int tp_wait(pid_t pid, int ms);
 int tp_exited_ok(int st); /* exit status 0 */
+/* The next message from k within ms into *v, a TP_FAIL on the way counted
+ * in k->fails: 0, or -1 (none came). */
+int tp_next_msg(tp_kid_t *k, uint64_t *v, int ms);
 /* The next message from k is want (a TP_FAIL on the way is counted in
  * k->fails): 1, or 0 with what came on stderr. */
 int tp_expect_msg(tp_kid_t *k, uint64_t want, int ms);
@@ -192,6 +195,17 @@ static inline void tp_role(const char *name, void (*fn)(void), int rd, int ms)
 
 /* The counts children sent so far join this program's. */
 static inline void tp_results_drain(int rd) { tp_results_add(rd, &test_passed_, &test_failed_); }
+
+/* The next message from k within ms (tp_next_msg); UINT64_MAX, with a
+ * failed CHECK, when none came. */
+static inline uint64_t tp_answer(tp_kid_t *k, int ms)
+{
+    uint64_t v = 0;
+    if (tp_next_msg(k, &v, ms) == 0) return v;
+    fprintf(stderr, "no answer from pid %d\n", (int)k->pid);
+    CHECK(!"an answer");
+    return UINT64_MAX;
+}
 
 /* CHECK that the next message from k is want. */
 static inline int tp_expect(tp_kid_t *k, uint64_t want)
