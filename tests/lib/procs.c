@@ -431,8 +431,28 @@ int tp_raw_connect(const char *path, int ms)
 
 int tp_raw_send(int fd, const void *buf, size_t len, const int *fds, size_t nfds)
 {
-    if (nfds > GM__WIRE_FDS_MAX) return -1;
-    return gm__wire_send(fd, buf, len, fds, nfds, 0, "raw peer") == GM_OK ? 0 : -1;
+    if (nfds <= GM__WIRE_FDS_MAX)
+        return gm__wire_send(fd, buf, len, fds, nfds, 0, "raw peer") == GM_OK ? 0 : -1;
+    /* More descriptors than the library ever attaches: only a hostile peer
+     * sends these, so the message is made here. */
+    if (nfds > TP_RAW_FDS_MAX) return -1;
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+    union {
+        char b[CMSG_SPACE(sizeof(int) * TP_RAW_FDS_MAX)];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b,
+                        .msg_controllen = CMSG_SPACE(sizeof(int) * nfds)};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+    ssize_t n;
+    do n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n == (ssize_t)len ? 0 : -1;
 }
 
 ssize_t tp_raw_recv(int fd, void *buf, size_t len, int *fds, size_t cap, size_t *nfds, int ms)
@@ -441,7 +461,7 @@ ssize_t tp_raw_recv(int fd, void *buf, size_t len, int *fds, size_t cap, size_t 
     if (ms >= 0 && !ready_by(fd, tp_now_ms() + ms)) return -1;
     struct iovec iov = {.iov_base = buf, .iov_len = len};
     union {
-        char b[CMSG_SPACE(sizeof(int) * 253)];
+        char b[CMSG_SPACE(sizeof(int) * TP_RAW_FDS_MAX)];
         struct cmsghdr align;
     } u;
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b,

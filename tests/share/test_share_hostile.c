@@ -47,6 +47,7 @@
 #include "share/share.h"
 #include "test.h"
 #include "share_util.h"
+#include "lib/procs.h"
 
 #define MiB ((size_t)1 << 20)
 #define G_SIZE (4 * MiB)
@@ -124,29 +125,11 @@ static void msg_import(gm__share_msg_t *m, const char *name, const char *token)
     if (token) snprintf(m->token, sizeof m->token, "%s", token);
 }
 
-/* sendmsg of buf[0..len) with nfds descriptors attached; 0 or -1. */
+/* buf[0..len) with nfds descriptors attached, as a hostile peer sends it
+ * (tests/lib/procs.h); 0 or -1. */
 static int send_raw(int fd, const void *buf, size_t len, const int *fds, int nfds)
 {
-    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    union {
-        char b[CMSG_SPACE(sizeof(int) * 253)];
-        struct cmsghdr align;
-    } u;
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (nfds > 0) {
-        memset(&u, 0, sizeof u);
-        mh.msg_control = u.b;
-        mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-    }
-    ssize_t n;
-    do n = sendmsg(fd, &mh, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    return n == (ssize_t)len ? 0 : -1;
+    return tp_raw_send(fd, buf, len, fds, (size_t)nfds);
 }
 
 static int send_msg(int fd, const gm__share_msg_t *m) { return send_raw(fd, m, sizeof *m, NULL, 0); }
@@ -155,48 +138,18 @@ static int send_msg(int fd, const gm__share_msg_t *m) { return send_raw(fd, m, s
  * Descriptors attached go to fds (cap) or are closed; their number in *nfds. */
 static ssize_t recv_msg(int fd, gm__share_msg_t *m, int *fds, int cap, int *nfds, int ms)
 {
-    if (nfds) *nfds = 0;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    int r;
-    do r = poll(&p, 1, ms);
-    while (r < 0 && errno == EINTR);
-    if (r <= 0) return -1;
-    struct iovec iov = {.iov_base = m, .iov_len = sizeof *m};
-    union {
-        char b[CMSG_SPACE(sizeof(int) * GM__SHARE_FDS_MAX)];
-        struct cmsghdr align;
-    } u;
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b,
-                        .msg_controllen = sizeof u.b};
-    ssize_t n;
-    do n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    while (n < 0 && errno == EINTR);
-    if (n < 0) return errno == ECONNRESET ? 0 : -1;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        int *in = (int *)CMSG_DATA(c);
-        for (int i = 0; i < k; i++) {
-            if (fds && nfds && *nfds < cap) fds[(*nfds)++] = in[i];
-            else close(in[i]);
-            if (!fds && nfds) (*nfds)++;
-        }
-    }
-    return n;
+    size_t n = 0;
+    ssize_t r = tp_raw_recv(fd, m, sizeof *m, fds, (size_t)cap, &n, ms);
+    if (nfds) *nfds = (int)n;
+    return r;
 }
 
 /* Connect a raw peer; *status: the greeting's status (-1: none). */
 static int raw_connect(const char *path, int *status)
 {
     *status = -1;
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    int fd = tp_raw_connect(path, 60000);
     if (fd < 0) return -1;
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
     gm__share_msg_t m;
     if (recv_msg(fd, &m, NULL, 0, NULL, 2000) == (ssize_t)sizeof m &&
         m.type == GM__SHARE_REPLY && m.magic == GM__SHARE_MAGIC)
