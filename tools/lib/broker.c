@@ -414,6 +414,7 @@ typedef struct page {
     uint32_t holder; /* client slot + 1; 0: free */
     uint32_t last;   /* tenant + 1 of its last lease; 0: never leased */
     uint32_t next;   /* free list (index + 1) */
+    bool clean;      /* zero since it last held data: no lease needs to zero it */
 } page_t;
 
 typedef struct tenant {
@@ -470,10 +471,15 @@ typedef struct broker {
     uint64_t cap_pages;
     uintptr_t win;     /* address space where pages are mapped to be zeroed */
     uint64_t scrubbed; /* pages zeroed */
+    bool fresh_zero;   /* the backend's new pages read as zero (the sim: a new memfd each) */
+    uint64_t zero_ns;  /* recent cost of zeroing one page (bounds the zeroing per turn) */
+    uint64_t idle_zero_after_ns; /* zeroing free pages while idle failed: not before */
     /* books */
     page_t *pages;
     size_t n_pages, cap_pages_arr;
-    uint32_t free_head;  /* made pages no one holds (index + 1) */
+    uint32_t free_head;  /* made pages no one holds, clean (index + 1) */
+    uint32_t dirty_head; /* made pages no one holds that held data since (index + 1) */
+    uint64_t n_dirty;    /* pages on dirty_head's list (counted in n_free too) */
     uint32_t dead_head;  /* slots of released pages (index + 1) */
     uint64_t n_free, n_made;
     uint64_t leased;   /* pages held by clients, adopted ones included */
@@ -643,11 +649,15 @@ static uint64_t promised_to_others(const broker_t *b, size_t t)
 
 /* ---- pages -------------------------------------------------------------------- */
 
+/* A page for holder: a clean free one first, then one that held data (the
+ * lease decides whether it must be zeroed), else a new one. */
 static int page_take(broker_t *b, uint32_t holder, uint64_t *id)
 {
-    if (b->free_head) {
-        uint32_t i = b->free_head - 1;
-        b->free_head = b->pages[i].next;
+    uint32_t *head = b->free_head ? &b->free_head : b->dirty_head ? &b->dirty_head : NULL;
+    if (head) {
+        uint32_t i = *head - 1;
+        *head = b->pages[i].next;
+        if (head == &b->dirty_head) b->n_dirty--;
         b->pages[i].holder = holder;
         b->n_free--;
         *id = i + 1;
@@ -678,17 +688,19 @@ static int page_take(broker_t *b, uint32_t holder, uint64_t *id)
     }
     if (slot == b->n_pages) b->n_pages++;
     else b->dead_head = b->pages[slot].next;
-    b->pages[slot] = (page_t){.h = h, .fd = fd, .holder = holder};
+    b->pages[slot] = (page_t){.h = h, .fd = fd, .holder = holder, .clean = b->fresh_zero};
     b->n_made++;
     *id = slot + 1;
     return GM_OK;
 }
 
-/* A page back on the free list, or released past keep_free. */
-static void page_put(broker_t *b, uint64_t id)
+/* A page back on a free list (clean: zero since it last held data; else it
+ * goes on the dirty list), or released past keep_free. */
+static void page_put_as(broker_t *b, uint64_t id, bool clean)
 {
     page_t *p = &b->pages[id - 1];
     p->holder = 0;
+    p->clean = clean;
     if ((b->n_free + 1) * b->page > b->cfg.keep_free) {
         int rc;
         close(p->fd);
@@ -700,10 +712,15 @@ static void page_put(broker_t *b, uint64_t id)
         b->dead_head = (uint32_t)id;
         return;
     }
-    p->next = b->free_head;
-    b->free_head = (uint32_t)id;
+    uint32_t *head = clean ? &b->free_head : &b->dirty_head;
+    p->next = *head;
+    *head = (uint32_t)id;
+    b->n_dirty += !clean;
     b->n_free++;
 }
+
+/* A page a client held (it may hold the client's data). */
+static void page_put(broker_t *b, uint64_t id) { page_put_as(b, id, false); }
 
 /* ---- files the broker writes ------------------------------------------------------ */
 
@@ -1051,6 +1068,7 @@ static int scrub(broker_t *b, const uint64_t *ids, size_t n)
 {
     int rc = GM_OK, r;
     size_t mapped = 0;
+    uint64_t t0 = gm__now_ns();
     for (; mapped < n; mapped++) {
         GM_BK(rc, b, map, (b->bk, b->win + mapped * b->page, b->page, b->pages[ids[mapped] - 1].h));
         if (rc != GM_OK) break;
@@ -1069,7 +1087,49 @@ static int scrub(broker_t *b, const uint64_t *ids, size_t n)
     }
     if (rc != GM_OK) return gm__set_error(rc, "%s", err);
     b->scrubbed += n;
+    if (n) {
+        uint64_t per = (gm__now_ns() - t0) / n + 1;
+        b->zero_ns = b->zero_ns ? (3 * b->zero_ns + per) / 4 : per;
+    }
     return GM_OK;
+}
+
+/* The loop is single-threaded: while it zeroes pages it answers no one.
+ * Zeroing runs at the device's speed on a GPU (tens of microseconds a page,
+ * mostly mapping) but at the host's on the sim, and at a share of it on a
+ * loaded machine: a lease of 64 pages could hold every other client for
+ * seconds (issue 42: "no answer in 10 s" under a burst).  So one turn zeroes
+ * at most what fits in ZERO_TURN_NS at the recent cost per page. */
+#define ZERO_TURN_NS 10000000ull
+
+static uint64_t zero_budget(const broker_t *b)
+{
+    if (!b->zero_ns) return GM__BROKER_IDS;
+    uint64_t n = ZERO_TURN_NS / b->zero_ns;
+    return n < 1 ? 1 : n > GM__BROKER_IDS ? GM__BROKER_IDS : n;
+}
+
+/* scrub = always: zero free pages that held data while no request waits, so
+ * that leases find clean ones.  One budget's worth per call. */
+static void zero_idle(broker_t *b)
+{
+    uint64_t ids[GM__BROKER_IDS];
+    size_t n = 0, budget = zero_budget(b);
+    while (n < budget && b->dirty_head) {
+        uint32_t i = b->dirty_head - 1;
+        b->dirty_head = b->pages[i].next;
+        b->n_dirty--;
+        b->n_free--;
+        ids[n++] = i + 1;
+    }
+    int rc = scrub(b, ids, n);
+    if (rc != GM_OK) {
+        logf_(b, "zeroing free pages failed: %s (tried again in a second)", gm_last_error());
+        gm__clear_error();
+        b->idle_zero_after_ns = gm__now_ns() + 1000000000ull;
+    }
+    for (size_t k = 0; k < n; k++) page_put_as(b, ids[k], rc == GM_OK);
+    b->dirty = true;
 }
 
 /* Refuse c's lease with status and the reason (counted for its tenant). */
@@ -1115,29 +1175,51 @@ static int lease_try(broker_t *b, client_t *c, bool final)
             /* The device itself is full (other users of the GPU). */
             char err[200];
             snprintf(err, sizeof err, "%.190s", gm_last_error());
-            for (uint64_t i = 0; i < got; i++) page_put(b, m.ids[i]);
+            for (uint64_t i = 0; i < got; i++) page_put_as(b, m.ids[i], b->pages[m.ids[i] - 1].clean);
             if (!final) return 0;
             refuse(b, c, GM_OUT_OF_MEMORY, "the broker could not make pages: %s", err);
             return 1;
         }
-        /* A page that last held another tenant's data is zeroed first. */
-        uint64_t dirty[GM__BROKER_IDS];
+        /* A page that may hold another tenant's data (or any data, with
+         * scrub = always) is zeroed first, unless it is clean.  Past the
+         * turn's budget (but never below want_min pages) the pages that
+         * would need zeroing go back: the lease is served smaller, the
+         * loop answers the others, and the client asks again. */
+        uint64_t dirty[GM__BROKER_IDS], clean_n = 0;
         size_t nd = 0;
         for (uint64_t i = 0; i < got; i++) {
             page_t *p = &b->pages[m.ids[i] - 1];
-            if (b->cfg.scrub == SCRUB_ALWAYS ||
-                (b->cfg.scrub == SCRUB_TENANT && p->last != c->tenant + 1))
-                dirty[nd++] = m.ids[i];
+            clean_n += !(!p->clean && (b->cfg.scrub == SCRUB_ALWAYS ||
+                                       (b->cfg.scrub == SCRUB_TENANT && p->last != c->tenant + 1)));
         }
+        uint64_t budget = zero_budget(b);
+        if (clean_n + budget < c->want_min) budget = c->want_min - clean_n;
+        uint64_t kept = 0;
+        for (uint64_t i = 0; i < got; i++) {
+            page_t *p = &b->pages[m.ids[i] - 1];
+            bool zero = !p->clean && (b->cfg.scrub == SCRUB_ALWAYS ||
+                                      (b->cfg.scrub == SCRUB_TENANT && p->last != c->tenant + 1));
+            if (zero && nd == budget) {
+                page_put_as(b, m.ids[i], false);
+                continue;
+            }
+            if (zero) dirty[nd++] = m.ids[i];
+            m.ids[kept] = m.ids[i];
+            fds[kept++] = fds[i];
+        }
+        got = kept;
         if (nd && scrub(b, dirty, nd) != GM_OK) {
             char err[200];
             snprintf(err, sizeof err, "%.190s", gm_last_error());
             logf_(b, "zeroing pages failed: %s", err);
-            for (uint64_t i = 0; i < got; i++) page_put(b, m.ids[i]);
+            for (uint64_t i = 0; i < got; i++) page_put_as(b, m.ids[i], b->pages[m.ids[i] - 1].clean);
             refuse(b, c, GM_OUT_OF_MEMORY, "the broker could not zero pages: %s", err);
             return 1;
         }
-        for (uint64_t i = 0; i < got; i++) b->pages[m.ids[i] - 1].last = (uint32_t)c->tenant + 1;
+        for (uint64_t i = 0; i < got; i++) {
+            b->pages[m.ids[i] - 1].last = (uint32_t)c->tenant + 1;
+            b->pages[m.ids[i] - 1].clean = false; /* the client may write it */
+        }
         c->pages += got;
         t->used += got;
         if (t->used > t->peak) t->peak = t->used;
@@ -1741,6 +1823,10 @@ static int setup(broker_t *b)
     if (b->ops == NULL) return gm__set_error(GM_NO_DEVICE, "no backend");
     GM_CHECK(b->ops->open(&bc, &b->bk));
     GM_CHECK(b->ops->info(b->bk, &b->info));
+    /* The sim makes each page a new memfd, which the kernel fills with
+     * zeros: zeroing it again before its first lease only costs the loop
+     * (and touches all its memory).  CUDA promises nothing of the kind. */
+    b->fresh_zero = b->cfg.backend == GM_BACKEND_SIM;
     b->page = b->info.granularity;
     uint64_t cap = b->cfg.capacity ? b->cfg.capacity : b->info.free_memory;
     if (cap > b->info.total_memory) cap = b->info.total_memory;
@@ -1974,6 +2060,11 @@ int gm_cli_broker(int argc, char **argv)
             }
         }
         int ms = next > now ? (int)((next - now) / 1000000ull) + 1 : 0;
+        /* Free pages to zero while idle: look for requests without waiting,
+         * and zero a turn's worth when there are none. */
+        bool idle_zero = b.cfg.scrub == SCRUB_ALWAYS && b.n_dirty > 0 &&
+                         now >= b.idle_zero_after_ns;
+        if (idle_zero) ms = 0;
         int r = poll(pfd, n, ms);
         if (r < 0 && errno != EINTR) {
             logf_(&b, "poll: %s", strerror(errno));
@@ -2001,6 +2092,8 @@ int gm_cli_broker(int argc, char **argv)
                 }
             }
             if (pfd[1].revents) on_accept(&b);
+        } else if (r == 0 && idle_zero) {
+            zero_idle(&b);
         }
         now = gm__now_ns();
         for (size_t i = 0; i < b.n_clients; i++) {
