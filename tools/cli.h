@@ -42,6 +42,10 @@ void gm_cli_metrics_usage(FILE *out);
 
 int gm_cli_broker(int argc, char **argv);     /* lib/broker.c */
 void gm_cli_broker_usage(FILE *out);
+int gm_cli_broker_admin(int argc, char **argv); /* slurm.c */
+void gm_cli_broker_admin_usage(FILE *out);
+int gm_cli_gres_conf(int argc, char **argv);  /* slurm.c */
+void gm_cli_gres_conf_usage(FILE *out);
 
 /* ---- shared helpers (gpumem.c) ---------------------------------------- */
 

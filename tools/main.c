@@ -38,6 +38,10 @@ static const command_t commands[] = {
      "print every gpumem process's counters in Prometheus text format"},
     {"broker", gm_cli_broker, gm_cli_broker_usage,
      "own a GPU's memory and lease it to processes within tenant quotas"},
+    {"broker-admin", gm_cli_broker_admin, gm_cli_broker_admin_usage,
+     "make or remove a broker's tenant at run time (a Slurm job's)"},
+    {"gres-conf", gm_cli_gres_conf, gm_cli_gres_conf_usage,
+     "print the Slurm gres.conf line for this node's GPU memory"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

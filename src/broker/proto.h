@@ -21,6 +21,18 @@
  *     UNADOPT count cached              (no reply) adopted pages let go
  *     STATS  first                      -> REPLY count=tenants, first..; one
  *                                          tenant per reply (text = name)
+ *   admin (a privileged caller: root, the broker's own uid or a user of the
+ *   config's `admins`, checked with SO_PEERCRED; anyone else is refused):
+ *     ADMIN_CREATE tenant quota guaranteed count=uid min=gid first=job
+ *                  pid=anchor            -> REPLY text=the tenant's door
+ *                  (a socket in a directory of mode 0700 owned by uid; a
+ *                  process connecting there is the tenant's when its uid is
+ *                  uid and its ancestry reaches an anchor process, e.g. the
+ *                  job step's slurmstepd).  Again for the same tenant and
+ *                  job: adds the anchor, sets the quota.
+ *     ADMIN_REMOVE tenant                -> REPLY the tenant's last figures;
+ *                  its processes are dropped (every page back), its door
+ *                  removed.
  *   events (the broker speaks, the client's thread listens):
  *     HELLO flags=EVENTS client cookie  -> REPLY
  *     RECLAIM count                     the broker wants count pages back
@@ -64,6 +76,8 @@ enum {
     GM__BROKER_STATS = 5,
     GM__BROKER_RECLAIM = 6,
     GM__BROKER_REPLY = 7,
+    GM__BROKER_ADMIN_CREATE = 8, /* version 1 brokers drop a connection that sends these */
+    GM__BROKER_ADMIN_REMOVE = 9,
 };
 
 #define GM__BROKER_FLAG_EVENTS 0x1u /* HELLO: this is the events connection */

@@ -87,6 +87,13 @@ typedef struct bcfg {
     unsigned max_clients;
     unsigned socket_mode;
     char stats_file[PATH_MAX];
+    /* Tenants made at run time (a Slurm job's): who may make them besides
+     * root and the broker's uid, where their doors go, and how long one
+     * stays after its job's anchor processes are gone and nothing uses it. */
+    uid_t admins[MAX_RULE_IDS];
+    size_t n_admins;
+    char job_dir[80];
+    unsigned job_grace_s;
     tenant_cfg_t *tenants;
     size_t n_tenants;
 } bcfg_t;
@@ -100,6 +107,7 @@ static void cfg_defaults(bcfg_t *c)
     c->reclaim_ms = 500;
     c->max_clients = 1024;
     c->socket_mode = 0666;
+    c->job_grace_s = 10;
 }
 
 static void cfg_free(bcfg_t *c)
@@ -180,6 +188,7 @@ static const char *accepted(const char *key)
         {"reclaim_ms", "milliseconds from 0 to 5000"},
         {"max_clients", "a number from 1 to 65536"},
         {"socket_mode", "an octal mode such as 0660"},
+        {"job_grace", "seconds from 0 to 3600"},
     };
     for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
         if (!strcmp(rules[i].key, key)) return rules[i].what;
@@ -386,6 +395,24 @@ static int cfg_load(const char *path, bcfg_t *c, char *err, size_t cap)
             c->socket_mode = (unsigned)u;
         } else if (!strcmp(k, "stats_file")) {
             snprintf(c->stats_file, sizeof c->stats_file, "%s", v);
+        } else if (!strcmp(k, "admins")) {
+            tenant_cfg_t who;
+            memset(&who, 0, sizeof who);
+            if (parse_ids(v, false, &who, why, sizeof why)) goto bad;
+            memcpy(c->admins, who.uids, sizeof c->admins);
+            c->n_admins = who.n_uids;
+        } else if (!strcmp(k, "job_dir")) {
+            /* The door of a job's tenant is job_dir/NAME/sock (a socket
+             * address: 107 bytes at most, checked when a tenant is made). */
+            if (v[0] != '/' || strlen(v) >= sizeof c->job_dir - 1) {
+                snprintf(why, sizeof why, "job_dir is an absolute path of at most %zu bytes",
+                         sizeof c->job_dir - 2);
+                goto bad;
+            }
+            snprintf(c->job_dir, sizeof c->job_dir, "%s", v);
+        } else if (!strcmp(k, "job_grace")) {
+            if (parse_uint(v, 10, 3600, &u)) goto badval;
+            c->job_grace_s = (unsigned)u;
         } else {
             snprintf(why, sizeof why, "unknown key '%s'", k);
             goto bad;
@@ -426,6 +453,25 @@ typedef struct tenant {
      * given back: the next lease over quota is refused at once instead of
      * waiting again, until one of its processes returns a page. */
     bool futile;
+    /* Made at run time by an admin (ADMIN_CREATE: a Slurm job's tenant).
+     * Its processes come in through its door only, a socket in a directory
+     * of mode 0700 owned by the job's uid; one is let in when its uid is
+     * the job's and its ancestry reaches an anchor (a process of the job
+     * the admin named, with its start time: a reused pid is another one).
+     * gone: removed (the slot is reused once no client refers to it). */
+    bool runtime, gone;
+    uid_t job_uid;
+    gid_t job_gid;
+    uint64_t job_id;
+    int door_fd;
+    char door[108];
+    struct {
+        pid_t pid;
+        uint64_t start;
+    } anchors[16];
+    size_t n_anchors;
+    bool anchored;       /* had an anchor once: reaped when they are all gone */
+    uint64_t orphan_ns;  /* since when it has no live anchor and no client */
 } tenant_t;
 
 enum { C_FREE, C_NEW, C_CONTROL, C_VIEWER };
@@ -441,6 +487,7 @@ typedef struct client {
      * accept; a control connection's is then its tenant's name. */
     char owner[GM__BROKER_NAME_MAX];
     bool over;              /* let in past the limits as an events connection */
+    uint32_t door;          /* came in through the door of tenant door - 1; 0: the socket */
     uint64_t number, cookie;
     size_t tenant;
     uint64_t pages, adopted, cached;
@@ -457,6 +504,10 @@ typedef struct kept {
     pid_t pid;
     uid_t uid;
     uint64_t start, pages;
+    /* Booked to tenant - 1 before the process says anything (a process of
+     * a job whose tenant came back from the jobs file: jobs_load), so a job
+     * cannot lease its grant twice across a restart; 0: not booked. */
+    size_t tenant;
 } kept_t;
 
 typedef struct broker {
@@ -490,7 +541,7 @@ typedef struct broker {
     size_t n_clients;
     uint64_t next_number, generation;
     int lfd;
-    uint64_t started_ns, last_stats_ns;
+    uint64_t started_ns, last_stats_ns, last_reap_ns;
     unsigned log_count;
     uint64_t log_window_ns;
     bool dirty;
@@ -599,17 +650,38 @@ static bool rule_matches(const tenant_cfg_t *t, pid_t pid, uid_t uid, gid_t gid)
 static ssize_t tenant_find(broker_t *b, const char *name)
 {
     for (size_t i = 0; i < b->n_tenants; i++)
-        if (!strcmp(b->tenants[i].cfg.name, name)) return (ssize_t)i;
+        if (!b->tenants[i].gone && !strcmp(b->tenants[i].cfg.name, name)) return (ssize_t)i;
     return -1;
 }
 
 static ssize_t tenant_add(broker_t *b, const tenant_cfg_t *cfg, bool configured)
 {
+    /* A removed tenant's slot once nothing refers to it; the pages it held
+     * last are then marked as of no tenant, so they are zeroed before the
+     * new tenant of the slot gets them. */
+    for (size_t i = 0; i < b->n_tenants; i++) {
+        tenant_t *t = &b->tenants[i];
+        if (!t->gone || t->clients || t->used) continue;
+        bool held = false;
+        for (size_t k = 0; k < b->n_clients && !held; k++)
+            held = b->clients[k].state != C_FREE &&
+                   (b->clients[k].door == i + 1 ||
+                    (b->clients[k].state == C_CONTROL && b->clients[k].tenant == i));
+        if (held) continue;
+        for (size_t p = 0; p < b->n_pages; p++)
+            if (b->pages[p].last == i + 1) b->pages[p].last = 0;
+        memset(t, 0, sizeof *t);
+        t->door_fd = -1;
+        t->cfg = *cfg;
+        t->configured = configured;
+        return (ssize_t)i;
+    }
     tenant_t *nt = realloc(b->tenants, (b->n_tenants + 1) * sizeof *nt);
     if (!nt) return -1;
     b->tenants = nt;
     tenant_t *t = &b->tenants[b->n_tenants];
     memset(t, 0, sizeof *t);
+    t->door_fd = -1;
     t->cfg = *cfg;
     t->configured = configured;
     return (ssize_t)b->n_tenants++;
@@ -850,6 +922,17 @@ static void boot_id_read(char *out, size_t cap)
     fclose(f);
 }
 
+/* Pages of kept entry e booked ahead to its tenant (jobs_load), n of them
+ * no longer: its process claimed them or is gone. */
+static void kept_unbook(broker_t *b, kept_t *e, uint64_t n)
+{
+    tenant_t *t = &b->tenants[e->tenant - 1];
+    t->used -= n < t->used ? n : t->used;
+    b->leased -= n < b->leased ? n : b->leased;
+    t->futile = b->futile = false;
+    b->dirty = true;
+}
+
 /* Load the last run's record into b->kept (at start, before listening). */
 static void record_load(broker_t *b)
 {
@@ -937,7 +1020,10 @@ static void record_write(broker_t *b)
     size_t k = 0;
     for (size_t i = 0; i < b->n_kept; i++) {
         kept_t *e = &b->kept[i];
-        if (!e->pages || gm__mon_start_time((int)e->pid) != e->start) continue; /* gone */
+        if (!e->pages || gm__mon_start_time((int)e->pid) != e->start) { /* gone */
+            if (e->tenant && e->pages) kept_unbook(b, e, e->pages);
+            continue;
+        }
         fprintf(f, "%d %" PRIu64 " %u %" PRIu64 "\n", (int)e->pid, e->start, (unsigned)e->uid,
                 e->pages);
         b->kept[k++] = *e;
@@ -975,6 +1061,7 @@ static uint64_t record_take(broker_t *b, const client_t *c, uint64_t claim)
         kept_t *e = &b->kept[i];
         if (!c->start || e->pid != c->pid || e->start != c->start || e->uid != c->uid) continue;
         uint64_t k = e->pages < claim - got ? e->pages : claim - got;
+        if (e->tenant) kept_unbook(b, e, k); /* the client books them itself */
         e->pages -= k;
         got += k;
     }
@@ -1341,7 +1428,8 @@ static void on_hello(broker_t *b, client_t *c, gm__broker_msg_t *in)
         client_drop(b, c, NULL);
         return;
     }
-    ssize_t t = tenant_of(b, &b->cfg, c->pid, c->uid, c->gid);
+    /* Through a tenant's door: that tenant (checked at accept). */
+    ssize_t t = c->door ? (ssize_t)c->door - 1 : tenant_of(b, &b->cfg, c->pid, c->uid, c->gid);
     if (t < 0) {
         reply_init(b, &m, NULL, t == -2 ? GM_DENIED : GM_NO_HOST_MEMORY);
         snprintf(m.text, sizeof m.text, t == -2 ? "no tenant of the broker's config matches uid "
@@ -1392,11 +1480,15 @@ static void on_stats(broker_t *b, client_t *c, gm__broker_msg_t *in)
 {
     gm__broker_msg_t m;
     reply_init(b, &m, NULL, GM_OK);
-    m.count = b->n_tenants;
+    /* Removed tenants are not shown: row k is the k-th tenant in use. */
+    size_t live = 0, at = b->n_tenants;
+    for (size_t i = 0; i < b->n_tenants; i++)
+        if (!b->tenants[i].gone && live++ == in->first) at = i;
+    m.count = live;
     m.capacity = b->cap_pages * b->page;
     m.device_used = b->leased * b->page;
-    if (in->first < b->n_tenants) {
-        const tenant_t *t = &b->tenants[in->first];
+    if (at < b->n_tenants) {
+        const tenant_t *t = &b->tenants[at];
         m.first = in->first;
         snprintf(m.tenant, sizeof m.tenant, "%s", t->cfg.name);
         m.quota = t->cfg.quota;
@@ -1408,6 +1500,467 @@ static void on_stats(broker_t *b, client_t *c, gm__broker_msg_t *in)
         m.clients = t->clients;
         m.reclaims = t->reclaims;
     }
+    send_msg(b, c, c->fd, &m, NULL, 0);
+}
+
+/* ---- tenants made at run time (a Slurm job's) -------------------------------- */
+/*
+ * An admin (root, the broker's uid, or a user of `admins`) makes a tenant
+ * for a job (ADMIN_CREATE) and removes it (ADMIN_REMOVE) when the job ends.
+ * The tenant's processes come in through its door: a socket of its own,
+ * job_dir/NAME/sock, in a directory of mode 0700 owned by the job's uid (so
+ * other users cannot even reach it).  A process of the same user is not
+ * stopped by the mode, so the broker also checks, at accept, that the
+ * process belongs to the job: its uid is the job's and one of its
+ * ancestors is an anchor, a process the admin named (the job step's
+ * slurmstepd), alive with the start time it had when it was named.  A
+ * process of another job of that user descends from another slurmstepd
+ * and is turned away.  Anchor processes cannot be faked: a process cannot
+ * choose its parent.
+ *
+ * The tenants and their anchors are kept in <socket>.jobs (file_replace,
+ * 0600) so that a broker restarted while jobs run opens the same doors
+ * again.  A tenant whose anchors are all gone and that no process uses is
+ * removed after job_grace seconds (a job whose end the admin never
+ * reported: slurmd restarted, the node's epilog lost).
+ */
+#define JOBS_MAGIC "gpumem broker jobs 1"
+
+/* The parent of pid (field 4 of /proc/<pid>/stat), 0 when unknown. */
+static pid_t parent_of(pid_t pid)
+{
+    char p[64], text[1024];
+    snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(p, "re");
+    if (!f) return 0;
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char *close_p = strrchr(text, ')');
+    int ppid = 0;
+    if (!close_p || sscanf(close_p + 1, " %*c %d", &ppid) != 1) return 0;
+    return (pid_t)ppid;
+}
+
+static bool anchor_alive(const tenant_t *t, size_t i)
+{
+    return gm__mon_start_time((int)t->anchors[i].pid) == t->anchors[i].start;
+}
+
+/* pid or one of its ancestors is a live anchor of t. */
+static bool ancestry_reaches(const tenant_t *t, pid_t pid)
+{
+    for (int depth = 0; pid > 1 && depth < 128; depth++) {
+        for (size_t i = 0; i < t->n_anchors; i++)
+            if (t->anchors[i].pid == pid && anchor_alive(t, i)) return true;
+        pid = parent_of(pid);
+    }
+    return false;
+}
+
+static bool is_admin(const broker_t *b, uid_t uid)
+{
+    if (uid == 0 || uid == geteuid()) return true;
+    for (size_t i = 0; i < b->cfg.n_admins; i++)
+        if (b->cfg.admins[i] == uid) return true;
+    return false;
+}
+
+static void door_close(broker_t *b, tenant_t *t)
+{
+    (void)b;
+    if (t->door_fd >= 0) close(t->door_fd);
+    t->door_fd = -1;
+    if (t->door[0]) {
+        unlink(t->door);
+        char dir[sizeof t->door];
+        snprintf(dir, sizeof dir, "%s", t->door);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0', rmdir(dir);
+    }
+    t->door[0] = '\0';
+}
+
+/* Open t's door: job_dir (made root's or the broker's, 0755, if missing),
+ * job_dir/NAME (0700, the job's uid), job_dir/NAME/sock (0600, the job's
+ * uid).  0, or -1 with why. */
+static int door_open(broker_t *b, tenant_t *t, char *why, size_t cap)
+{
+    const char *jd = b->cfg.job_dir;
+    if (!jd[0]) return snprintf(why, cap, "the broker has no job_dir in its config: it cannot "
+                                "open doors for tenants made at run time"), -1;
+    char dir[sizeof t->door + 80], path[sizeof dir + 8];
+    snprintf(dir, sizeof dir, "%s/%s", jd, t->cfg.name);
+    snprintf(path, sizeof path, "%s/sock", dir);
+    if (strlen(path) >= sizeof t->door)
+        return snprintf(why, cap, "the door %s is longer than a socket address (107 bytes)",
+                        path), -1;
+    struct stat st;
+    if (mkdir(jd, 0755) != 0 && errno != EEXIST)
+        return snprintf(why, cap, "job_dir %s: %s", jd, strerror(errno)), -1;
+    if (lstat(jd, &st) != 0 || !S_ISDIR(st.st_mode) || (st.st_uid != 0 && st.st_uid != geteuid()) ||
+        (st.st_mode & 022))
+        return snprintf(why, cap, "job_dir %s must be a directory of root or the broker's uid "
+                        "that no one else may write", jd), -1;
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+        return snprintf(why, cap, "door directory %s: %s", dir, strerror(errno)), -1;
+    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return snprintf(why, cap, "door directory %s is not a directory", dir), -1;
+    unlink(path); /* a stale door of an earlier run */
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return snprintf(why, cap, "socket: %s", strerror(errno)), -1;
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    mode_t old = umask(0177);
+    int r = bind(fd, (struct sockaddr *)&a, sizeof a);
+    umask(old);
+    const char *what = r != 0 ? "bind" : NULL;
+    int err = errno;
+    bool mine = t->job_uid == geteuid();
+    if (!what && !mine && (chown(path, t->job_uid, t->job_gid) != 0 ||
+                           chown(dir, t->job_uid, t->job_gid) != 0))
+        what = "chown", err = errno;
+    if (!what && chmod(dir, 0700) != 0) what = "chmod", err = errno;
+    if (!what && listen(fd, 128) != 0) what = "listen", err = errno;
+    if (what) {
+        close(fd);
+        unlink(path);
+        rmdir(dir);
+        return snprintf(why, cap, "door %s: %s: %s", path, what, strerror(err)), -1;
+    }
+    t->door_fd = fd;
+    snprintf(t->door, sizeof t->door, "%s", path);
+    return 0;
+}
+
+/* Write <socket>.jobs: every tenant made at run time, with its anchors. */
+static void jobs_write(broker_t *b)
+{
+    if (!b->record_path[0]) return;
+    char path[PATH_MAX + 8];
+    snprintf(path, sizeof path, "%s.jobs", b->cfg.socket);
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    if (!f) return;
+    fprintf(f, "%s\n", JOBS_MAGIC);
+    for (size_t i = 0; i < b->n_tenants; i++) {
+        const tenant_t *t = &b->tenants[i];
+        if (!t->runtime || t->gone) continue;
+        fprintf(f, "%s %u %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %d", t->cfg.name,
+                (unsigned)t->job_uid, (unsigned)t->job_gid, t->job_id,
+                t->cfg.quota == UINT64_MAX ? 0 : t->cfg.quota, t->cfg.guaranteed,
+                t->anchored ? 1 : 0);
+        for (size_t k = 0; k < t->n_anchors; k++)
+            fprintf(f, " %d:%" PRIu64, (int)t->anchors[k].pid, t->anchors[k].start);
+        fputc('\n', f);
+    }
+    if (fclose(f) != 0) {
+        free(text);
+        return;
+    }
+    char why[512];
+    if (file_replace(path, text, n, 0600, why, sizeof why) != 0)
+        logf_(b, "jobs file %s not written: %s; a restarted broker will not know its jobs", path,
+              why);
+    free(text);
+}
+
+static void tenant_remove(broker_t *b, size_t ti, const char *why);
+
+/* Read <socket>.jobs at start: each job's tenant again, with its door. */
+static void jobs_load(broker_t *b)
+{
+    char path[PATH_MAX + 8];
+    snprintf(path, sizeof path, "%s.jobs", b->cfg.socket);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & 022) || st.st_size > (16 << 20)) {
+        logf_(b, "jobs file %s is not a file of this broker's uid that only it may write; "
+              "ignored", path);
+        close(fd);
+        return;
+    }
+    FILE *f = fdopen(fd, "re");
+    if (!f) {
+        close(fd);
+        return;
+    }
+    char line[2048];
+    size_t n = 0;
+    if (fgets(line, sizeof line, f) && !strcmp(trim(line), JOBS_MAGIC)) {
+        while (fgets(line, sizeof line, f)) {
+            tenant_cfg_t c;
+            memset(&c, 0, sizeof c);
+            char name[GM__BROKER_NAME_MAX];
+            unsigned uid, gid;
+            unsigned long long job, quota, guaranteed;
+            int anchored, used = 0;
+            if (sscanf(line, "%63s %u %u %llu %llu %llu %d%n", name, &uid, &gid, &job, &quota,
+                       &guaranteed, &anchored, &used) != 7 || tenant_find(b, name) >= 0)
+                continue;
+            snprintf(c.name, sizeof c.name, "%s", name);
+            c.quota = quota ? quota : UINT64_MAX;
+            c.guaranteed = guaranteed;
+            ssize_t ti = tenant_add(b, &c, false);
+            if (ti < 0) break;
+            tenant_t *t = &b->tenants[ti];
+            t->runtime = true;
+            t->job_uid = uid;
+            t->job_gid = gid;
+            t->job_id = job;
+            t->anchored = anchored != 0;
+            for (char *s = line + used, *end; t->n_anchors < 16;) {
+                long pid = strtol(s, &end, 10);
+                if (end == s || *end != ':') break;
+                unsigned long long start = strtoull(end + 1, &s, 10);
+                t->anchors[t->n_anchors].pid = (pid_t)pid;
+                t->anchors[t->n_anchors++].start = start;
+            }
+            char why[512];
+            if (door_open(b, t, why, sizeof why) != 0) {
+                logf_(b, "tenant '%s' of the jobs file: %s; removed", t->cfg.name, why);
+                tenant_remove(b, (size_t)ti, NULL);
+                continue;
+            }
+            n++;
+        }
+    }
+    fclose(f);
+    /* Pages a job's processes kept from the last run count against the
+     * job at once, not only when the process next speaks. */
+    uint64_t booked = 0;
+    for (size_t k = 0; k < b->n_kept; k++) {
+        kept_t *e = &b->kept[k];
+        for (size_t i = 0; i < b->n_tenants && !e->tenant; i++) {
+            tenant_t *t = &b->tenants[i];
+            if (!t->runtime || t->gone || e->uid != t->job_uid || !e->pages ||
+                gm__mon_start_time((int)e->pid) != e->start || !ancestry_reaches(t, e->pid))
+                continue;
+            e->tenant = i + 1;
+            t->used += e->pages;
+            if (t->used > t->peak) t->peak = t->used;
+            b->leased += e->pages;
+            booked += e->pages;
+        }
+    }
+    if (n) logf_(b, "jobs file: %zu tenants made at run time are back, doors open; %" PRIu64
+                 " pages their processes kept are booked to them", n, booked);
+}
+
+/* Remove runtime tenant ti: its processes dropped (every page back), its
+ * door closed.  why: logged with its figures (NULL: quietly). */
+static void tenant_remove(broker_t *b, size_t ti, const char *why)
+{
+    tenant_t *t = &b->tenants[ti];
+    uint64_t dropped = 0;
+    for (size_t i = 0; i < b->n_clients; i++) {
+        client_t *c = &b->clients[i];
+        if (c->state == C_FREE) continue;
+        if (c->door == ti + 1 || (c->state == C_CONTROL && c->tenant == ti)) {
+            dropped += c->state == C_CONTROL;
+            client_drop(b, c, "its tenant was removed");
+        }
+    }
+    for (size_t k = 0; k < b->n_kept; k++)
+        if (b->kept[k].tenant == ti + 1) {
+            kept_unbook(b, &b->kept[k], b->kept[k].pages);
+            b->kept[k].tenant = 0;
+        }
+    door_close(b, t);
+    if (why) {
+        char a[32], q[32];
+        logf_(b, "tenant '%s' (job %" PRIu64 ") removed: %s; peak %s of quota %s, %" PRIu64
+              " refusals, %" PRIu64 " processes dropped", t->cfg.name, t->job_id, why,
+              fmt(t->peak * b->page, a), fmt(t->cfg.quota, q), t->refusals, dropped);
+    }
+    t->gone = true;
+    t->cfg.guaranteed = 0;
+    t->n_anchors = 0;
+    b->dirty = true;
+    jobs_write(b);
+}
+
+/* Drop the tenants of jobs that are gone (their anchors dead, no process
+ * connected) for job_grace seconds.  Called about once a second. */
+static void jobs_reap(broker_t *b, uint64_t now)
+{
+    /* Kept pages booked ahead whose process ended without coming back. */
+    for (size_t k = 0; k < b->n_kept; k++) {
+        kept_t *e = &b->kept[k];
+        if (e->tenant && e->pages && gm__mon_start_time((int)e->pid) != e->start) {
+            kept_unbook(b, e, e->pages);
+            e->pages = 0;
+            e->tenant = 0;
+        }
+    }
+    for (size_t i = 0; i < b->n_tenants; i++) {
+        tenant_t *t = &b->tenants[i];
+        if (!t->runtime || t->gone || !t->anchored) continue;
+        size_t k = 0;
+        for (size_t a = 0; a < t->n_anchors; a++)
+            if (anchor_alive(t, a)) t->anchors[k++] = t->anchors[a];
+        if (k != t->n_anchors) {
+            t->n_anchors = k;
+            jobs_write(b);
+        }
+        if (k || t->clients) {
+            t->orphan_ns = 0;
+            continue;
+        }
+        if (!t->orphan_ns) t->orphan_ns = now;
+        else if (now - t->orphan_ns >= (uint64_t)b->cfg.job_grace_s * 1000000000ull)
+            tenant_remove(b, i, "its job's processes are gone and no one removed it");
+    }
+}
+
+/* ADMIN_CREATE / ADMIN_REMOVE from c (a new connection or a viewer). */
+static void on_admin(broker_t *b, client_t *c, gm__broker_msg_t *in)
+{
+    gm__broker_msg_t m;
+    reply_init(b, &m, NULL, GM_OK);
+    c->state = C_VIEWER;
+    c->first_ns = gm__now_ns();
+    const char *name = in->tenant;
+    char sh[96];
+    if (c->door || !is_admin(b, c->uid)) {
+        m.status = GM_DENIED;
+        snprintf(m.text, sizeof m.text, "uid %u may not make or remove tenants: only root, the "
+                 "broker's uid %u and the config's admins may", (unsigned)c->uid,
+                 (unsigned)geteuid());
+        logf_(b, "pid %d uid %u: refused an admin request", (int)c->pid, (unsigned)c->uid);
+        send_msg(b, c, c->fd, &m, NULL, 0);
+        return;
+    }
+    ssize_t ti = tenant_find(b, name);
+    if (in->type == GM__BROKER_ADMIN_REMOVE) {
+        if (ti < 0 || !b->tenants[ti].runtime) {
+            m.status = GM_INVALID_ARGUMENT;
+            snprintf(m.text, sizeof m.text, ti < 0 ? "no tenant '%s'" :
+                     "tenant '%s' is of the config, not made at run time",
+                     shown(name, sh, sizeof sh));
+        } else {
+            tenant_t *t = &b->tenants[ti];
+            snprintf(m.tenant, sizeof m.tenant, "%s", t->cfg.name);
+            m.quota = t->cfg.quota;
+            m.used = t->used * b->page;
+            m.peak = t->peak * b->page;
+            m.refusals = t->refusals;
+            m.clients = t->clients;
+            tenant_remove(b, (size_t)ti, "removed by its admin");
+        }
+        send_msg(b, c, c->fd, &m, NULL, 0);
+        return;
+    }
+    /* ADMIN_CREATE */
+    size_t n = strlen(name);
+    bool name_ok = n > 0 && n < GM__BROKER_NAME_MAX && strncmp(name, "uid:", 4) != 0;
+    for (size_t i = 0; i < n && name_ok; i++)
+        name_ok = name[i] == '-' || name[i] == '_' || name[i] == '.' ||
+                  (name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'z') ||
+                  (name[i] >= 'A' && name[i] <= 'Z');
+    uint64_t quota = in->quota, guaranteed = in->guaranteed;
+    if (!name_ok) {
+        m.status = GM_INVALID_ARGUMENT;
+        snprintf(m.text, sizeof m.text, "tenant name '%s': 1 to 63 letters, digits, - _ .",
+                 shown(name, sh, sizeof sh));
+    } else if (in->count > UINT32_MAX - 1 || in->min > UINT32_MAX - 1 || in->pid < 0) {
+        m.status = GM_INVALID_ARGUMENT;
+        snprintf(m.text, sizeof m.text, "a uid, gid or anchor pid out of range");
+    } else if (guaranteed > quota) {
+        m.status = GM_INVALID_ARGUMENT;
+        snprintf(m.text, sizeof m.text, "guaranteed exceeds the quota");
+    } else if (ti >= 0 && (!b->tenants[ti].runtime || b->tenants[ti].job_uid != in->count ||
+                           b->tenants[ti].job_id != in->first)) {
+        m.status = GM_INVALID_STATE;
+        snprintf(m.text, sizeof m.text, "tenant '%s' exists and is not this job's",
+                 shown(name, sh, sizeof sh));
+    }
+    uint64_t anchor_start = in->pid ? gm__mon_start_time((int)in->pid) : 0;
+    if (m.status == GM_OK && in->pid && !anchor_start) {
+        m.status = GM_INVALID_ARGUMENT;
+        snprintf(m.text, sizeof m.text, "anchor pid %lld is not running", (long long)in->pid);
+    }
+    if (m.status == GM_OK) {
+        /* Grants promised together fit the capacity. */
+        uint64_t promised = 0;
+        for (size_t i = 0; i < b->n_tenants; i++)
+            if (!b->tenants[i].gone && (ssize_t)i != ti) promised += b->tenants[i].cfg.guaranteed;
+        if (promised + guaranteed > b->cap_pages * b->page) {
+            char a[32], q[32], g[32];
+            m.status = GM_LIMIT;
+            snprintf(m.text, sizeof m.text, "tenant '%s': guaranteeing %s more than the %s "
+                     "promised already exceeds the capacity %s", name, fmt(guaranteed, g),
+                     fmt(promised, a), fmt(b->cap_pages * b->page, q));
+        }
+    }
+    if (m.status != GM_OK) {
+        logf_(b, "admin uid %u: create refused: %s", (unsigned)c->uid, m.text);
+        send_msg(b, c, c->fd, &m, NULL, 0);
+        return;
+    }
+    bool fresh = ti < 0;
+    if (fresh) {
+        tenant_cfg_t tc;
+        memset(&tc, 0, sizeof tc);
+        snprintf(tc.name, sizeof tc.name, "%s", name);
+        ti = tenant_add(b, &tc, false);
+        if (ti < 0) {
+            m.status = GM_NO_HOST_MEMORY;
+            snprintf(m.text, sizeof m.text, "the broker is out of host memory");
+            send_msg(b, c, c->fd, &m, NULL, 0);
+            return;
+        }
+        tenant_t *t = &b->tenants[ti];
+        t->runtime = true;
+        t->job_uid = (uid_t)in->count;
+        t->job_gid = (gid_t)in->min;
+        t->job_id = in->first;
+        char why[GM__BROKER_TEXT_MAX];
+        if (door_open(b, t, why, sizeof why) != 0) {
+            t->gone = true;
+            m.status = GM_IO;
+            snprintf(m.text, sizeof m.text, "%s", why);
+            logf_(b, "admin uid %u: create of tenant '%s' failed: %s", (unsigned)c->uid, name, why);
+            send_msg(b, c, c->fd, &m, NULL, 0);
+            return;
+        }
+    }
+    tenant_t *t = &b->tenants[ti];
+    t->cfg.quota = quota;
+    t->cfg.guaranteed = guaranteed;
+    t->futile = false;
+    if (in->pid) {
+        bool have = false;
+        for (size_t i = 0; i < t->n_anchors && !have; i++)
+            have = t->anchors[i].pid == (pid_t)in->pid && t->anchors[i].start == anchor_start;
+        if (!have) {
+            /* Room for a new one: dead anchors make way. */
+            size_t k = 0;
+            for (size_t i = 0; i < t->n_anchors; i++)
+                if (anchor_alive(t, i)) t->anchors[k++] = t->anchors[i];
+            t->n_anchors = k;
+            if (k == 16) memmove(t->anchors, t->anchors + 1, 15 * sizeof t->anchors[0]), k = 15;
+            t->anchors[k].pid = (pid_t)in->pid;
+            t->anchors[k].start = anchor_start;
+            t->n_anchors = k + 1;
+        }
+        t->anchored = true;
+        t->orphan_ns = 0;
+    }
+    char q[32];
+    if (fresh)
+        logf_(b, "tenant '%s' made for job %" PRIu64 " (uid %u): quota %s, door %s", name,
+              t->job_id, (unsigned)t->job_uid, fmt(quota, q), t->door);
+    jobs_write(b);
+    b->dirty = true;
+    snprintf(m.tenant, sizeof m.tenant, "%s", t->cfg.name);
+    snprintf(m.text, sizeof m.text, "%s", t->door);
+    m.quota = t->cfg.quota;
+    m.guaranteed = t->cfg.guaranteed;
+    m.used = t->used * b->page;
     send_msg(b, c, c->fd, &m, NULL, 0);
 }
 
@@ -1442,6 +1995,8 @@ static void on_message(broker_t *b, client_t *c)
             over_limit(b, c))
             return;
         if (m.type == GM__BROKER_HELLO) return on_hello(b, c, &m);
+        if (m.type == GM__BROKER_ADMIN_CREATE || m.type == GM__BROKER_ADMIN_REMOVE)
+            return on_admin(b, c, &m);
         if (m.type == GM__BROKER_STATS) {
             c->state = C_VIEWER;
             c->first_ns = gm__now_ns();
@@ -1451,6 +2006,8 @@ static void on_message(broker_t *b, client_t *c)
     } else if (c->state == C_VIEWER) {
         c->first_ns = gm__now_ns(); /* idle since */
         if (m.type == GM__BROKER_STATS) return on_stats(b, c, &m);
+        if (m.type == GM__BROKER_ADMIN_CREATE || m.type == GM__BROKER_ADMIN_REMOVE)
+            return on_admin(b, c, &m);
         bad = "a viewer sent more than STATS";
     } else if (c->pending && m.type == GM__BROKER_LEASE) {
         bad = "a lease while its lease waits";
@@ -1602,9 +2159,12 @@ static bool over_limit(broker_t *b, client_t *c)
     return true;
 }
 
-static void on_accept(broker_t *b)
+/* A connection on the broker's socket (door 0) or on the door of tenant
+ * door - 1, where only a process of its job is let in: the job's uid (or
+ * root) and an anchor among its ancestors. */
+static void on_accept(broker_t *b, int lfd, uint32_t door)
 {
-    int fd = accept4(b->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
     pid_t pid;
     uid_t uid;
@@ -1615,7 +2175,26 @@ static void on_accept(broker_t *b)
         return;
     }
     char owner[GM__BROKER_NAME_MAX], why[GM__BROKER_TEXT_MAX];
-    owner_of(b, pid, uid, gid, owner);
+    if (door) {
+        const tenant_t *t = &b->tenants[door - 1];
+        if (uid != t->job_uid && uid != 0) {
+            snprintf(why, sizeof why, "refused at the door of tenant '%s' (job %" PRIu64 "): "
+                     "uid %u is not the job's uid %u", t->cfg.name, t->job_id, (unsigned)uid,
+                     (unsigned)t->job_uid);
+            turn_away(b, fd, pid, uid, why);
+            return;
+        }
+        if (!ancestry_reaches(t, pid)) {
+            snprintf(why, sizeof why, "refused at the door of tenant '%s' (job %" PRIu64 "): "
+                     "pid %d is not a process of the job (no anchor among its ancestors)",
+                     t->cfg.name, t->job_id, (int)pid);
+            turn_away(b, fd, pid, uid, why);
+            return;
+        }
+        snprintf(owner, sizeof owner, "%s", t->cfg.name);
+    } else {
+        owner_of(b, pid, uid, gid, owner);
+    }
     /* Past the limits, the events connection of a process of the owner's
      * that is connecting (its control connection is in, without one) is
      * still let in, one per such connection, so that a process never gets
@@ -1650,6 +2229,7 @@ static void on_accept(broker_t *b)
     c->uid = uid;
     c->gid = gid;
     c->start = gm__mon_start_time((int)pid);
+    c->door = door;
     snprintf(c->owner, sizeof c->owner, "%s", owner);
 }
 
@@ -1680,12 +2260,13 @@ static void write_stats(broker_t *b)
             (int)getpid(), b->generation, b->page, b->cap_pages * b->page, b->leased * b->page,
             b->n_made * b->page, b->n_free * b->page, b->scrubbed * b->page, clients,
             (double)(gm__now_ns() - b->started_ns) / 1e9);
-    for (size_t i = 0; i < b->n_tenants; i++) {
+    for (size_t i = 0, shown_rows = 0; i < b->n_tenants; i++) {
         const tenant_t *t = &b->tenants[i];
+        if (t->gone) continue;
         fprintf(f, "%s\n  {\"name\": \"%s\", \"quota\": %" PRIu64 ", \"guaranteed\": %" PRIu64
                 ", \"used\": %" PRIu64 ", \"peak\": %" PRIu64 ", \"cached\": %" PRIu64
                 ", \"refusals\": %" PRIu64 ", \"reclaims\": %" PRIu64 ", \"clients\": %" PRIu64 "}",
-                i ? "," : "", t->cfg.name, t->cfg.quota == UINT64_MAX ? 0 : t->cfg.quota,
+                shown_rows++ ? "," : "", t->cfg.name, t->cfg.quota == UINT64_MAX ? 0 : t->cfg.quota,
                 t->cfg.guaranteed, t->used * b->page, t->peak * b->page, t->cached * b->page,
                 t->refusals, t->reclaims, t->clients);
     }
@@ -1735,13 +2316,13 @@ static int apply_tenants(broker_t *b, bcfg_t *cfg)
         b->tenants[t].configured = true;
     }
     for (size_t i = 0; i < b->n_tenants; i++)
-        if (!b->tenants[i].configured) {
+        if (!b->tenants[i].configured && !b->tenants[i].runtime && !b->tenants[i].gone) {
             b->tenants[i].cfg.quota = cfg->default_quota;
             b->tenants[i].cfg.guaranteed = 0;
         }
     for (size_t i = 0; i < b->n_clients; i++) {
         client_t *c = &b->clients[i];
-        if (c->state != C_CONTROL) continue;
+        if (c->state != C_CONTROL || c->door) continue; /* a door's client stays its tenant's */
         ssize_t t = tenant_of(b, cfg, c->pid, c->uid, c->gid);
         if (t < 0 || (size_t)t == c->tenant) continue;
         tenant_t *from = &b->tenants[c->tenant], *to = &b->tenants[t];
@@ -1871,6 +2452,12 @@ static void teardown(broker_t *b)
         GM_BK(rc, b, phys_release, (b->bk, b->pages[i].h));
         (void)rc;
     }
+    for (size_t i = 0; i < b->n_tenants; i++)
+        if (b->tenants[i].runtime && !b->tenants[i].gone && b->tenants[i].door_fd >= 0) {
+            /* The socket file stays: the next run binds it again. */
+            close(b->tenants[i].door_fd);
+            b->tenants[i].door_fd = -1;
+        }
     if (b->lfd >= 0) {
         close(b->lfd);
         unlink(b->cfg.socket);
@@ -2017,6 +2604,7 @@ int gm_cli_broker(int argc, char **argv)
         teardown(&b);
         return 1;
     }
+    jobs_load(&b); /* the tenants of running jobs, made by an admin before a restart */
     char c1[32], c2[32];
     logf_(&b, "pid %d serving %s: %s device %d (%s), capacity %s in pages of %s, %zu tenants%s",
           (int)getpid(), b.cfg.socket, b.ops->name, b.cfg.device, b.info.name,
@@ -2032,7 +2620,7 @@ int gm_cli_broker(int argc, char **argv)
             g_reload = 0;
             reload(&b);
         }
-        size_t cap = 2 + 2 * b.n_clients;
+        size_t cap = 2 + 2 * b.n_clients + b.n_tenants;
         struct pollfd *np = realloc(pfd, cap * sizeof *np);
         size_t *nw = realloc(who, cap * sizeof *nw);
         if (np) pfd = np;
@@ -2045,6 +2633,14 @@ int gm_cli_broker(int argc, char **argv)
         size_t n = 0;
         pfd[n++] = (struct pollfd){.fd = g_sigpipe[0], .events = POLLIN};
         pfd[n++] = (struct pollfd){.fd = b.lfd, .events = POLLIN};
+        /* The doors of tenants made at run time: who[] holds the tenant. */
+        size_t doors = n;
+        for (size_t i = 0; i < b.n_tenants; i++)
+            if (!b.tenants[i].gone && b.tenants[i].door_fd >= 0) {
+                who[n] = i;
+                pfd[n++] = (struct pollfd){.fd = b.tenants[i].door_fd, .events = POLLIN};
+            }
+        size_t clients_at = n;
         uint64_t now = gm__now_ns(), next = now + 1000000000ull;
         for (size_t i = 0; i < b.n_clients; i++) {
             client_t *c = &b.clients[i];
@@ -2076,7 +2672,7 @@ int gm_cli_broker(int argc, char **argv)
                 char buf[64];
                 while (read(g_sigpipe[0], buf, sizeof buf) > 0) {}
             }
-            for (size_t k = 2; k < n; k++) {
+            for (size_t k = clients_at; k < n; k++) {
                 if (!pfd[k].revents) continue;
                 client_t *c = &b.clients[who[k] / 2];
                 if (c->state == C_FREE) continue;
@@ -2091,7 +2687,12 @@ int gm_cli_broker(int argc, char **argv)
                                                : "disconnected");
                 }
             }
-            if (pfd[1].revents) on_accept(&b);
+            if (pfd[1].revents) on_accept(&b, b.lfd, 0);
+            for (size_t k = doors; k < clients_at; k++) {
+                tenant_t *t = &b.tenants[who[k]];
+                if (pfd[k].revents && !t->gone && t->door_fd == pfd[k].fd)
+                    on_accept(&b, t->door_fd, (uint32_t)who[k] + 1);
+            }
         } else if (r == 0 && idle_zero) {
             zero_idle(&b);
         }
@@ -2103,6 +2704,10 @@ int gm_cli_broker(int argc, char **argv)
                 client_drop(&b, c, "said nothing for 10 s");
             else if (c->state == C_VIEWER && c->first_ns + 10000000000ull <= now)
                 client_drop(&b, c, NULL); /* an idle viewer */
+        }
+        if (now - b.last_reap_ns > 1000000000ull) {
+            jobs_reap(&b, now);
+            b.last_reap_ns = now;
         }
         if (b.dirty && now - b.last_stats_ns > 1000000000ull) {
             write_stats(&b);
