@@ -1,0 +1,270 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * spank_gpumem.c — the Slurm side of the broker (docs/slurm.md): each job
+ * gets a tenant in its node's broker with the GPU memory Slurm granted it
+ * there, and nothing more.
+ *
+ * The one idea: Slurm decides who gets how much (the count-only generic
+ * resource gpumem, placed by slurmctld across nodes); the broker enforces
+ * it (it is the only one that makes pages).  This plugin carries the
+ * grant from one to the other and ties the job's processes to it:
+ *
+ *   slurm_spank_init_post_opt (slurmstepd, root, every step of the job on
+ *     this node): asks the controller for the job's grant on this node
+ *     (slurm_load_job: gres_detail_str of this node, "gpumem(CNT:N)"; a job
+ *     is told nothing of a count-only resource), makes the job's tenant
+ *     "job_<id>" in the broker with that quota, guaranteed, and names this
+ *     slurmstepd as an anchor: only processes that descend from it (of the
+ *     job's uid) are let in at the tenant's door.  Sets GPUMEM_BROKER to the
+ *     door in the job's environment.  A job that asked for no gpumem gets
+ *     the site's policy (no_request=refuse: the step fails with the reason;
+ *     no_request=SIZE: that quota).
+ *   slurm_spank_job_epilog (slurmd, root, at the end of the job however it
+ *     ended): removes the tenant; the broker drops its processes and takes
+ *     every page back, and logs the job's peak and refusals.  If the epilog
+ *     never comes (slurmd restarted at the wrong time), the broker removes
+ *     a tenant whose anchors are gone after its job_grace.
+ *
+ * plugstack.conf:
+ *   required /usr/local/lib/gpumem/spank_gpumem.so broker=/run/gpumem/broker.sock
+ *            [unit=MiB|B] [no_request=refuse|SIZE] [guarantee=yes|no]
+ * (%n in broker= is the node's name: several slurmd on one host, each with
+ * its broker.)
+ * Links only the admin client (tools/lib/broker_admin.c); the Slurm
+ * functions resolve from the daemon that loads the plugin.
+ */
+#include <ctype.h>
+#include <stdarg.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h>
+#include <slurm/spank.h>
+
+#include "lib/broker_admin.h"
+
+SPANK_PLUGIN(gpumem, 1);
+
+typedef struct opts {
+    char broker[108];
+    int unit_mib;          /* counts in MiB (else bytes) */
+    int refuse;            /* a job without a gpumem request is refused */
+    uint64_t default_bytes; /* else its quota */
+    int guarantee;
+} opts_t;
+
+/* "12G", "512MiB", "1048576" -> bytes. */
+static int parse_size(const char *v, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || end == v || v[0] == '-') return -1;
+    uint64_t mul = 1;
+    switch (toupper((unsigned char)*end)) {
+    case '\0': break;
+    case 'K': mul = 1ull << 10; break;
+    case 'M': mul = 1ull << 20; break;
+    case 'G': mul = 1ull << 30; break;
+    case 'T': mul = 1ull << 40; break;
+    default: return -1;
+    }
+    if (*end) {
+        end++;
+        if (!strcasecmp(end, "iB") || !strcasecmp(end, "B")) end += strlen(end);
+    }
+    if (*end || (mul > 1 && x > UINT64_MAX / mul)) return -1;
+    *out = x * mul;
+    return 0;
+}
+
+static int opts_parse(int ac, char **av, opts_t *o, char *err, size_t cap)
+{
+    memset(o, 0, sizeof *o);
+    snprintf(o->broker, sizeof o->broker, "/run/gpumem/broker.sock");
+    o->unit_mib = 1;
+    o->refuse = 1;
+    o->guarantee = 1;
+    for (int i = 0; i < ac; i++) {
+        const char *a = av[i];
+        if (!strncmp(a, "broker=", 7) && a[7] == '/' && strlen(a + 7) < sizeof o->broker)
+            snprintf(o->broker, sizeof o->broker, "%s", a + 7);
+        else if (!strcmp(a, "unit=MiB")) o->unit_mib = 1;
+        else if (!strcmp(a, "unit=B")) o->unit_mib = 0;
+        else if (!strcmp(a, "no_request=refuse")) o->refuse = 1;
+        else if (!strncmp(a, "no_request=", 11) && parse_size(a + 11, &o->default_bytes) == 0)
+            o->refuse = 0;
+        else if (!strcmp(a, "guarantee=yes")) o->guarantee = 1;
+        else if (!strcmp(a, "guarantee=no")) o->guarantee = 0;
+        else
+            return snprintf(err, cap, "plugstack.conf argument '%s' is not understood: give "
+                            "broker=/absolute/socket, unit=MiB|B, no_request=refuse|SIZE, "
+                            "guarantee=yes|no", a), -1;
+    }
+    return 0;
+}
+
+/* o->broker with %n replaced by node: the socket of this node's broker. */
+static void broker_path(const opts_t *o, const char *node, char *out, size_t cap)
+{
+    size_t n = 0;
+    for (const char *s = o->broker; *s && n + 1 < cap; s++) {
+        if (s[0] == '%' && s[1] == 'n') {
+            n += (size_t)snprintf(out + n, cap - n, "%s", node);
+            if (n >= cap) n = cap - 1;
+            s++;
+        } else {
+            out[n++] = *s;
+        }
+    }
+    out[n] = '\0';
+}
+
+/* This node's name: SLURMD_NODENAME of the job (or of the epilog). */
+static void node_name(spank_t sp, char *node, size_t cap)
+{
+    node[0] = '\0';
+    if (spank_getenv(sp, "SLURMD_NODENAME", node, (int)cap) == ESPANK_SUCCESS && node[0]) return;
+    const char *e = getenv("SLURMD_NODENAME");
+    if (e) snprintf(node, cap, "%s", e);
+    else if (gethostname(node, cap) != 0) snprintf(node, cap, "localhost");
+    node[cap - 1] = '\0';
+}
+
+/* The job's gpumem count on node (from the controller): 0 found (*count),
+ * 1 the job asked for none here, -1 err. */
+static int grant_of(uint32_t job, const char *node, uint64_t *count, char *err, size_t cap)
+{
+    job_info_msg_t *msg = NULL;
+    if (slurm_load_job(&msg, job, SHOW_DETAIL) != 0 || !msg || msg->record_count < 1)
+        return snprintf(err, cap, "job %u: slurm_load_job: %s", job,
+                        slurm_strerror(slurm_get_errno())), -1;
+    slurm_job_info_t *j = &msg->job_array[0];
+    int rc = 1, idx = -1;
+    hostlist_t hl = j->nodes ? slurm_hostlist_create(j->nodes) : NULL;
+    if (hl) {
+        idx = slurm_hostlist_find(hl, node);
+        slurm_hostlist_destroy(hl);
+    }
+    if (idx < 0) {
+        rc = -1;
+        snprintf(err, cap, "job %u: node %s is not in its node list %s", job, node,
+                 j->nodes ? j->nodes : "(none)");
+    } else if ((uint32_t)idx < j->gres_detail_cnt && j->gres_detail_str[idx]) {
+        /* "gpumem(CNT:20000)", maybe among others: "gpu:a100(IDX:0),gpumem(CNT:20000)" */
+        const char *s = j->gres_detail_str[idx];
+        for (const char *p = strstr(s, "gpumem"); p; p = strstr(p + 6, "gpumem")) {
+            if (p != s && p[-1] != ',') continue;
+            const char *c = strstr(p, "CNT:");
+            const char *close = strchr(p, ')');
+            char *end;
+            if (!c || (close && c > close)) continue;
+            unsigned long long x = strtoull(c + 4, &end, 10);
+            if (end == c + 4) continue;
+            *count = x;
+            rc = 0;
+            break;
+        }
+    }
+    slurm_free_job_info_msg(msg);
+    return rc;
+}
+
+static void say(spank_t sp, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(spank_t sp, const char *fmt, ...)
+{
+    (void)sp;
+    char buf[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    slurm_error("gpumem: %s", buf);
+}
+
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+    if (!spank_remote(sp)) return 0;
+    opts_t o;
+    char err[640];
+    if (opts_parse(ac, av, &o, err, sizeof err) != 0) {
+        say(sp, "%s", err);
+        return -1;
+    }
+    uint32_t job = 0, step = 0;
+    uid_t uid = 0;
+    gid_t gid = 0;
+    if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
+        spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
+        spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS) {
+        say(sp, "cannot learn the job's id and user from Slurm");
+        return -1;
+    }
+    spank_get_item(sp, S_JOB_STEPID, &step);
+    char node[256], sock[108];
+    node_name(sp, node, sizeof node);
+    broker_path(&o, node, sock, sizeof sock);
+    uint64_t count = 0, quota;
+    int g = grant_of(job, node, &count, err, sizeof err);
+    if (g < 0) {
+        say(sp, "job %u on %s: %s; the job's tenant is not made", job, node, err);
+        return -1;
+    }
+    if (g == 1) {
+        if (o.refuse) {
+            say(sp, "job %u asked for no GPU memory (give --gres=gpumem:N): this site refuses "
+                "jobs without a gpumem request on %s", job, node);
+            return -1;
+        }
+        quota = o.default_bytes;
+    } else {
+        quota = o.unit_mib ? count << 20 : count;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "job_%u", job);
+    gm_broker_admin_result_t r;
+    if (gm_broker_admin_create(sock, name, quota, o.guarantee ? quota : 0, uid, gid, job,
+                               getpid(), &r, err, sizeof err) != 0) {
+        say(sp, "job %u on %s: the broker did not make its tenant: %s", job, node, err);
+        return -1;
+    }
+    if (spank_setenv(sp, "GPUMEM_BROKER", r.door, 1) != ESPANK_SUCCESS) {
+        say(sp, "job %u: cannot set GPUMEM_BROKER in its environment", job);
+        return -1;
+    }
+    spank_setenv(sp, "GPUMEM_TENANT", name, 1);
+    slurm_info("gpumem: job %u step %u on %s: tenant %s, quota %" PRIu64 " bytes, door %s", job,
+               step, node, name, quota, r.door);
+    return 0;
+}
+
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+    opts_t o;
+    char err[640];
+    if (opts_parse(ac, av, &o, err, sizeof err) != 0) {
+        say(sp, "%s", err);
+        return -1;
+    }
+    uint32_t job = 0;
+    if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return 0;
+    char name[64], node[256], sock[108];
+    snprintf(name, sizeof name, "job_%u", job);
+    node_name(sp, node, sizeof node);
+    broker_path(&o, node, sock, sizeof sock);
+    gm_broker_admin_result_t r;
+    if (gm_broker_admin_remove(sock, name, &r, err, sizeof err) != 0) {
+        /* No tenant: the job made none here (refused, or no step ran). */
+        if (r.status == 0) say(sp, "job %u: removing its tenant: %s", job, err);
+        return 0;
+    }
+    slurm_info("gpumem: job %u ended: tenant %s removed, peak %" PRIu64 " bytes of quota %" PRIu64
+               ", held at the end %" PRIu64 ", %" PRIu64 " refusals", job, name, r.peak, r.quota,
+               r.used, r.refusals);
+    return 0;
+}

@@ -1,0 +1,282 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# tests/slurm/slurm_test.sh GPUMEM SPANK_SO JOB_ALLOC — the cluster door end
+# to end: a real munge, slurmctld and two slurmd (n1, n2) on this machine,
+# each node with its own sim broker, the SPANK plugin in plugstack.conf, and
+# jobs asking --gres=gpumem:N (MiB).  Checks, from the jobs' own output and
+# the brokers' books (their stats files):
+#   chain     a job's process leases from its job's tenant, quota = grant
+#   over      an allocation past the grant fails naming the job (job_<id>)
+#   place     two jobs of 800 MiB go to both nodes, a third waits
+#             PENDING (Resources) and starts when one is cancelled
+#   books     every tenant's peak <= its quota (0 bytes over)
+#   scancel   the job's tenant and pages are gone within the deadline
+#   kill -9   a task killed gives its pages back within the deadline
+#   door      a process of another job of the same user is refused
+#   restart   the broker restarted while a job runs: its tenant is back and
+#             a new step of the job leases from it
+#   policy    a job without --gres=gpumem is refused with the reason
+# Exit 77 (skipped) when slurm-wlm or munge is not installed.  Every daemon
+# it starts is stopped on exit.  Runs as root (slurmd must).
+set -uo pipefail
+GPUMEM=${1:?gpumem binary}
+SPANK=${2:?spank_gpumem.so}
+ALLOC=${3:?job_alloc binary}
+
+for c in slurmctld slurmd munged mungekey sbatch srun squeue scancel scontrol sinfo python3; do
+  command -v "$c" >/dev/null 2>&1 || { echo "SKIP: $c not installed (slurm-wlm, munge)"; exit 77; }
+done
+[[ -f $SPANK ]] || { echo "SKIP: the plugin was not built (<slurm/spank.h>: libslurm-dev)"; exit 77; }
+[[ $(id -u) -eq 0 ]] || { echo "SKIP: slurmd needs root"; exit 77; }
+
+T0=$(date +%s%N)
+ms() { echo $(( ($(date +%s%N) - T0) / 1000000 )); }
+D=$(mktemp -d /tmp/gmslurm.XXXXXX)
+chmod 755 "$D"
+PIDS=()
+pass=0 fail=0
+ok()  { pass=$((pass + 1)); echo "ok   [$(ms) ms] $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL [$(ms) ms] $*"; }
+cleanup() {
+  # Jobs first (their step daemons outlive slurmd), then the daemons.
+  if [[ -n ${SLURM_CONF:-} ]]; then
+    scancel --quiet -u root >/dev/null 2>&1 || true
+    for _ in $(seq 100); do [[ -z $(squeue -h 2>/dev/null) ]] && break; sleep 0.1; done
+  fi
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  sleep 0.3
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  if [[ $fail -ne 0 ]]; then
+    for f in "$D"/log/*; do echo "---- $f"; tail -n 25 "$f"; done
+  fi
+  rm -rf "$D"
+}
+trap cleanup EXIT
+
+# ---- munge ------------------------------------------------------------------
+mkdir -p "$D/munge" "$D/log" "$D/state" "$D/run" "$D/spool" "$D/out"
+chmod 755 "$D/munge"
+mungekey -c -k "$D/munge/munge.key" >/dev/null 2>&1 || mungekey -c -f -k "$D/munge/munge.key"
+chmod 400 "$D/munge/munge.key"
+munged --socket="$D/munge/munge.socket" --key-file="$D/munge/munge.key" \
+  --pid-file="$D/munge/munged.pid" --log-file="$D/log/munged.log" \
+  --seed-file="$D/munge/seed" -f || { echo "munged did not start"; exit 1; }
+for _ in $(seq 100); do [[ -s $D/munge/munged.pid ]] && break; sleep 0.05; done
+PIDS+=("$(cat "$D/munge/munged.pid")")
+
+# ---- one broker per node ------------------------------------------------------
+# 1 GiB each (sim), pages of 2 MiB; processes that come in without a door
+# get nothing (default_quota 0); doors under $D/bN/jobs.
+start_broker() { # node
+  local n=$1
+  "$GPUMEM" broker --config "$D/$n/broker.conf" >>"$D/log/broker-$n.log" 2>&1 &
+  BROKER_PID[$n]=$!
+  PIDS+=("$!")
+  for _ in $(seq 200); do [[ -S $D/$n/broker.sock ]] && return 0; sleep 0.05; done
+  echo "broker of $n did not start"; return 1
+}
+declare -A BROKER_PID
+for n in n1 n2; do
+  mkdir -p "$D/$n"
+  chmod 755 "$D/$n"
+  cat >"$D/$n/broker.conf" <<EOF
+socket = $D/$n/broker.sock
+backend = sim
+capacity = 1GiB
+default_quota = 0
+keep_free = 0
+job_dir = $D/$n/jobs
+job_grace = 2
+stats_file = $D/$n/stats.json
+EOF
+  start_broker "$n" || exit 1
+done
+
+# ---- slurm --------------------------------------------------------------------
+base=$(( 20000 + ($$ % 400) * 100 ))
+GRES=$("$GPUMEM" gres-conf --backend sim --device 0 --node 'n[1-2]' 2>/dev/null | tail -n1)
+# The sim device is bigger than the brokers' 1 GiB: the nodes offer what the
+# brokers lease (1024 MiB), as a site sets capacity and gres.conf together.
+[[ $GRES == "NodeName=n[1-2] Name=gpumem Count="* ]] && ok "gres-conf prints: $GRES" ||
+  bad "gres-conf printed '$GRES'"
+echo "NodeName=n[1-2] Name=gpumem Count=1024" >"$D/gres.conf"
+echo "required $SPANK broker=$D/%n/broker.sock unit=MiB no_request=refuse" >"$D/plugstack.conf"
+cat >"$D/slurm.conf" <<EOF
+ClusterName=gmtest
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort=$base
+SlurmdPort=$((base + 1))
+SrunPortRange=$((base + 10))-$((base + 60))
+CommunicationParameters=NoInAddrAny
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$D/munge/munge.socket
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$D/state
+SlurmdSpoolDir=$D/spool/%n
+SlurmctldPidFile=$D/run/slurmctld.pid
+SlurmdPidFile=$D/run/slurmd-%n.pid
+SlurmctldLogFile=$D/log/slurmctld.log
+SlurmdLogFile=$D/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+GresTypes=gpumem
+PlugStackConfig=$D/plugstack.conf
+MailProg=/bin/true
+ReturnToService=2
+SchedulerParameters=sched_interval=1,bf_interval=1
+KillWait=2
+InactiveLimit=0
+NodeName=n1 NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((base + 2)) CPUs=8 RealMemory=4000 Gres=gpumem:1024 State=UNKNOWN
+NodeName=n2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((base + 3)) CPUs=8 RealMemory=4000 Gres=gpumem:1024 State=UNKNOWN
+PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
+EOF
+export SLURM_CONF=$D/slurm.conf
+export GPUMEM_BACKEND=sim  # the jobs' processes, through srun and sbatch
+slurmctld -D -i -f "$D/slurm.conf" >>"$D/log/slurmctld.out" 2>&1 &
+PIDS+=("$!")
+for n in n1 n2; do
+  mkdir -p "$D/spool/$n"
+  slurmd -D -N "$n" -f "$D/slurm.conf" >>"$D/log/slurmd-$n.out" 2>&1 &
+  PIDS+=("$!")
+done
+for _ in $(seq 300); do
+  [[ $(sinfo -h -N -o '%N %t' 2>/dev/null | grep -c ' idle') -eq 2 ]] && break
+  sleep 0.1
+done
+[[ $(sinfo -h -N -o '%N %t' | grep -c ' idle') -eq 2 ]] || { bad "nodes not idle: $(sinfo -N)"; exit 1; }
+ok "munge, slurmctld, 2 slurmd and 2 brokers up"
+
+# A figure of tenant NAME in node n's broker, asked now (gpumem metrics
+# --broker): used_bytes, quota_bytes, peak_bytes ...; empty when absent.
+books() { # node tenant field
+  "$GPUMEM" metrics --broker "$D/$1/broker.sock" 2>/dev/null |
+    awk -v m="gpumem_broker_tenant_$3{tenant=\"$2\"}" '$1 == m { print $2 }'
+}
+leased() { # node
+  "$GPUMEM" metrics --broker "$D/$1/broker.sock" 2>/dev/null |
+    awk '$1 == "gpumem_broker_leased_bytes" { print $2 }'
+}
+job_tenants() { # node: the job tenants it lists
+  "$GPUMEM" metrics --broker "$D/$1/broker.sock" 2>/dev/null |
+    grep -o 'used_bytes{tenant="job_[0-9]*"}' | sort -u
+}
+# Wait (at most $2 s) until command $1 succeeds; 0 if it did.
+until_ok() { local i; for ((i = 0; i < $2 * 20; i++)); do eval "$1" && return 0; sleep 0.05; done; return 1; }
+state_of() { squeue -h -j "$1" -o '%T %r' 2>/dev/null; }
+node_of() { squeue -h -j "$1" -o '%N' 2>/dev/null; }
+
+# ---- chain: a job's process leases from its job's tenant ---------------------
+out=$(srun -w n1 --gres=gpumem:256 "$ALLOC" $((200 << 20)) 2>&1)
+[[ $out == *"ok pid "*" bytes $((200 << 20))"* ]] && ok "chain: a job of 256 MiB allocated 200 MiB" ||
+  bad "chain: $out"
+
+# ---- over: past the grant, an error naming the job ----------------------------
+out=$(srun -w n2 --gres=gpumem:128 "$ALLOC" $((300 << 20)) 2>&1)
+tenant=$(sed -n 's/^job tenant //p' <<<"$out")
+if [[ $tenant == job_* && $out == *"fail pid "*"tenant '$tenant' is over its quota"* ]]; then
+  ok "over: $(grep -o "tenant 'job_[0-9]*' is over its quota: it holds [^)]*)" <<<"$out")"
+else
+  bad "over: $out"
+fi
+
+# ---- policy: no gpumem request --------------------------------------------------
+out=$(srun -w n1 "$ALLOC" 1048576 2>&1)
+[[ $out != *"ok "* && $out == *"launch failed"* ]] && ok "policy: a job without --gres=gpumem is refused" ||
+  bad "policy: $out"
+grep -q "asked for no GPU memory" "$D/log/slurmd-n1.log" && ok "policy: the node log says why" ||
+  bad "policy: the node log does not say why"
+
+# ---- place: two jobs of 800 MiB on both nodes, a third pending ------------------
+submit() { # i: a job of 800 MiB whose process holds 700 MiB (the script stays when it dies)
+  J[$1]=$(sbatch --parsable --gres=gpumem:800 -o "$D/out/place$1.out" \
+    --wrap "$ALLOC $((700 << 20)) --hold; sleep 300")
+}
+submit 1
+submit 2
+until_ok '[[ $(state_of ${J[1]}) == RUNNING* && $(state_of ${J[2]}) == RUNNING* ]]' 30 &&
+  until_ok 'grep -qs "^ok" "$D/out/place1.out" && grep -qs "^ok" "$D/out/place2.out"' 30
+N1=$(node_of "${J[1]}") N2=$(node_of "${J[2]}")
+[[ $N1 != "$N2" && -n $N1 && -n $N2 ]] && ok "place: jobs ${J[1]} and ${J[2]} on $N1 and $N2" ||
+  bad "place: jobs on '$N1' and '$N2' ($(squeue))"
+# ---- books: each tenant held to its grant --------------------------------------
+until_ok '[[ -n $(books $N1 job_${J[1]} used_bytes) ]]' 5
+u=$(books "$N1" "job_${J[1]}" used_bytes) q=$(books "$N1" "job_${J[1]}" quota_bytes)
+[[ $u -ge $((700 << 20)) && $u -le $q && $q -eq $((800 << 20)) ]] &&
+  ok "books: job ${J[1]} holds $u of its quota $q on $N1" || bad "books: used '$u' quota '$q'"
+
+# ---- door: a process of another job of the same user is refused ----------------
+door="$D/$N1/jobs/job_${J[1]}/sock"
+out=$(srun -w "$N1" --gres=gpumem:16 bash -c "GPUMEM_BROKER=$door $ALLOC 1048576" 2>&1)
+[[ $out == *"fail pid "*"not a process of the job"* ]] &&
+  ok "door: another job's process refused at job ${J[1]}'s door" || bad "door: $out"
+out=$(GPUMEM_BACKEND=sim GPUMEM_BROKER=$door "$ALLOC" 1048576 2>&1)
+[[ $out == *"fail pid "*"not a process of the job"* ]] &&
+  ok "door: a process outside any job refused too" || bad "door (outside): $out"
+
+submit 3
+until_ok '[[ $(state_of ${J[3]}) == "PENDING Resources" ]]' 10 &&
+  ok "place: job ${J[3]} PENDING (Resources) while both nodes' memory is granted" ||
+  bad "place: job ${J[3]}: $(state_of "${J[3]}")"
+
+# ---- restart: the broker of N2 restarted while job 2 runs -----------------------
+n=$N2
+kill -TERM "${BROKER_PID[$n]}"
+until_ok '! kill -0 ${BROKER_PID[$n]} 2>/dev/null' 10
+start_broker "$n"
+until_ok '[[ -S $D/$n/jobs/job_${J[2]}/sock ]]' 5 && ok "restart: job ${J[2]}'s door is open again" ||
+  bad "restart: no door after the restart"
+out=$(srun --jobid="${J[2]}" --overlap "$ALLOC" $((64 << 20)) 2>&1)
+[[ $out == *"ok pid "* ]] && ok "restart: a new step of job ${J[2]} leased 64 MiB after the restart" ||
+  bad "restart: $out"
+out=$(srun --jobid="${J[2]}" --overlap "$ALLOC" $((200 << 20)) 2>&1)
+grep -q "over its quota" <<<"$out" && ok "restart: the 704 MiB the job's process kept still count (200 MiB more refused)" ||
+  bad "restart quota: $out"
+
+# ---- kill -9 of a task -------------------------------------------------------------
+pid=$(sed -n 's/^ok pid \([0-9]*\).*/\1/p' "$D/out/place1.out")
+t=$(date +%s%N)
+kill -9 "$pid"
+if until_ok '[[ $(books $N1 job_${J[1]} used_bytes) == 0 ]]' 5; then
+  ok "kill -9: task $pid's pages back in $(( ($(date +%s%N) - t) / 1000000 )) ms; the job's tenant stays"
+else
+  bad "kill -9: job ${J[1]} still holds '$(books "$N1" "job_${J[1]}" used_bytes)'"
+fi
+
+# ---- scancel: the tenant and its pages gone; the pending job starts -------------
+t=$(date +%s%N)
+scancel "${J[2]}"
+if until_ok '[[ -z $(books $N2 job_${J[2]} used_bytes) ]]' 10; then
+  ok "scancel: job ${J[2]}'s tenant removed, pages back, in $(( ($(date +%s%N) - t) / 1000000 )) ms"
+else
+  bad "scancel: job ${J[2]} still in the books of $N2"
+fi
+left=$(leased "$N2")
+until_ok '[[ $(state_of ${J[3]}) == RUNNING* ]]' 30 && ok "place: job ${J[3]} started once memory was free" ||
+  bad "place: job ${J[3]}: $(state_of "${J[3]}")"
+scancel "${J[1]}" "${J[3]}"
+until_ok '[[ -z $(squeue -h) ]]' 30
+
+# ---- books: 0 bytes over, nothing left ---------------------------------------------
+for n in n1 n2; do
+  until_ok '[[ -z $(job_tenants $n) && $(leased $n) == 0 ]]' 10 &&
+    ok "books: $n has no job tenant and nothing leased after the jobs" ||
+    bad "books: $n: $(job_tenants "$n") leased $(leased "$n")"
+done
+# 0 bytes over: every job's peak (logged at its end) within its quota.
+over=$(grep -ho "peak [0-9.]* [KMG]iB of quota [0-9.]* [KMG]iB" "$D"/log/broker-*.log |
+  awk '{ p = $2 * ($3 == "GiB" ? 1024 : $3 == "KiB" ? 1 / 1024 : 1);
+         q = $6 * ($7 == "GiB" ? 1024 : $7 == "KiB" ? 1 / 1024 : 1); if (p > q) n++ } END { print n + 0 }')
+[[ $over -eq 0 ]] && ok "books: no job's peak above its quota" || bad "books: $over jobs over their quota"
+ends=$(grep -h "removed" "$D"/log/broker-*.log | grep -c "peak" || true)
+grep -h "tenant 'job_" "$D"/log/broker-*.log | grep "removed" | head -n 3
+echo "leased on $N2 right after scancel: $left"
+[[ $ends -gt 0 ]] && ok "books: the brokers logged each job's peak at its end" || bad "no job's figures logged"
+
+echo "total $(ms) ms"
+echo "$pass passed, $fail failed, 0 skipped"
+[[ $fail -eq 0 ]]
