@@ -114,6 +114,7 @@
 
 #define BENCH_NAME "broker_bench"
 #include "bench_util.h"
+#include "lib/procs.h"
 
 #define MiB ((uint64_t)1 << 20)
 #define GiB ((uint64_t)1 << 30)
@@ -217,25 +218,6 @@ static gm_pool_t *make_pool(const char *sock, size_t lease)
 
 /* ---- the coordinator's side --------------------------------------------------- */
 
-/* Live children, for the cleanup. */
-#define MAX_KIDS (MAX_CLIENTS + 8)
-static volatile pid_t g_kids[MAX_KIDS];
-
-static void kid_add(pid_t pid)
-{
-    for (int i = 0; i < MAX_KIDS; i++)
-        if (g_kids[i] == 0) {
-            g_kids[i] = pid;
-            return;
-        }
-}
-
-static void kid_del(pid_t pid)
-{
-    for (int i = 0; i < MAX_KIDS; i++)
-        if (g_kids[i] == pid) g_kids[i] = 0;
-}
-
 static char g_dir[80]; /* sockets, configs, logs (short: socket paths fit 108 bytes) */
 
 static void remove_dir(void)
@@ -252,25 +234,11 @@ static void remove_dir(void)
     g_dir[0] = 0;
 }
 
+/* At the coordinator's exit (after its children are killed: tests/lib/procs). */
 static void cleanup(void)
 {
     if (getpid() != g_coordinator) return;
-    for (int i = 0; i < MAX_KIDS; i++)
-        if (g_kids[i] > 0) {
-            kill(g_kids[i], SIGCONT);
-            kill(g_kids[i], SIGKILL);
-            while (waitpid(g_kids[i], NULL, 0) < 0 && errno == EINTR) {}
-            g_kids[i] = 0;
-        }
     remove_dir();
-}
-
-static void on_signal(int sig)
-{
-    /* Only async-signal-safe calls: kill, and _exit (the kernel reaps). */
-    for (int i = 0; i < MAX_KIDS; i++)
-        if (g_kids[i] > 0) kill(g_kids[i], SIGKILL);
-    _exit(128 + sig);
 }
 
 typedef struct kid {
@@ -301,13 +269,13 @@ static int spawn(kid_t *k, int slot, child_fn fn, const void *arg, const char *c
         _exit(0);
     }
     k->pid = pid;
-    kid_add(pid);
+    tp_track(pid);
     return 0;
 }
 
 static void mark_reaped(kid_t *k, int st)
 {
-    kid_del(k->pid);
+    tp_untrack(k->pid);
     k->reaped = true;
     k->status = st;
     k->pid = 0;
@@ -375,7 +343,7 @@ static int finish(kid_t *k, double timeout_s, const char *ctx)
         }
         if (r < 0 && errno != EINTR) {
             add_error("%s: waitpid: %s", ctx, strerror(errno));
-            kid_del(k->pid);
+            tp_untrack(k->pid);
             k->pid = 0;
             return -1;
         }
@@ -485,7 +453,7 @@ static int broker_start(broker_t *b, const char *name, uint64_t quota, uint64_t 
         _exit(gm_cli_broker(3, argv));
     }
     b->pid = pid;
-    kid_add(pid);
+    tp_track(pid);
     double end = now() + BROKER_WAIT_S;
     for (;;) {
         gm_broker_tenant_t t;
@@ -500,7 +468,7 @@ static int broker_start(broker_t *b, const char *name, uint64_t quota, uint64_t 
         int st;
         char tail[400];
         if (waitpid(pid, &st, WNOHANG) == pid) {
-            kid_del(pid);
+            tp_untrack(pid);
             b->pid = 0;
             char how[128];
             describe_status(st, how, sizeof how);
@@ -514,7 +482,7 @@ static int broker_start(broker_t *b, const char *name, uint64_t quota, uint64_t 
                       gm_last_error(), tail);
             kill(pid, SIGKILL);
             waitpid(pid, NULL, 0);
-            kid_del(pid);
+            tp_untrack(pid);
             b->pid = 0;
             return -1;
         }
@@ -540,7 +508,7 @@ static void broker_stop(broker_t *b)
         }
         sleep_us(1000);
     }
-    kid_del(b->pid);
+    tp_untrack(b->pid);
     b->pid = 0;
     if (killed || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         char how[128], tail[400];
@@ -1666,7 +1634,8 @@ int main(int argc, char **argv)
         return 1;
     }
     atexit(cleanup);
-    bench_coordinator_signals(on_signal);
+    signal(SIGPIPE, SIG_IGN);
+    tp_kill_all_at_exit(); /* children killed at exit (before cleanup) and on SIGINT, SIGTERM, SIGHUP */
     raise_nofile();
 
     const char *const envs[] = {"GPUMEM_BACKEND", "GPUMEM_SIM_CAPACITY", "BROKER_BENCH_SELFTEST"};

@@ -76,6 +76,7 @@
 #define BENCH_NAME "share_bench"
 #define BENCH_ERROR_LEN 520
 #include "bench_util.h"
+#include "lib/procs.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
@@ -247,15 +248,11 @@ typedef struct child {
     const char *role;
 } child_t;
 
-#define MAX_KIDS 16
-static child_t *g_kids[MAX_KIDS]; /* live children, for the cleanup */
-
+/* Its pipes closed; it is none. */
 static void forget_kid(child_t *c)
 {
-    for (int i = 0; i < MAX_KIDS; i++)
-        if (g_kids[i] == c) g_kids[i] = NULL;
-    if (c->to >= 0) close(c->to);
-    if (c->from >= 0) close(c->from);
+    tp_kid_t k = {c->pid, c->to, c->from, 0};
+    tp_kid_close(&k);
     c->to = c->from = -1;
     c->pid = 0;
 }
@@ -266,74 +263,41 @@ static void kill_kid(child_t *c)
     if (c->pid > 0) {
         kill(c->pid, SIGKILL);
         while (waitpid(c->pid, NULL, 0) < 0 && errno == EINTR) {}
+        tp_untrack(c->pid);
     }
     forget_kid(c);
 }
 
-static void kill_all_kids(void)
-{
-    if (getpid() != g_coordinator) return;
-    for (int i = 0; i < MAX_KIDS; i++)
-        if (g_kids[i]) kill_kid(g_kids[i]);
-}
+/* What spawn's child runs (tests/lib/procs.h forks it, with the pipes). */
+static struct { const char *role; child_fn fn; const void *arg; } g_spawn;
 
-static void on_signal(int sig)
+static void spawned(tp_child_fn unused, tp_link_t *l, void *unused_arg)
 {
-    /* Only async-signal-safe calls: kill, and _exit (the kernel reaps). */
-    for (int i = 0; i < MAX_KIDS; i++)
-        if (g_kids[i] && g_kids[i]->pid > 0) kill(g_kids[i]->pid, SIGKILL);
-    _exit(128 + sig);
+    (void)unused;
+    (void)unused_arg;
+    g_in = l->in;
+    g_out = l->out;
+    g_role = g_spawn.role;
+    bench_child_init(CHILD_ALARM_S);
+    g_spawn.fn(g_spawn.arg);
+    _exit(0);
 }
 
 /* Fork a child that runs fn(arg) and exits.  -1 (recorded) on failure. */
 static int spawn(child_t *c, const char *role, child_fn fn, const void *arg, const char *ctx)
 {
-    int to[2], from[2];
-    c->pid = 0;
-    c->to = c->from = -1;
     c->role = role;
-    if (pipe2(to, O_CLOEXEC) != 0) {
-        add_error("%s: pipe: %s", ctx, strerror(errno));
-        return -1;
-    }
-    if (pipe2(from, O_CLOEXEC) != 0) {
-        add_error("%s: pipe: %s", ctx, strerror(errno));
-        close(to[0]);
-        close(to[1]);
-        return -1;
-    }
+    g_spawn.role = role;
+    g_spawn.fn = fn;
+    g_spawn.arg = arg;
     fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) {
-        add_error("%s: fork: %s", ctx, strerror(errno));
-        close(to[0]), close(to[1]), close(from[0]), close(from[1]);
-        return -1;
-    }
-    if (pid == 0) {
-        /* The other children's pipes are not this one's business. */
-        for (int i = 0; i < MAX_KIDS; i++) {
-            if (!g_kids[i]) continue;
-            if (g_kids[i]->to >= 0) close(g_kids[i]->to);
-            if (g_kids[i]->from >= 0) close(g_kids[i]->from);
-            g_kids[i] = NULL;
-        }
-        close(to[1]);
-        close(from[0]);
-        g_in = to[0];
-        g_out = from[1];
-        g_role = role;
-        bench_child_init(CHILD_ALARM_S);
-        fn(arg);
-        _exit(0);
-    }
-    close(to[0]);
-    close(from[1]);
-    c->pid = pid;
-    c->to = to[1];
-    c->from = from[0];
-    for (int i = 0; i < MAX_KIDS; i++)
-        if (!g_kids[i]) { g_kids[i] = c; break; }
-    return 0;
+    tp_kid_t k = tp_spawn_with(spawned, NULL, NULL);
+    c->pid = k.pid > 0 ? k.pid : 0;
+    c->to = k.to;
+    c->from = k.from;
+    if (k.pid > 0) return 0;
+    add_error("%s: fork or pipe: %s", ctx, strerror(errno));
+    return -1;
 }
 
 /* The child's next message, which must be of `type`; -1 (recorded, the
@@ -355,6 +319,7 @@ static int expect(child_t *c, int type, msg_t *m, const char *ctx, const char *s
         char how[128] = "gone";
         if (c->pid > 0 && waitpid(c->pid, &st, 0) == c->pid) {
             describe_status(st, how, sizeof how);
+            tp_untrack(c->pid);
             c->pid = 0;
         }
         add_error("%s: %s %s while the coordinator waited for %s", ctx, c->role, how, step);
@@ -384,23 +349,12 @@ static int tell_type(child_t *c, int type, const char *ctx)
 static int finish(child_t *c, const char *ctx)
 {
     if (c->pid <= 0) return 0;
-    double deadline = now() + PIPE_WAIT_MS / 1e3;
-    int st = 0;
-    for (;;) {
-        pid_t r = waitpid(c->pid, &st, WNOHANG);
-        if (r == c->pid) break;
-        if (r < 0 && errno != EINTR) {
-            add_error("%s: waitpid %s: %s", ctx, c->role, strerror(errno));
-            forget_kid(c);
-            return -1;
-        }
-        if (now() > deadline) {
-            add_error("%s: %s (pid %d) did not exit in %d s (killed)", ctx, c->role,
-                      (int)c->pid, PIPE_WAIT_MS / 1000);
-            kill_kid(c);
-            return -1;
-        }
-        sleep_us(1000);
+    int st = tp_wait(c->pid, PIPE_WAIT_MS);
+    if (st == -1) {
+        add_error("%s: %s (pid %d) did not exit in %d s (killed), or was not a child", ctx,
+                  c->role, (int)c->pid, PIPE_WAIT_MS / 1000);
+        forget_kid(c);
+        return -1;
     }
     c->pid = 0;
     forget_kid(c);
@@ -1571,8 +1525,8 @@ int main(int argc, char **argv)
         }
     }
     g_coordinator = getpid();
-    atexit(kill_all_kids);
-    bench_coordinator_signals(on_signal);
+    signal(SIGPIPE, SIG_IGN);
+    tp_kill_all_at_exit(); /* children killed at exit and on SIGINT, SIGTERM, SIGHUP */
 
     const char *const envs[] = {"GPUMEM_BACKEND", "SHARE_BENCH_QUICK", "GPUMEM_SIM_CAPACITY"};
     bench_label_t lbl;

@@ -277,6 +277,13 @@ int tp_role_run(const char *name, void (*run)(void (*)(void)), void (*fn)(void),
     return st;
 }
 
+void tp_track(pid_t pid)
+{
+    if (pid > 0 && n_kids < (int)(sizeof kids / sizeof *kids)) kids[n_kids++] = pid;
+}
+
+void tp_untrack(pid_t pid) { kid_forget(pid); }
+
 void tp_kill_all(void)
 {
     for (int i = 0; i < n_kids; i++) kill(kids[i], SIGKILL);

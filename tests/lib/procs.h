@@ -88,6 +88,11 @@ tp_killed_t tp_kill9(tp_kid_t *k);
 int tp_role_run(const char *name, void (*run)(void (*)(void)), void (*fn)(void), int rd, int ms,
                 unsigned long *passed, unsigned long *failed);
 
+/* Add a child forked elsewhere to those tp_kill_all kills; forget one
+ * reaped elsewhere. */
+void tp_track(pid_t pid);
+void tp_untrack(pid_t pid);
+
 /* Kill (-9) and reap every child still running; at exit and on SIGINT,
  * SIGTERM and SIGHUP too after tp_kill_all_at_exit (for the benches). */
 void tp_kill_all(void);

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../test.h" /* rng_next */
 
@@ -46,5 +47,45 @@ static inline int fd_count(void)
     closedir(d);
     return n - 1;
 }
+
+#ifdef GPUMEM_H
+/* The bytes the sharing tests write: byte i of a buffer tagged `tag`. */
+static inline unsigned char sh_pat(unsigned tag, size_t i)
+{
+    return (unsigned char)(tag * 29u + i * 7u + (i >> 12) * 13u);
+}
+
+/* Device [dst, +n) := pattern tag from index off0. */
+static inline int sh_fill(gm_pool_t *p, void *dst, unsigned tag, size_t off0, size_t n)
+{
+    unsigned char *h = malloc(n);
+    if (!h) return GM_NO_HOST_MEMORY;
+    for (size_t i = 0; i < n; i++) h[i] = sh_pat(tag, off0 + i);
+    int rc = gm_memcpy(p, dst, h, n, NULL);
+    if (rc == GM_OK) rc = gm_stream_synchronize(p, NULL);
+    free(h);
+    return rc;
+}
+
+/* Device [src, +n) holds pattern tag from index off0 (1), or not (0, the
+ * first byte that differs on stderr). */
+static inline int sh_same(gm_pool_t *p, const void *src, unsigned tag, size_t off0, size_t n)
+{
+    unsigned char *h = malloc(n);
+    if (!h) return 0;
+    int ok = gm_memcpy(p, h, src, n, NULL) == GM_OK && gm_stream_synchronize(p, NULL) == GM_OK;
+    size_t bad = n;
+    for (size_t i = 0; ok && i < n; i++)
+        if (h[i] != sh_pat(tag, off0 + i)) {
+            ok = 0;
+            bad = i;
+        }
+    if (!ok && bad < n)
+        fprintf(stderr, "pid %d: byte %zu of %p is %#x, want %#x\n", (int)getpid(), bad, src,
+                h[bad], sh_pat(tag, off0 + bad));
+    free(h);
+    return ok;
+}
+#endif
 
 #endif /* GM_TEST_SHARE_UTIL_H */

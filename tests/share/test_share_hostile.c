@@ -84,32 +84,6 @@ static gm_share_stats_t sstats(gm_pool_t *p)
     return s;
 }
 
-static unsigned char pat(unsigned tag, size_t i)
-{
-    return (unsigned char)(tag * 29u + i * 7u + (i >> 12) * 13u);
-}
-
-static int fill(gm_pool_t *p, void *dst, unsigned tag, size_t n)
-{
-    unsigned char *h = malloc(n);
-    if (!h) return GM_NO_HOST_MEMORY;
-    for (size_t i = 0; i < n; i++) h[i] = pat(tag, i);
-    int rc = gm_memcpy(p, dst, h, n, NULL);
-    if (rc == GM_OK) rc = gm_stream_synchronize(p, NULL);
-    free(h);
-    return rc;
-}
-
-static int same(gm_pool_t *p, const void *src, unsigned tag, size_t off0, size_t n)
-{
-    unsigned char *h = malloc(n);
-    if (!h) return 0;
-    int ok = gm_memcpy(p, h, src, n, NULL) == GM_OK && gm_stream_synchronize(p, NULL) == GM_OK;
-    for (size_t i = 0; ok && i < n; i++) ok = h[i] == pat(tag, off0 + i);
-    free(h);
-    return ok;
-}
-
 static void msg_init(gm__share_msg_t *m, int type)
 {
     memset(m, 0, sizeof *m);
@@ -200,8 +174,8 @@ static int good_works(void)
         fprintf(stderr, "good client: import: %d %s\n", rc, gm_last_error());
         ok = 0;
     } else {
-        ok = n == G_SIZE && same(cp, p, G_TAG, 0, 4096) &&
-             same(cp, (char *)p + G_SIZE - 4096, G_TAG, G_SIZE - 4096, 4096);
+        ok = n == G_SIZE && sh_same(cp, p, G_TAG, 0, 4096) &&
+             sh_same(cp, (char *)p + G_SIZE - 4096, G_TAG, G_SIZE - 4096, 4096);
         if (gm_share_release(c, p, NULL) != GM_OK) ok = 0;
     }
     if (gm_share_disconnect(c) != GM_OK) ok = 0;
@@ -434,14 +408,14 @@ static void test_listen_paths(void)
         /* It serves: cp publishes, sp's client imports. */
         void *blk = NULL;
         CHECK_OK(gm_alloc_shareable(cp, 2 * MiB, NULL, &blk));
-        CHECK_OK(fill(cp, blk, 91, 2 * MiB));
+        CHECK_OK(sh_fill(cp, blk, 91, 0, 2 * MiB));
         CHECK_OK(gm_share_publish(s2, "stale", blk, 2 * MiB, GM_SHARE_READ_ONLY, NULL, NULL));
         gm_share_client_t *c = NULL;
         CHECK_OK(gm_share_connect(sp, p, &c));
         void *q = NULL;
         if (c) {
             CHECK_OK(gm_share_import(c, "stale", NULL, &q, NULL, NULL));
-            if (q) CHECK(same(sp, q, 91, 0, 2 * MiB));
+            if (q) CHECK(sh_same(sp, q, 91, 0, 2 * MiB));
             CHECK_OK(gm_share_disconnect(c));
         }
         CHECK_OK(gm_share_close(s2));
@@ -492,7 +466,7 @@ static void test_names(void)
     int acc = -1;
     CHECK_OK(gm_share_import(c, "tok", "t0k3n", &p, &n, &acc));
     CHECK(p && n == MiB && acc == GM_SHARE_READ_ONLY);
-    if (p) CHECK(same(cp, p, G_TAG, MiB + 5, MiB));
+    if (p) CHECK(sh_same(cp, p, G_TAG, MiB + 5, MiB));
     if (p) CHECK_OK(gm_share_release(c, p, NULL));
 
     char n63[64], n64[65];
@@ -517,7 +491,7 @@ static void test_names(void)
     /* The longest name works end to end. */
     void *blk = NULL;
     CHECK_OK(gm_alloc_shareable(sp, 2 * MiB, NULL, &blk));
-    CHECK_OK(fill(sp, blk, 93, 2 * MiB));
+    CHECK_OK(sh_fill(sp, blk, 93, 0, 2 * MiB));
     CHECK_RC(gm_share_publish(srv, n64, blk, 2 * MiB, GM_SHARE_READ_WRITE, NULL, NULL),
              GM_INVALID_ARGUMENT);
     CHECK_RC(gm_share_publish(srv, "x", blk, 2 * MiB, GM_SHARE_READ_WRITE, n64, NULL),
@@ -525,7 +499,7 @@ static void test_names(void)
     CHECK_OK(gm_share_publish(srv, n63, blk, 2 * MiB, GM_SHARE_READ_WRITE, n63, NULL));
     CHECK_OK(gm_share_import(c, n63, n63, &p, &n, NULL));
     CHECK(p && n == 2 * MiB);
-    if (p) CHECK(same(cp, p, 93, 0, 2 * MiB));
+    if (p) CHECK(sh_same(cp, p, 93, 0, 2 * MiB));
     if (p) CHECK_OK(gm_share_release(c, p, NULL));
     CHECK_OK(gm_share_unpublish(srv, n63));
     CHECK_RC(gm_share_unpublish(srv, n63), GM_INVALID_ARGUMENT);
@@ -951,7 +925,7 @@ static void test_flood(void)
     void *p = NULL;
     if (c) {
         CHECK_OK(gm_share_import(c, "good", NULL, &p, NULL, NULL));
-        if (p) CHECK(same(cp, p, G_TAG, 0, 4096));
+        if (p) CHECK(sh_same(cp, p, G_TAG, 0, 4096));
         CHECK_OK(gm_share_disconnect(c));
     }
     WAIT_FOR(sstats(sp).peers == 2, SERVER_MS);
@@ -1135,7 +1109,7 @@ static void fork_child(const char *path)
         void *q = NULL;
         size_t n = 0;
         if (gm_share_import(c, "good", NULL, &q, &n, NULL) != GM_OK || n != G_SIZE) _exit(5);
-        if (!same(p, q, G_TAG, 0, 4096)) _exit(6);
+        if (!sh_same(p, q, G_TAG, 0, 4096)) _exit(6);
         if (gm_share_release(c, q, NULL) != GM_OK) _exit(7);
     }
     if (gm_share_disconnect(c) != GM_OK) _exit(8);
@@ -1251,7 +1225,7 @@ int main(int argc, char **argv)
     void *g = NULL;
     REQUIRE(gm_alloc_shareable(sp, G_SIZE, NULL, &g) == GM_OK);
     g_good = g;
-    REQUIRE(fill(sp, g, G_TAG, G_SIZE) == GM_OK);
+    REQUIRE(sh_fill(sp, g, G_TAG, 0, G_SIZE) == GM_OK);
     gm_share_policy_t pol = GM_SHARE_POLICY_INIT;
     pol.max_peers = 4;
     REQUIRE(gm_share_listen(sp, g_path, &pol, &srv) == GM_OK);

@@ -90,40 +90,6 @@ static void sock_path(char *out, size_t cap, const char *what)
     unlink(out);
 }
 
-/* The bytes every test writes: byte i of a buffer tagged `tag`. */
-static unsigned char pat(unsigned tag, size_t i)
-{
-    return (unsigned char)(tag * 29u + i * 7u + (i >> 12) * 13u);
-}
-
-/* Device [dst, +n) := pattern tag from index off0. */
-static int fill(gm_pool_t *p, void *dst, unsigned tag, size_t off0, size_t n)
-{
-    unsigned char *h = malloc(n);
-    if (!h) return GM_NO_HOST_MEMORY;
-    for (size_t i = 0; i < n; i++) h[i] = pat(tag, off0 + i);
-    int rc = gm_memcpy(p, dst, h, n, NULL);
-    if (rc == GM_OK) rc = gm_stream_synchronize(p, NULL);
-    free(h);
-    return rc;
-}
-
-/* Device [src, +n) holds pattern tag from index off0 (1), or not (0). */
-static int same(gm_pool_t *p, const void *src, unsigned tag, size_t off0, size_t n)
-{
-    unsigned char *h = malloc(n);
-    if (!h) return 0;
-    int ok = gm_memcpy(p, h, src, n, NULL) == GM_OK && gm_stream_synchronize(p, NULL) == GM_OK;
-    size_t bad = n;
-    for (size_t i = 0; ok && i < n; i++)
-        if (h[i] != pat(tag, off0 + i)) { ok = 0; bad = i; }
-    if (!ok && bad < n)
-        fprintf(stderr, "pid %d: byte %zu of %p is %#x, want %#x\n", (int)getpid(), bad, src,
-                h[bad], pat(tag, off0 + bad));
-    free(h);
-    return ok;
-}
-
 /* Device [src, +n) all `v`. */
 static int all_is(gm_pool_t *p, const void *src, unsigned char v, size_t n)
 {
@@ -161,14 +127,14 @@ static void a_importer(tp_link_t *l, void *argp)
     CHECK_OK(gm_share_import(cli, "a-blk", NULL, &p, &n, &acc));
     RQ(p != NULL);
     CHECK(n == a->size && acc == GM_SHARE_READ_WRITE && (uintptr_t)p % page == 0);
-    CHECK(same(pool, p, a->tag, 0, a->size));
+    CHECK(sh_same(pool, p, a->tag, 0, a->size));
     CHECK_RC(gm_share_import(cli, "a-mid", "nope", &m, NULL, NULL), GM_DENIED);
     CHECK_RC(gm_share_import(cli, "a-mid", NULL, &m, NULL, NULL), GM_DENIED);
     CHECK_OK(gm_share_import(cli, "a-mid", "tok-a", &m, &n, &acc));
     RQ(m != NULL);
     CHECK(n == a->mid_len && acc == GM_SHARE_READ_WRITE &&
           (uintptr_t)m % page == a->mid_off % page);
-    CHECK(same(pool, m, a->tag, a->mid_off, a->mid_len));
+    CHECK(sh_same(pool, m, a->tag, a->mid_off, a->mid_len));
     size_t mid_pages = (a->mid_off + a->mid_len + page - 1) / page - a->mid_off / page;
     gm_share_stats_t s = sstats(pool);
     CHECK(s.imports == 2 && s.imported_bytes == (a->size / page + mid_pages) * page);
@@ -213,7 +179,7 @@ static void role_a(void)
     gm_stats_t base = pool_stats_of(pool);
     void *blk = NULL;
     RQ(gm_alloc_shareable(pool, 8 * MiB, NULL, &blk) == GM_OK);
-    CHECK_OK(fill(pool, blk, 5, 0, 8 * MiB));
+    CHECK_OK(sh_fill(pool, blk, 5, 0, 8 * MiB));
     gm_share_server_t *srv = NULL;
     RQ(gm_share_listen(pool, path, NULL, &srv) == GM_OK);
     CHECK_OK(gm_share_publish(srv, "a-blk", blk, 8 * MiB, GM_SHARE_READ_WRITE, NULL, NULL));
@@ -236,8 +202,8 @@ static void role_a(void)
     /* The importers' writes are in the exporter's memory; nothing else moved. */
     for (int i = 0; i < A_KIDS; i++)
         CHECK(all_is(pool, (char *)blk + 8 * MiB - 4096 + (size_t)i * 64, 0xA0 + i, 64));
-    CHECK(same(pool, blk, 5, 0, 8 * MiB - 4096));
-    CHECK(same(pool, (char *)blk + 8 * MiB - 4096 + A_KIDS * 64, 5, 8 * MiB - 4096 + A_KIDS * 64,
+    CHECK(sh_same(pool, blk, 5, 0, 8 * MiB - 4096));
+    CHECK(sh_same(pool, (char *)blk + 8 * MiB - 4096 + A_KIDS * 64, 5, 8 * MiB - 4096 + A_KIDS * 64,
                4096 - A_KIDS * 64));
     for (int i = 0; i < A_KIDS; i++) tp_put(k[i].to, M_RELEASE);
     for (int i = 0; i < A_KIDS; i++) {
@@ -300,8 +266,8 @@ static int b_import(gm_pool_t *pool, gm_share_client_t *cli, const b_arg_t *a, i
     if (n != b->len || acc != b->access) return GM_INTERNAL;
     if (verify) {
         size_t k = b->len < 64 ? b->len : 64;
-        if (!same(pool, *p, 60 + b->blk, b->off, k)) return GM_INTERNAL;
-        if (!same(pool, (char *)*p + b->len - k, 60 + b->blk, b->off + b->len - k, k))
+        if (!sh_same(pool, *p, 60 + b->blk, b->off, k)) return GM_INTERNAL;
+        if (!sh_same(pool, (char *)*p + b->len - k, 60 + b->blk, b->off + b->len - k, k))
             return GM_INTERNAL;
     }
     return GM_OK;
@@ -399,7 +365,7 @@ static void role_b(void)
     void *blk[B_BLOCKS];
     for (int b = 0; b < B_BLOCKS; b++) {
         RQ(gm_alloc_shareable(pool, bsize, NULL, &blk[b]) == GM_OK);
-        CHECK_OK(fill(pool, blk[b], 60 + b, 0, bsize));
+        CHECK_OK(sh_fill(pool, blk[b], 60 + b, 0, bsize));
     }
     gm_share_server_t *srv = NULL;
     RQ(gm_share_listen(pool, arg.path, NULL, &srv) == GM_OK);
@@ -491,8 +457,8 @@ static void c_exporter(tp_link_t *l, void *argp)
     void *x = NULL, *y = NULL;
     RQ(gm_alloc_shareable(pool, C_X, NULL, &x) == GM_OK);
     RQ(gm_alloc_shareable(pool, C_Y, NULL, &y) == GM_OK);
-    CHECK_OK(fill(pool, x, a->tag, 0, C_X));
-    CHECK_OK(fill(pool, y, a->tag + 1, 0, C_Y));
+    CHECK_OK(sh_fill(pool, x, a->tag, 0, C_X));
+    CHECK_OK(sh_fill(pool, y, a->tag + 1, 0, C_Y));
     gm_share_server_t *srv = NULL;
     /* The socket of the previous round's exporter (killed) is still there. */
     int rc = gm_share_listen(pool, a->path, NULL, &srv);
@@ -528,7 +494,7 @@ static void *c_loop(void *arg)
         if (dt > L->worst_ms) L->worst_ms = dt;
         if (rc != GM_OK) { L->last_rc = rc; break; }
         L->ops++;
-        if (n != C_Y || !same(L->pool, (char *)q + (L->ops % 64) * 4096, L->tag + 1,
+        if (n != C_Y || !sh_same(L->pool, (char *)q + (L->ops % 64) * 4096, L->tag + 1,
                               (L->ops % 64) * 4096, 256))
             L->bad++;
         if (gm_share_release(L->cli, q, NULL) != GM_OK) { L->bad++; break; }
@@ -570,7 +536,7 @@ static void role_c(void)
         CHECK_OK(gm_share_import(cli, "x", NULL, &x, &n, &acc));
         CHECK_OK(gm_share_import(cli, "x", NULL, &x2, NULL, NULL));
         CHECK(x && x2 == x && n == C_X && acc == GM_SHARE_READ_WRITE);
-        CHECK(x && same(pool, x, tag, 0, C_X));
+        CHECK(x && sh_same(pool, x, tag, 0, C_X));
         CHECK_OK(gm_share_import(cli, "y", NULL, &y, &n, &acc));
         CHECK(y && n == C_Y && acc == GM_SHARE_READ_ONLY);
         if (x) CHECK_OK(gm_memset(pool, (char *)x + 4096, 0x5c, 100, NULL));
@@ -601,13 +567,13 @@ static void role_c(void)
         }
         /* The mapping stays: the bytes are there and it still takes writes. */
         if (x) {
-            CHECK(same(pool, x, tag, 0, 4096));
+            CHECK(sh_same(pool, x, tag, 0, 4096));
             CHECK(all_is(pool, (char *)x + 4096, 0x5c, 100));
-            CHECK(same(pool, (char *)x + 4196, tag, 4196, C_X - 4196));
+            CHECK(sh_same(pool, (char *)x + 4196, tag, 4196, C_X - 4196));
             CHECK_OK(gm_memset(pool, (char *)x + C_X - 100, 0x3d, 100, NULL));
             CHECK(all_is(pool, (char *)x + C_X - 100, 0x3d, 100));
         }
-        if (y) CHECK(same(pool, y, tag + 1, 0, C_Y));
+        if (y) CHECK(sh_same(pool, y, tag + 1, 0, C_Y));
         /* New imports: GM_IO, at once. */
         void *t = NULL;
         double t0 = now_ms();
@@ -662,18 +628,18 @@ static void d_importer(tp_link_t *l, void *argp)
     CHECK_OK(gm_share_import(cli, "d-a", NULL, &pa, NULL, NULL));
     CHECK_OK(gm_share_import(cli, "d-b", NULL, &pb, NULL, NULL));
     RQ(pa && pb);
-    CHECK(same(pool, pa, 10, 0, D_A) && same(pool, pb, 11, 0, D_B));
+    CHECK(sh_same(pool, pa, 10, 0, D_A) && sh_same(pool, pb, 11, 0, D_B));
     tp_put(l->out, M_VERIFIED);
     RQ(tp_get(l->in, &v, TP_WAIT_MS) == 0 && v == M_CHECK);
     /* Freed by the owner, who wrote new blocks since: the old bytes. */
-    CHECK(same(pool, pa, 10, 0, D_A));
-    CHECK(same(pool, pb, 11, 0, D_B));
+    CHECK(sh_same(pool, pa, 10, 0, D_A));
+    CHECK(sh_same(pool, pb, 11, 0, D_B));
     tp_put(l->out, M_CHECKED);
     RQ(tp_get(l->in, &v, TP_WAIT_MS) == 0 && v == M_RELEASE);
     CHECK_OK(gm_share_release(cli, pa, NULL));
     tp_put(l->out, M_RELEASED);
     RQ(tp_get(l->in, &v, TP_WAIT_MS) == 0 && v == M_RELEASE);
-    CHECK(same(pool, pb, 11, 0, D_B));
+    CHECK(sh_same(pool, pb, 11, 0, D_B));
     CHECK_OK(gm_share_release(cli, pb, NULL));
     tp_put(l->out, M_RELEASED);
     RQ(tp_get(l->in, &v, TP_WAIT_MS) == 0 && v == M_END);
@@ -694,8 +660,8 @@ static void role_d(void)
     void *a = NULL, *b = NULL;
     RQ(gm_alloc_shareable(pool, D_A, NULL, &a) == GM_OK);
     RQ(gm_alloc_shareable(pool, D_B, NULL, &b) == GM_OK);
-    CHECK_OK(fill(pool, a, 10, 0, D_A));
-    CHECK_OK(fill(pool, b, 11, 0, D_B));
+    CHECK_OK(sh_fill(pool, a, 10, 0, D_A));
+    CHECK_OK(sh_fill(pool, b, 11, 0, D_B));
     gm_share_server_t *srv = NULL;
     RQ(gm_share_listen(pool, arg.path, NULL, &srv) == GM_OK);
     CHECK_OK(gm_share_publish(srv, "d-a", a, D_A, GM_SHARE_READ_WRITE, NULL, NULL));
@@ -929,11 +895,11 @@ static void f_importer(tp_link_t *l, void *argp)
     CHECK_OK(gm_share_import(cli, "f-rw", NULL, &rw, NULL, &acc));
     RQ(rw != NULL);
     CHECK(acc == GM_SHARE_READ_WRITE);
-    CHECK(same(pool, ro, 40, 0, 4 * MiB));
+    CHECK(sh_same(pool, ro, 40, 0, 4 * MiB));
     /* Reading from it works, into device memory too. */
     CHECK_OK(gm_memcpy(pool, rw, ro, 64, NULL));
     CHECK_OK(gm_stream_synchronize(pool, NULL));
-    CHECK(same(pool, rw, 40, 0, 64));
+    CHECK(sh_same(pool, rw, 40, 0, 64));
     CHECK_OK(gm_memset(pool, (char *)rw + 64, 0x77, 64, NULL));
     CHECK_OK(gm_stream_synchronize(pool, NULL));
     /* Writes through the read-only mapping (last: on a GPU a faulting copy
@@ -951,7 +917,7 @@ static void f_importer(tp_link_t *l, void *argp)
            rc2 ? "refused" : "DONE", rc2, rc3 ? "refused" : "DONE", rc3);
     if (sim) {
         CHECK(rc1 != GM_OK && rc2 != GM_OK && rc3 != GM_OK);
-        CHECK(same(pool, ro, 40, 0, 4 * MiB));
+        CHECK(sh_same(pool, ro, 40, 0, 4 * MiB));
         CHECK_OK(gm_share_release(cli, ro, NULL));
         CHECK_OK(gm_share_release(cli, rw, NULL));
         CHECK_OK(gm_share_disconnect(cli));
@@ -975,8 +941,8 @@ static void role_f(void)
     void *a = NULL, *b = NULL;
     RQ(gm_alloc_shareable(pool, 4 * MiB, NULL, &a) == GM_OK);
     RQ(gm_alloc_shareable(pool, 2 * MiB, NULL, &b) == GM_OK);
-    CHECK_OK(fill(pool, a, 40, 0, 4 * MiB));
-    CHECK_OK(fill(pool, b, 41, 0, 2 * MiB));
+    CHECK_OK(sh_fill(pool, a, 40, 0, 4 * MiB));
+    CHECK_OK(sh_fill(pool, b, 41, 0, 2 * MiB));
     gm_share_server_t *srv = NULL;
     RQ(gm_share_listen(pool, arg.path, NULL, &srv) == GM_OK);
     CHECK_OK(gm_share_publish(srv, "f-ro", a, 4 * MiB, GM_SHARE_READ_ONLY, NULL, NULL));
@@ -984,11 +950,11 @@ static void role_f(void)
     tp_put(k.to, M_GO);
     tp_expect(&k, M_DONE);
     CHECK(tp_exited_ok(tp_wait(k.pid, TP_WAIT_MS)));
-    int intact = same(pool, a, 40, 0, 4 * MiB);
+    int intact = sh_same(pool, a, 40, 0, 4 * MiB);
     if (test_backend() == GM_BACKEND_SIM) CHECK(intact);
     else printf("f: the read-only block is %s\n", intact ? "intact" : "CHANGED");
-    CHECK(same(pool, b, 40, 0, 64) && all_is(pool, (char *)b + 64, 0x77, 64));
-    CHECK(same(pool, (char *)b + 128, 41, 128, 2 * MiB - 128));
+    CHECK(sh_same(pool, b, 40, 0, 64) && all_is(pool, (char *)b + 64, 0x77, 64));
+    CHECK(sh_same(pool, (char *)b + 128, 41, 128, 2 * MiB - 128));
     WAIT_FOR(sstats(pool).exported_bytes == 0, 1000);
     CHECK(sstats(pool).exported_bytes == 0);
     CHECK_OK(gm_share_close(srv));
