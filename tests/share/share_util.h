@@ -8,6 +8,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <sched.h>
 #include <stdint.h>
 #include <time.h>
 #include <unistd.h>
@@ -85,6 +86,34 @@ static inline int sh_same(gm_pool_t *p, const void *src, unsigned tag, size_t of
                 h[bad], sh_pat(tag, off0 + bad));
     free(h);
     return ok;
+}
+
+/* gm_share_listen with the new server's thread on a CPU of its own (it
+ * inherits this thread's CPUs when it starts) and this thread, after, on
+ * another, when there are two: a race between the two then runs truly at
+ * the same time.  *all: this thread's CPUs before (to restore); *split: 1
+ * when pinned so.  Returns gm_share_listen's status. */
+static inline int sh_listen_apart(gm_pool_t *pool, const char *path, gm_share_server_t **srv,
+                                  cpu_set_t *all, int *split)
+{
+    cpu_set_t one;
+    int cpus[2] = {-1, -1}, nc = 0;
+    if (sched_getaffinity(0, sizeof *all, all) == 0)
+        for (int c = 0; c < CPU_SETSIZE && nc < 2; c++)
+            if (CPU_ISSET(c, all)) cpus[nc++] = c;
+    *split = nc == 2;
+    if (*split) {
+        CPU_ZERO(&one);
+        CPU_SET(cpus[1], &one);
+        sched_setaffinity(0, sizeof one, &one);
+    }
+    int rc = gm_share_listen(pool, path, NULL, srv);
+    if (*split) {
+        CPU_ZERO(&one);
+        CPU_SET(cpus[0], &one);
+        sched_setaffinity(0, sizeof one, &one);
+    }
+    return rc;
 }
 #endif
 

@@ -1126,26 +1126,13 @@ static void test_fork_while_serving(void)
     /* The new server's thread on a CPU of its own (it inherits this thread's
      * CPUs), the forks on another: a fork then copies the lock as that
      * thread has it at that moment. */
-    cpu_set_t all, one;
-    int cpus[2] = {-1, -1}, nc = 0;
-    if (sched_getaffinity(0, sizeof all, &all) == 0)
-        for (int c = 0; c < CPU_SETSIZE && nc < 2; c++)
-            if (CPU_ISSET(c, &all)) cpus[nc++] = c;
-    if (nc == 2) {
-        CPU_ZERO(&one);
-        CPU_SET(cpus[1], &one);
-        sched_setaffinity(0, sizeof one, &one);
-    }
+    cpu_set_t all;
+    int split;
     gm_share_server_t *s2 = NULL;
-    int lrc = gm_share_listen(sp, path2, NULL, &s2); /* room for every child */
-    if (nc == 2) {
-        CPU_ZERO(&one);
-        CPU_SET(cpus[0], &one);
-        sched_setaffinity(0, sizeof one, &one);
-    }
+    int lrc = sh_listen_apart(sp, path2, &s2, &all, &split); /* room for every child */
     CHECK_OK(lrc);
     if (!s2) {
-        if (nc == 2) sched_setaffinity(0, sizeof all, &all);
+        if (split) sched_setaffinity(0, sizeof all, &all);
         return;
     }
     CHECK_OK(gm_share_publish(s2, "good", g_good, G_SIZE, GM_SHARE_READ_ONLY, NULL, NULL));
@@ -1199,7 +1186,7 @@ static void test_fork_while_serving(void)
     CHECK(failed == 0);
     CHECK_OK(gm_share_close(s2));
     CHECK(access(path2, F_OK) != 0);
-    if (nc == 2) sched_setaffinity(0, sizeof all, &all);
+    if (split) sched_setaffinity(0, sizeof all, &all);
     settle("fork while serving", sstats(sp).peers_dropped, 0);
 }
 

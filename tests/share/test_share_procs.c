@@ -983,25 +983,11 @@ static void role_g(void)
     /* The server thread on one CPU, this thread on another: the release's
      * wake-up would otherwise put the server thread on this thread's CPU,
      * where the two seldom run at the same time. */
-    cpu_set_t all, one;
-    int cpus[2] = {-1, -1}, nc = 0;
-    if (sched_getaffinity(0, sizeof all, &all) == 0)
-        for (int c = 0; c < CPU_SETSIZE && nc < 2; c++)
-            if (CPU_ISSET(c, &all)) cpus[nc++] = c;
-    if (nc == 2) {
-        CPU_ZERO(&one);
-        CPU_SET(cpus[1], &one);
-        sched_setaffinity(0, sizeof one, &one); /* inherited by the server thread */
-    }
+    cpu_set_t all;
+    int split;
     gm_share_server_t *srv = NULL;
-    int lrc = gm_share_listen(pool, path, NULL, &srv);
-    if (nc == 2) {
-        CPU_ZERO(&one);
-        CPU_SET(cpus[0], &one);
-        sched_setaffinity(0, sizeof one, &one);
-    } else {
-        printf("g: one CPU only: the race is unlikely to show\n");
-    }
+    int lrc = sh_listen_apart(pool, path, &srv, &all, &split);
+    if (!split) printf("g: one CPU only: the race is unlikely to show\n");
     RQ(lrc == GM_OK);
     gm_share_client_t *cli = NULL;
     RQ(gm_share_connect(ipool, path, &cli) == GM_OK);
