@@ -36,6 +36,39 @@ left() {
     [ "$l" -lt "$1" ] && echo "$l" || echo "$1"
 }
 
+# gm_time_for PART MIN MAX: $t = the seconds left of DEADLINE for a part, at
+# most MAX; status 1, with a line that says the part is skipped, when fewer
+# than MIN are left.
+gm_time_for() {
+    t=$(left "$3")
+    [ "$t" -ge "$2" ] && return 0
+    echo "=== $1 skipped: ${t} s left of DEADLINE"
+    return 1
+}
+
+# gm_trace_cli WHO: the replay scripts' inputs: $tdir, when empty, becomes
+# ../shared/traces where that exists; $cli is $GPUMEM or build/gpumem, which
+# must be built (else WHO says so and the script exits 1).
+gm_trace_cli() {
+    [ -n "${tdir:-}" ] || { [ -d ../shared/traces ] && tdir=../shared/traces; } || true
+    cli=${GPUMEM:-build/gpumem}
+    [ -x "$cli" ] || { echo "$1: $cli not built (run make)" >&2; exit 1; }
+}
+
+# gm_trace_list ENDING: append to the array traces the real traces in $tdir
+# (*.csv, *.csv.gz) and the five synthetic workloads (seed 1), written by
+# $cli to $work/KIND.ENDING.
+gm_trace_list() {
+    local f k
+    if [ -n "$tdir" ]; then
+        for f in "$tdir"/*.csv "$tdir"/*.csv.gz; do [ -f "$f" ] && traces+=("$f"); done
+    fi
+    for k in kv_inference kv_paged vit_train multistream varbatch_train; do
+        "$cli" synth "$k" --seed 1 -o "$work/$k.$1" 2>/dev/null
+        traces+=("$work/$k.$1")
+    done
+}
+
 # gm_banner [TEXT]: the GPUs (when nvidia-smi answers) and a host line with
 # the cores, the memory and TEXT.
 gm_banner() {

@@ -16,6 +16,7 @@
 # command, date and machine).  Needs build/gpumem (make) and python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 backend=sim repeat=3 runs=3 label="" tdir=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -27,9 +28,7 @@ while [ $# -gt 0 ]; do
     *) tdir=$1; shift ;;
     esac
 done
-[ -n "$tdir" ] || { [ -d ../shared/traces ] && tdir=../shared/traces; } || true
-cli=${GPUMEM:-build/gpumem}
-[ -x "$cli" ] || { echo "bench/replay.sh: $cli not built (run make)" >&2; exit 1; }
+gm_trace_cli bench/replay.sh
 if [ -z "$label" ]; then
     if [ "$backend" = cuda ]; then
         label=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1 | tr ' ' '-' || true)
@@ -40,16 +39,9 @@ if [ -z "$label" ]; then
 fi
 date=$(date -u +%Y-%m-%d)
 out="bench/results/$date-$label-replay"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+gm_workdir
 traces=()
-if [ -n "$tdir" ]; then
-    for f in "$tdir"/*.csv "$tdir"/*.csv.gz; do [ -f "$f" ] && traces+=("$f"); done
-fi
-for k in kv_inference kv_paged vit_train multistream varbatch_train; do
-    "$cli" synth "$k" --seed 1 -o "$work/$k.csv.gz" 2>/dev/null
-    traces+=("$work/$k.csv.gz")
-done
+gm_trace_list csv.gz
 mkdir -p bench/results
 cmd="$cli replay --backend $backend --repeat $repeat --json TRACES"
 for r in $(seq "$runs"); do

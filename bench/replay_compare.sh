@@ -16,6 +16,7 @@
 # and python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 if [ "${1:-}" = --diff ]; then
     python3 - "$2" "$3" <<'PY'
 import json, sys
@@ -41,19 +42,10 @@ while [ $# -gt 0 ]; do
     *) tdir=$1; shift ;;
     esac
 done
-[ -n "$tdir" ] || { [ -d ../shared/traces ] && tdir=../shared/traces; } || true
-cli=${GPUMEM:-build/gpumem}
-[ -x "$cli" ] || { echo "bench/replay_compare.sh: $cli not built (run make)" >&2; exit 1; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+gm_trace_cli bench/replay_compare.sh
+gm_workdir
 traces=(data/sample.csv.gz)
-if [ -n "$tdir" ]; then
-    for f in "$tdir"/*.csv "$tdir"/*.csv.gz; do [ -f "$f" ] && traces+=("$f"); done
-fi
-for k in kv_inference kv_paged vit_train multistream varbatch_train; do
-    "$cli" synth "$k" --seed 1 -o "$work/$k.csv" 2>/dev/null
-    traces+=("$work/$k.csv")
-done
+gm_trace_list csv
 "$cli" replay --backend sim --repeat 3 --json "${traces[@]}" >"$work/run.jsonl" 2>/dev/null
 python3 - "$work/run.jsonl" "$work" >"$out" <<'PY'
 import hashlib, json, os, sys

@@ -55,9 +55,7 @@ echo "--- build: $((SECONDS - start)) s"
 # ---- the offload tests ------------------------------------------------------------------
 echo "=== ctest -L '$TESTS' (GPUMEM_BACKEND=$BACKEND)"
 start=$SECONDS
-t=$(left 240)
-if [ "$t" -lt 30 ]; then
-    echo "tests skipped: ${t} s left of DEADLINE"
+if ! gm_time_for tests 30 240; then
     failed+=(tests)
 else
     (cd "$BUILD_DIR" && timeout "$t" ctest -L "$TESTS" --timeout "$TEST_LIMIT" --output-on-failure -V) \
@@ -76,9 +74,7 @@ echo "--- tests: $((SECONDS - start)) s"
 # ---- the benchmark ----------------------------------------------------------------------
 if [ "${BENCH:-1}" = 1 ]; then
     start=$SECONDS
-    t=$(left 240)
-    if [ "$t" -lt 40 ]; then
-        echo "=== bench skipped: ${t} s left of DEADLINE"
+    if ! gm_time_for bench 40 240; then
         failed+=(bench)
     else
         echo "=== bench/run_offload_bench.sh (SIZES=$SIZES REPS=$REPS BLOCK=$BLOCK)"
@@ -94,9 +90,7 @@ fi
 # ---- PyTorch sleep / wake ------------------------------------------------------------------
 if [ "${TORCH:-1}" = 1 ]; then
     start=$SECONDS
-    t=$(left 240)
-    if [ "$t" -lt 40 ]; then
-        echo "=== offload_torch.py skipped: ${t} s left of DEADLINE"
+    if ! gm_time_for offload_torch.py 40 240; then
         failed+=(torch)
     elif [ ! -f "$BUILD_DIR/libgpumem.so" ]; then
         echo "=== offload_torch.py skipped: no $BUILD_DIR/libgpumem.so"
