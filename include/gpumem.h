@@ -284,10 +284,22 @@ GM_API int gm_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr
 GM_API int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream);
 /* Declare that ptr is used on `stream` too (like PyTorch's record_stream):
  * after it is freed, it is not reused anywhere before that stream's work
- * queued until the free has completed.  gm_free orders this with an event
- * recorded on that stream, else waits for the stream; when the backend fails
- * both, the block stays pending (reused by no stream, not counted as
- * allocated) and later calls try again. */
+ * queued until the free has completed.  One rule for every kind of memory:
+ * each distinct stream is kept until the free, with no limit
+ * (GM_NO_HOST_MEMORY when the host has no room for the record; the
+ * allocating stream needs none).  What gm_free does with them, by kind:
+ *   - a block of gm_alloc / gm_alloc_shareable in device memory: gm_free
+ *     does not wait; it orders the reuse with an event recorded on each
+ *     stream, else waits for the stream; when the backend fails both, the
+ *     block stays pending (reused by no stream, not counted as allocated)
+ *     and later calls try again;
+ *   - a sysmem-fallback block, managed memory (gm_alloc_managed), a
+ *     registrable segment (gm_alloc_registrable): gm_free waits on the host
+ *     for each recorded stream but its own; when one cannot finish, its
+ *     status is returned and the block stays live (free it again later);
+ *   - pinned host memory: GM_INVALID_ARGUMENT, nothing recorded.
+ * A freed block (or a cached segment) is GM_INVALID_POINTER or
+ * GM_DOUBLE_FREE. */
 GM_API int gm_record_stream(gm_pool_t *pool, void *ptr, gm_stream_t stream);
 /* The requested size of a live block (*size) — for plug-ins and checks. */
 GM_API int gm_block_size(gm_pool_t *pool, const void *ptr, size_t *size);

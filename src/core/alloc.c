@@ -748,7 +748,7 @@ static int bad_free(gm_pool_t *pool, void *ptr)
                          "start", ptr, (void *)b->addr, b->requested);
 }
 
-int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed)
+int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed, bool *held)
 {
     gm_assert_internal(s != NULL && !s->is_global);
     gm__block_t *b = gm__hash_take(&pool->live, (uintptr_t)ptr);
@@ -765,13 +765,14 @@ int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed)
                              "thread's cache of small blocks)", ptr);
     }
     if (GM_UNLIKELY(b->shared)) {
-        /* Published or imported elsewhere: the share layer frees it when the
-         * last peer lets go (gm__share_owner_free). */
+        /* Published or imported elsewhere: the shared kind's free takes it
+         * (gm__kind_shared), and it is freed when the last peer lets go. */
         atomic_store_explicit(&b->tc_cached, 0, memory_order_relaxed);
         int rc = gm__hash_put(&pool->live, b->addr, b);
-        gm_assert_internal(rc == GM_OK);
+        gm_assert_internal(rc == GM_OK && held != NULL);
         (void)rc;
-        return GM__SHARE_HELD;
+        *held = true;
+        return GM_OK;
     }
     *freed = b->requested;
     if (GM_UNLIKELY(b->tag != GM_TAG_NONE)) gm__offload_note_free_locked(pool, b);

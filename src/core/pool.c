@@ -26,8 +26,9 @@
  * compare of pool->magic); a pool's struct is a mapping of its own, never
  * unmapped, so a destroyed handle stays readable and never names a later
  * pool.  After fork() the child marks the parent's pools dead (process.c).
- * Which entry point owns a pointer is decided in one place,
- * gm__owner_locked.
+ * gm_free, gm_block_size and gm_record_stream take a device block of the
+ * arenas at once; any other pointer is one lookup in the root's address map,
+ * and its memory kind's row (core/kinds.h) does the rest.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -41,6 +42,7 @@
 #include "host/host.h"
 #include "observe/observe.h"
 #include "core/options.h"
+#include "core/kinds.h"
 #include "core/pool.h"
 #include "share/share.h"
 #include "broker/broker.h"
@@ -265,6 +267,7 @@ static void pool_teardown(gm_pool_t *pool, uint64_t *blocks, uint64_t *bytes)
     gm__lock(&pool->lock);
     gm__managed_fini(pool);
     gm__segs_fini(pool);
+    gm__kinds_fini(pool); /* after every kind's records */
     gm__pool_core_fini_locked(pool, blocks, bytes);
     if (pool->provider.ops && pool->provider.ops->destroy) {
         gm__unlock(&pool->lock);
@@ -363,6 +366,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     pool->limit = pool->info.total_memory;
     if (pool->cfg.limit && pool->cfg.limit < pool->limit) pool->limit = pool->cfg.limit;
 
+    GM_CHECK_GOTO(gm__kinds_init(pool), rc, fail);
     GM_CHECK_GOTO(gm__host_init(pool), rc, fail);
     GM_CHECK_GOTO(gm__copy_init(pool), rc, fail);
     GM_CHECK_GOTO(gm__offload_init(pool), rc, fail);
@@ -665,73 +669,108 @@ int gm_managed_prefetch(gm_pool_t *pool, void *ptr, size_t size, int to_host, gm
 
 /* ---- who owns a pointer ----------------------------------------------------- */
 
-gm__owner_t gm__owner_locked(gm_pool_t *pool, const void *ptr, size_t *size)
+/* The device row: a live block of the arenas (gm_alloc, gm_alloc_tagged,
+ * gm_alloc_shareable), reached by the range test (gm__heap_holds) and the
+ * live table, never through the address map.  gm_free of one is
+ * free_entry_locked's first branch (the fast path, written out there). */
+static int device_free(gm_pool_t *pool, gm__kind_rec_t *rec, void *ptr, gm_stream_t stream,
+                       size_t *size)
 {
-    gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
-    if (b && atomic_load_explicit(&b->tc_cached, memory_order_relaxed))
-        return GM__OWNER_UNKNOWN; /* freed: it waits in a thread cache */
-    if (b) {
-        if (size) *size = b->requested;
-        return GM__OWNER_DEVICE;
-    }
-    size_t sz;
-    if (pool->sysmem && gm__sysmem_size_locked(pool, ptr, size ? size : &sz) == GM_OK)
-        return GM__OWNER_SYSMEM;
-    if (pool->managed && gm__managed_size_locked(pool, ptr, size ? size : &sz) == GM_OK)
-        return GM__OWNER_MANAGED;
-    if (pool->segs && gm__segs_size_locked(pool, ptr, size ? size : &sz) == GM_OK)
-        return GM__OWNER_SEGMENT;
-    switch (gm__host_kind(pool, ptr)) {
-    case GM__HOST_USER: return GM__OWNER_HOST;
-    case GM__HOST_SYSMEM: /* the host side of a sysmem block, not what gm_alloc gave */
-    case GM__HOST_OFFLOAD: /* the host copy of an offloaded block */
-    case GM__HOST_STAGING: return GM__OWNER_INTERNAL;
-    default: return GM__OWNER_UNKNOWN;
-    }
-}
-
-const char *gm__owner_name(gm__owner_t o)
-{
-    switch (o) {
-    case GM__OWNER_DEVICE: return "a device block of gm_alloc";
-    case GM__OWNER_SYSMEM: return "a gm_alloc block served by the sysmem fallback";
-    case GM__OWNER_MANAGED: return "managed memory of gm_alloc_managed";
-    case GM__OWNER_SEGMENT: return "a registrable segment of gm_alloc_registrable";
-    case GM__OWNER_HOST: return "pinned host memory of gm_host_alloc";
-    case GM__OWNER_INTERNAL: return "pinned memory the library uses itself";
-    default: return "not a live block of this pool";
-    }
-}
-
-/* ptr is not a live device block: a sysmem block (its size in *size) is
- * handled by the caller, who gets rc back; memory of another kind is the
- * wrong entry point. */
-static int wrong_entry_locked(gm_pool_t *pool, const void *ptr, const char *fn, int rc,
-                              gm__owner_t *owner, size_t *size)
-{
-    *owner = gm__owner_locked(pool, ptr, size);
-    if (*owner == GM__OWNER_HOST || *owner == GM__OWNER_INTERNAL)
-        return gm__set_error(GM_INVALID_ARGUMENT, "%s: %p is %s, not gm_alloc memory: nothing "
-                             "was done%s", fn, ptr, gm__owner_name(*owner),
-                             *owner == GM__OWNER_HOST ? " (free it with gm_host_free)" : "");
+    (void)rec;
+    gm__stream_t *s = gm__stream_get_locked(pool, stream);
+    bool held = false;
+    int rc = s ? gm__free_locked(pool, ptr, s, size, &held)
+               : gm__set_error(GM_NO_HOST_MEMORY, "gm_free: out of host memory for a stream");
+    gm_assert_internal(!held); /* the shared row's, reached first */
     return rc;
 }
 
-/* gm_free's work under the lock of the heap that holds ptr. */
-static int free_entry_locked(gm_pool_t *pool, void *ptr, gm_stream_t stream)
+static int device_size(gm_pool_t *pool, const gm__kind_rec_t *rec, const void *ptr, size_t *size)
 {
+    (void)rec;
+    gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
+    if (!b || atomic_load_explicit(&b->tc_cached, memory_order_relaxed)) return GM_INVALID_POINTER;
+    *size = b->requested;
+    return GM_OK;
+}
+
+static int device_record(gm_pool_t *pool, gm__kind_rec_t *rec, void *ptr, gm_stream_t stream)
+{
+    (void)rec;
     gm__stream_t *s = gm__stream_get_locked(pool, stream);
+    return s ? gm__record_stream_locked(pool, ptr, s)
+             : gm__set_error(GM_NO_HOST_MEMORY, "gm_record_stream: out of host memory");
+}
+
+static void device_foreach(gm_pool_t *pool, gm__kind_each_fn fn, void *arg)
+{
+    for (size_t i = 0; i < pool->live.cap; i++) {
+        if (!pool->live.keys[i]) continue;
+        const gm__block_t *b = pool->live.vals[i];
+        fn(b->addr, b->requested, arg);
+    }
+}
+
+/* gm_record_stream: the block is reused after the free only once the work
+ * each recorded stream had queued by the free has completed (an event
+ * recorded there, else a wait for the stream); until then it is pending,
+ * and gm_free does not wait.  A block held by sharing lists as this row. */
+const gm__kind_ops_t gm__kind_device = {
+    .name = "a device block of gm_alloc",
+    .flags = GM__KIND_GM_ALLOC,
+    .free = device_free,
+    .size = device_size,
+    .record = device_record,
+    .foreach = device_foreach,
+};
+
+/* ptr is no live allocation of gm_alloc's family: GM_INVALID_ARGUMENT for
+ * memory of another entry point (nothing done), else rc (its message set
+ * when `msg`, for the map's kinds that answered GM_INVALID_POINTER). */
+static int not_ours(const gm__kind_ops_t *kind, const void *ptr, const char *fn, int rc,
+                    const char *msg)
+{
+    if (kind && kind->free_with)
+        return gm__set_error(GM_INVALID_ARGUMENT, "%s: %p is %s, not gm_alloc memory: nothing "
+                             "was done%s%s%s", fn, ptr, kind->name,
+                             *kind->free_with ? " (free it with " : "", kind->free_with,
+                             *kind->free_with ? ")" : "");
+    if (msg) gm__set_error(rc, "%s: %p %s", fn, ptr, msg);
+    return rc;
+}
+
+/* The one lookup for a pointer outside the arenas (root's lock held). */
+static const gm__kind_ops_t *map_kind(gm_pool_t *pool, const void *ptr, gm__kind_rec_t **rec)
+{
+    *rec = gm__kinds_find(pool, (uintptr_t)ptr);
+    return *rec ? (*rec)->ops : NULL;
+}
+
+/* gm_free's work under the lock of the heap that holds ptr.  *defer: set to
+ * a row whose free runs once the lock is dropped (GM__KIND_FREE_UNLOCKED:
+ * a block held by sharing), the status then GM_OK and nothing done. */
+static int free_entry_locked(gm_pool_t *pool, void *ptr, gm_stream_t stream,
+                             const gm__kind_ops_t **defer)
+{
     size_t size = 0;
-    int rc = s ? gm__free_locked(pool, ptr, s, &size)
+    int rc;
+    if (GM_LIKELY(gm__heap_holds(pool, (uintptr_t)ptr))) {
+        /* The device row's free, written out: the fast path. */
+        gm__stream_t *s = gm__stream_get_locked(pool, stream);
+        bool held = false;
+        rc = s ? gm__free_locked(pool, ptr, s, &size, &held)
                : gm__set_error(GM_NO_HOST_MEMORY, "gm_free: out of host memory for a stream");
-    if (GM_UNLIKELY(rc == GM__SHARE_HELD)) return rc;
-    if (GM_UNLIKELY(rc == GM_INVALID_POINTER || rc == GM_DOUBLE_FREE)) {
-        gm__owner_t owner;
-        rc = wrong_entry_locked(pool, ptr, "gm_free", rc, &owner, &size);
-        if (owner == GM__OWNER_SYSMEM) rc = gm__sysmem_free_locked(pool, ptr, s, rc);
-        if (owner == GM__OWNER_MANAGED) rc = gm__managed_free_locked(pool, ptr, rc);
-        if ((owner == GM__OWNER_SEGMENT || owner == GM__OWNER_UNKNOWN) && pool->segs)
-            rc = gm__segs_free_locked(pool, ptr, stream, rc);
+        if (GM_UNLIKELY(held)) {
+            *defer = &gm__kind_shared;
+            return GM_OK;
+        }
+    } else {
+        gm__kind_rec_t *rec;
+        const gm__kind_ops_t *kind = map_kind(pool, ptr, &rec);
+        if (kind && kind->free)
+            rc = kind->free(pool, rec, ptr, stream, &size);
+        else
+            rc = not_ours(kind, ptr, "gm_free", GM_INVALID_POINTER, "was not allocated by this pool");
     }
     if (rc == GM_OK && pool->cfg.release_threshold != SIZE_MAX &&
         pool->st.reserved - pool->st.active > pool->cfg.release_threshold) {
@@ -746,9 +785,12 @@ static int free_entry_locked(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     return rc;
 }
 
-int gm__free_held_locked(gm_pool_t *heap, void *ptr)
+int gm__free_held_locked(gm_pool_t *heap, void *ptr, gm_stream_t stream, bool *held)
 {
-    return free_entry_locked(heap, ptr, NULL);
+    const gm__kind_ops_t *defer = NULL;
+    int rc = free_entry_locked(heap, ptr, stream, &defer);
+    *held = defer != NULL;
+    return rc;
 }
 
 int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
@@ -760,9 +802,13 @@ int gm_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     if (frc != GM_NOT_READY) return frc; /* taken, or a double free */
     gm__lock(&pool->lock);
     gm__tcache_release_large_locked(pool);
-    int rc = free_entry_locked(pool, ptr, stream);
+    const gm__kind_ops_t *defer = NULL;
+    int rc = free_entry_locked(pool, ptr, stream, &defer);
     gm__unlock(&pool->lock);
-    if (GM_UNLIKELY(rc == GM__SHARE_HELD)) return gm__share_owner_free(pool, ptr, stream);
+    if (GM_UNLIKELY(defer != NULL)) {
+        size_t size = 0;
+        return defer->free(pool, NULL, ptr, stream, &size);
+    }
     return rc;
 }
 
@@ -772,14 +818,17 @@ int gm_record_stream(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     GM_CHECK(resolve(&pool));
     pool = gm__heap_of(pool, ptr);
     gm__lock(&pool->lock);
-    gm__stream_t *s = gm__stream_get_locked(pool, stream);
-    int rc = s ? gm__record_stream_locked(pool, ptr, s)
-               : gm__set_error(GM_NO_HOST_MEMORY, "gm_record_stream: out of host memory");
-    if (rc == GM_INVALID_POINTER || rc == GM_DOUBLE_FREE) {
-        gm__owner_t owner;
-        rc = wrong_entry_locked(pool, ptr, "gm_record_stream", rc, &owner, NULL);
-        if (owner == GM__OWNER_SYSMEM) rc = gm__sysmem_record_locked(pool, ptr, s, rc);
-        if (owner == GM__OWNER_SEGMENT) rc = gm__segs_record_locked(pool, ptr, stream, rc);
+    int rc;
+    if (gm__heap_holds(pool, (uintptr_t)ptr)) {
+        rc = gm__kind_device.record(pool, NULL, ptr, stream); /* the shared row's too */
+    } else {
+        gm__kind_rec_t *rec;
+        const gm__kind_ops_t *kind = map_kind(pool, ptr, &rec);
+        rc = kind && kind->record ? kind->record(pool, rec, ptr, stream) : GM_INVALID_POINTER;
+        if (rc == GM_INVALID_POINTER)
+            rc = not_ours(kind, ptr, "gm_record_stream", rc, "is not a live block of this pool");
+        else if (rc == GM_OK)
+            gm__clear_error();
     }
     gm__unlock(&pool->lock);
     return rc;
@@ -790,19 +839,15 @@ int gm_block_size(gm_pool_t *pool, const void *ptr, size_t *size)
     if (!ptr || !size) return gm__set_error(GM_INVALID_ARGUMENT, "gm_block_size: NULL argument");
     GM_CHECK(resolve(&pool));
     pool = gm__heap_of(pool, ptr);
-    int rc = GM_OK;
     gm__lock(&pool->lock);
-    gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
-    if (b && !atomic_load_explicit(&b->tc_cached, memory_order_relaxed)) {
-        *size = b->requested;
-    } else {
-        gm__owner_t owner;
-        rc = wrong_entry_locked(pool, ptr, "gm_block_size", GM_INVALID_POINTER, &owner, size);
-        if (owner == GM__OWNER_SYSMEM || owner == GM__OWNER_MANAGED || owner == GM__OWNER_SEGMENT)
-            rc = GM_OK;
-        else if (rc == GM_INVALID_POINTER)
-            gm__set_error(rc, "gm_block_size: %p is not a live block of this pool", ptr);
-    }
+    gm__kind_rec_t *rec = NULL;
+    const gm__kind_ops_t *kind = gm__heap_holds(pool, (uintptr_t)ptr)
+                                     ? &gm__kind_device /* the shared row's too */
+                                     : map_kind(pool, ptr, &rec);
+    int rc = kind && kind->size ? kind->size(pool, rec, ptr, size) : GM_INVALID_POINTER;
+    if (rc == GM_INVALID_POINTER)
+        rc = not_ours(kind == &gm__kind_device ? NULL : kind, ptr, "gm_block_size", rc,
+                      "is not a live block of this pool");
     gm__unlock(&pool->lock);
     return rc;
 }
@@ -992,6 +1037,7 @@ int gm_pool_check(gm_pool_t *pool)
                            (unsigned long long)fam_peaks);
     for (unsigned i = 0; (h = gm__heap_next(pool, &i));) gm__unlock(&h->lock);
     pthread_mutex_unlock(&pool->heaps_mu);
+    if (rc == GM_OK) rc = gm__kinds_check(pool);
     if (rc == GM_OK) rc = gm__share_check(pool); /* its lock comes before a heap's */
     if (rc == GM_OK) rc = gm__offload_check(pool->root);
     return rc;

@@ -241,6 +241,8 @@ struct gm_pool {
     struct gm__offload *offl;    /* root: tags, offload and restore (offload.c) */
     struct gm__managed *managed; /* root: managed allocations (managed.c), or NULL */
     struct gm__segs *segs;       /* root: registrable segments (segments.c), or NULL */
+    struct gm__kinds *kinds;     /* root: addresses outside the arenas -> their memory
+                                    kind's record (kinds.c), own lock */
 
     /* Observability (src/observe/observe.h): out-of-memory handlers, in the order
      * added; the leak tracker's stacks; the current trace buffer; this
@@ -307,24 +309,8 @@ void gm__registry_foreach(void (*fn)(gm_pool_t *pool, void *arg), void *arg);
 
 /* ---- defined in src/core/pool.c -------------------------------------------- */
 
-/* Who owns a pointer, decided in one place for every free-like entry point
- * (gm_free, gm_host_free, gm_block_size, gm_record_stream, and the plug-ins
- * through them).  A pointer given to the wrong one gets GM_INVALID_ARGUMENT
- * and nothing is released. */
-typedef enum gm__owner {
-    GM__OWNER_UNKNOWN = 0,       /* not a live block of this pool */
-    GM__OWNER_DEVICE,            /* a live device block (gm_alloc) */
-    GM__OWNER_SYSMEM,            /* a gm_alloc block served by the sysmem fallback */
-    GM__OWNER_HOST,              /* a pinned host block (gm_host_alloc) */
-    GM__OWNER_INTERNAL,          /* pinned memory the library uses itself (staging) */
-    GM__OWNER_MANAGED,           /* managed memory (gm_alloc_managed) */
-    GM__OWNER_SEGMENT            /* a registrable segment (gm_alloc_registrable) */
-} gm__owner_t;
-/* Pool lock held; takes the host lock inside.  size (may be NULL): the
- * caller's size of a device or sysmem block. */
-gm__owner_t gm__owner_locked(gm_pool_t *pool, const void *ptr, size_t *size);
-/* "device memory (gm_alloc)" ... for messages. */
-const char *gm__owner_name(gm__owner_t o);
+/* Who owns a pointer, and what gm_free, gm_block_size, gm_record_stream
+ * and the leak report do with it: the memory kinds' table (core/kinds.h). */
 
 /* ---- defined in src/core/heaps.c -------------------------------------------- */
 
@@ -530,14 +516,13 @@ void gm__block_drop_recorded_locked(gm_pool_t *pool, gm__block_t *b);
  * no arena of pool: a walk of the arena's blocks (error paths and sharing,
  * never per operation). */
 gm__block_t *gm__block_at_locked(gm_pool_t *pool, uintptr_t p);
-/* gm__free_locked's answer for a block held by sharing (b->shared): nothing
- * was done; the caller hands the free to gm__share_owner_free.  Never seen
- * outside the library. */
-#define GM__SHARE_HELD 1000
 /* Free the live block at ptr on stream s; *freed: its caller's size.  A
  * pointer that is not a live block: GM_INVALID_POINTER or GM_DOUBLE_FREE
- * with a message, nothing changed. */
-int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed);
+ * with a message, nothing changed.  A block held by sharing (b->shared):
+ * GM_OK with *held set (held may be NULL only where no block can be
+ * shared) and nothing done: the shared kind's free takes it
+ * (gm__kind_shared, after the lock is dropped). */
+int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed, bool *held);
 int gm__record_stream_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s);
 /* The state of stream `handle`, created on first use (NULL: out of host
  * memory).  Creating one may first forget idle streams (see gm__stream_t):
@@ -640,17 +625,11 @@ size_t gm__pool_reclaim_locked(gm_pool_t *pool);
 /* ---- defined in src/core/segments.c (root's lock held) ----------------------- */
 /* gm_alloc_registrable's work: a cached segment that fits, or a new one. */
 int gm__segs_alloc_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr);
-/* rc_in (message untouched) when ptr is no segment; else the free's status
- * (GM_DOUBLE_FREE for a cached one). */
-int gm__segs_free_locked(gm_pool_t *pool, void *ptr, gm_stream_t stream, int rc_in);
-/* GM_INVALID_POINTER (no message) when ptr is no live segment. */
-int gm__segs_size_locked(gm_pool_t *pool, const void *ptr, size_t *size);
-int gm__segs_record_locked(gm_pool_t *pool, void *ptr, gm_stream_t stream, int rc_in);
+/* gm_free, gm_block_size, gm_record_stream and the leak report: the
+ * segment row, gm__kind_segment (core/kinds.h). */
 int gm__segs_set_hooks_locked(gm_pool_t *pool, const gm_register_hooks_t *hooks);
 /* Give every cached segment back; the bytes given back. */
 size_t gm__segs_trim_locked(gm_pool_t *pool);
-void gm__segs_foreach_locked(gm_pool_t *pool, void (*fn)(uintptr_t ptr, size_t size, void *arg),
-                             void *arg);
 void gm__segs_fini(gm_pool_t *pool);
 
 #endif /* GM_POOL_H */

@@ -20,7 +20,7 @@
  * tag).
  *
  * The stream rule: a freed segment records an event on the freeing stream
- * (and syncs streams gm_record_stream added); a reuse on another stream
+ * (and waits for streams gm_record_stream added); a reuse on another stream
  * waits for that event on the device (stream_wait_event), and giving the
  * segment back waits on the host.
  *
@@ -33,11 +33,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/pool.h"
-
-#define SEG_MAX_RECORDED 4
+#include "core/kinds.h"
 
 typedef struct seg {
+    gm__kind_rec_t kind;         /* &gm__kind_segment: the address map's value */
     struct seg *next;            /* every segment of the pool */
     uintptr_t va;
     size_t size;                 /* mapped bytes (pages) */
@@ -52,12 +51,12 @@ typedef struct seg {
     gm_stream_t stream;          /* live: allocated on; cached: freed on */
     gm__event_t ev;              /* cached: recorded at the free on `stream` */
     bool ev_set;
-    gm_stream_t recorded[SEG_MAX_RECORDED]; /* gm_record_stream's other streams */
-    unsigned nrecorded;
+    gm__recset_t recorded;       /* gm_record_stream's other streams */
 } seg_t;
 
 struct gm__segs {
-    gm__hash_t by_va;            /* va -> seg_t, live and cached */
+    gm__hash_t by_va;            /* va -> seg_t, live and cached; each va is in the
+                                    root's address map too */
     seg_t *all;
     gm_register_hooks_t hooks;   /* reg NULL: none installed */
 };
@@ -72,11 +71,6 @@ static int table_ready(gm_pool_t *pool)
     }
     pool->segs = t;
     return GM_OK;
-}
-
-static seg_t *seg_find(const gm_pool_t *pool, const void *ptr)
-{
-    return pool->segs ? gm__hash_get(&pool->segs->by_va, (uintptr_t)ptr) : NULL;
 }
 
 /* ---- making and giving back ------------------------------------------------ */
@@ -138,6 +132,7 @@ static int seg_make(gm_pool_t *pool, size_t size, seg_t **out)
         rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_alloc_registrable: out of host memory");
         goto fail;
     }
+    s->kind.ops = &gm__kind_segment;
     s->size = size;
     GM_BK(rc, pool, va_reserve, (pool->bk, size, seg_align(pool), &s->va));
     if (rc != GM_OK) goto fail;
@@ -154,7 +149,8 @@ static int seg_make(gm_pool_t *pool, size_t size, seg_t **out)
     GM_BK(rc, pool, map, (pool->bk, s->va, size, s->h));
     if (rc == GM_OK) {
         GM_BK(rc, pool, set_access, (pool->bk, s->va, size, 0));
-        if (rc == GM_OK) rc = hook_reg(pool, s);
+        if (rc == GM_OK) rc = gm__kinds_add(pool, s->va, &s->kind, "gm_alloc_registrable");
+        if (rc == GM_OK && (rc = hook_reg(pool, s)) != GM_OK) gm__kinds_take(pool, s->va);
         if (rc != GM_OK) {
             char why[256];
             snprintf(why, sizeof why, "%s", gm_last_error());
@@ -205,6 +201,8 @@ static int seg_give_back(gm_pool_t *pool, seg_t *s)
     if (rc != GM_OK) gm__clear_error();
     if (s->ev_set) GM_BK(rc, pool, event_destroy, (pool->bk, s->ev));
     (void)gm__hash_take(&pool->segs->by_va, s->va);
+    gm__kinds_take(pool, s->va);
+    gm__recset_clear(&s->recorded);
     for (seg_t **p = &pool->segs->all; *p; p = &(*p)->next)
         if (*p == s) {
             *p = s->next;
@@ -283,26 +281,23 @@ int gm__segs_alloc_locked(gm_pool_t *pool, size_t size, gm_stream_t stream, void
     best->live = true;
     best->requested = size;
     best->stream = stream;
-    best->nrecorded = 0;
     pool->st.registrable_allocated += size;
     pool->st.registrable_count++;
     *ptr = (void *)best->va;
     return GM_OK;
 }
 
-int gm__segs_free_locked(gm_pool_t *pool, void *ptr, gm_stream_t stream, int rc_in)
+/* gm_free.  A cached segment is GM_DOUBLE_FREE. */
+static int seg_free(gm_pool_t *pool, gm__kind_rec_t *rec, void *ptr, gm_stream_t stream,
+                    size_t *size)
 {
-    seg_t *s = seg_find(pool, ptr);
-    if (!s) return rc_in;
+    seg_t *s = (seg_t *)rec;
     if (!s->live)
         return gm__set_error(GM_DOUBLE_FREE, "gm_free: %p, a registrable segment, is already "
                              "free", ptr);
-    int rc;
     /* Streams the block was recorded on finish before it changes hands. */
-    for (unsigned i = 0; i < s->nrecorded; i++) {
-        GM_BK(rc, pool, stream_sync, (pool->bk, s->recorded[i]));
-        if (rc != GM_OK) return rc; /* still live: the free may be retried */
-    }
+    GM_CHECK(gm__recset_wait(pool, &s->recorded, stream)); /* still live: may be retried */
+    int rc;
     if (!s->ev_set) {
         GM_BK(rc, pool, event_create, (pool->bk, &s->ev));
         if (rc != GM_OK) return rc;
@@ -312,38 +307,30 @@ int gm__segs_free_locked(gm_pool_t *pool, void *ptr, gm_stream_t stream, int rc_
     if (rc != GM_OK) return rc;
     s->live = false;
     s->stream = stream;
+    *size = s->requested;
     pool->st.registrable_allocated -= s->requested;
     s->requested = 0;
+    gm__recset_clear(&s->recorded);
     gm__clear_error();
     return GM_OK;
 }
 
-int gm__segs_size_locked(gm_pool_t *pool, const void *ptr, size_t *size)
+static int seg_size(gm_pool_t *pool, const gm__kind_rec_t *rec, const void *ptr, size_t *size)
 {
-    seg_t *s = seg_find(pool, ptr);
-    if (!s || !s->live) return GM_INVALID_POINTER;
+    (void)pool, (void)ptr;
+    const seg_t *s = (const seg_t *)rec;
+    if (!s->live) return GM_INVALID_POINTER;
     *size = s->requested;
     return GM_OK;
 }
 
-int gm__segs_record_locked(gm_pool_t *pool, void *ptr, gm_stream_t stream, int rc_in)
+static int seg_record(gm_pool_t *pool, gm__kind_rec_t *rec, void *ptr, gm_stream_t stream)
 {
-    seg_t *s = seg_find(pool, ptr);
-    if (!s || !s->live) return rc_in;
+    (void)pool, (void)ptr;
+    seg_t *s = (seg_t *)rec;
+    if (!s->live) return GM_INVALID_POINTER;
     if (stream == s->stream) return GM_OK;
-    for (unsigned i = 0; i < s->nrecorded; i++)
-        if (s->recorded[i] == stream) return GM_OK;
-    if (s->nrecorded == SEG_MAX_RECORDED) {
-        /* Full: the oldest is waited for now, so its slot can be reused. */
-        int rc;
-        GM_BK(rc, pool, stream_sync, (pool->bk, s->recorded[0]));
-        if (rc != GM_OK) return rc;
-        memmove(s->recorded, s->recorded + 1, sizeof s->recorded[0] * (SEG_MAX_RECORDED - 1));
-        s->nrecorded--;
-    }
-    s->recorded[s->nrecorded++] = stream;
-    gm__clear_error();
-    return GM_OK;
+    return gm__recset_add(&s->recorded, stream, "gm_record_stream");
 }
 
 int gm__segs_set_hooks_locked(gm_pool_t *pool, const gm_register_hooks_t *hooks)
@@ -365,13 +352,44 @@ int gm__segs_set_hooks_locked(gm_pool_t *pool, const gm_register_hooks_t *hooks)
     return GM_OK;
 }
 
-void gm__segs_foreach_locked(gm_pool_t *pool, void (*fn)(uintptr_t ptr, size_t size, void *arg),
-                             void *arg)
+static void seg_foreach(gm_pool_t *pool, gm__kind_each_fn fn, void *arg)
 {
     if (!pool->segs) return;
     for (seg_t *s = pool->segs->all; s; s = s->next)
         if (s->live) fn(s->va, s->requested, arg);
 }
+
+static int seg_check(gm_pool_t *pool)
+{
+    if (!pool->segs) return GM_OK;
+    uint64_t live = 0, mapped = 0;
+    for (seg_t *s = pool->segs->all; s; s = s->next) {
+        live += s->live ? s->requested : 0;
+        mapped += s->size;
+        if (gm__kinds_find(pool, s->va) != &s->kind)
+            return gm__set_error(GM_INTERNAL, "segments: %#" PRIxPTR " is not in the address map",
+                                 s->va);
+    }
+    if (live != pool->st.registrable_allocated || mapped != pool->st.registrable_reserved)
+        return gm__set_error(GM_INTERNAL, "segments: %llu bytes live of %llu, the stats say %llu "
+                             "of %llu", (unsigned long long)live, (unsigned long long)mapped,
+                             (unsigned long long)pool->st.registrable_allocated,
+                             (unsigned long long)pool->st.registrable_reserved);
+    return GM_OK;
+}
+
+/* gm_record_stream: the free waits on the host for each recorded stream
+ * but its own, then records an event on its own, which a reuse on another
+ * stream waits for on the device.  A cached segment takes none
+ * (GM_INVALID_POINTER). */
+const gm__kind_ops_t gm__kind_segment = {
+    .name = "a registrable segment of gm_alloc_registrable",
+    .free = seg_free,
+    .size = seg_size,
+    .record = seg_record,
+    .foreach = seg_foreach,
+    .check = seg_check,
+};
 
 void gm__segs_fini(gm_pool_t *pool)
 {
@@ -382,6 +400,8 @@ void gm__segs_fini(gm_pool_t *pool)
         s->live = false;
         if (seg_give_back(pool, s) != GM_OK) { /* the context closes after this anyway */
             gm__clear_error();
+            gm__kinds_take(pool, s->va);
+            gm__recset_clear(&s->recorded);
             gm__free(s);
         }
         s = next;

@@ -201,7 +201,7 @@ static void drain_bin_locked(gm_pool_t *pool, gm__tcache_t *tc, gm__tc_bin_t *bi
                                   ? gm__stream_forgotten_locked(pool, bin->stream)
                                   : gm__stream_get_locked(pool, bin->stream);
             size_t freed = 0;
-            if (s && gm__free_locked(pool, (void *)e->addr, s, &freed) == GM_OK) {
+            if (s && gm__free_locked(pool, (void *)e->addr, s, &freed, NULL) == GM_OK) {
                 count_sub(&tc->c.frees, 1);
                 count_sub(&tc->c.free_bytes, freed);
                 pool->st.freed_total += freed;

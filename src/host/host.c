@@ -48,6 +48,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "core/kinds.h"
 #include "host/host.h"
 
 #define HOST_UNIT ((size_t)GM_ALIGNMENT)        /* block sizes are multiples of this */
@@ -103,14 +104,31 @@ static const gm__fm_policy_t HOST = {
     .reclaim_eager = false,
 };
 
+/* ---- the memory kinds' rows ---------------------------------------------------------- */
+
+/* gm_host_alloc's blocks, and the library's own (staging buffers, offload
+ * copies; a sysmem block's host side when its device address differs):
+ * gm_free, gm_block_size and gm_record_stream refuse them.  Their records
+ * are this file's blocks, under the host lock, so the address map names
+ * each by one static record of its row. */
+const gm__kind_ops_t gm__kind_host = {
+    .name = "pinned host memory of gm_host_alloc",
+    .free_with = "gm_host_free",
+};
+const gm__kind_ops_t gm__kind_internal = {
+    .name = "pinned memory the library uses itself",
+    .free_with = "",
+};
+static gm__kind_rec_t rec_user = {&gm__kind_host}, rec_internal = {&gm__kind_internal};
+
+static gm__kind_rec_t *kind_rec(int kind)
+{
+    return kind == GM__HOST_USER ? &rec_user : &rec_internal;
+}
+
 /* ---- the live table ----------------------------------------------------------------- */
 
 /* Empty until the first allocation. */
-static gm__block_t *table_get(struct gm__host *h, uintptr_t key)
-{
-    return h->live.cap ? gm__hash_get(&h->live, key) : NULL;
-}
-
 static gm__block_t *table_take(struct gm__host *h, uintptr_t key)
 {
     return h->live.cap ? gm__hash_take(&h->live, key) : NULL;
@@ -516,6 +534,14 @@ int gm__host_alloc_kind(gm_pool_t *pool, int kind, size_t size, gm_stream_t stre
         goto out;
     }
     (void)gm__hash_put(&h->live, b->addr, b); /* cannot fail: room reserved above */
+    /* The host side of a sysmem block is in the map as the sysmem row's. */
+    if (kind != GM__HOST_SYSMEM &&
+        GM_UNLIKELY((rc = gm__kinds_add(pool, b->addr, kind_rec(kind), "gm_host_alloc")) != GM_OK)) {
+        (void)gm__hash_take(&h->live, b->addr);
+        b->requested = 0;
+        gm__fm_release(pool, &HOST, &h->blocks, b, s);
+        goto out;
+    }
     b->kind = (uint8_t)kind;
     h->in_use += b->size;
     h->allocated += size;
@@ -580,12 +606,10 @@ size_t gm__host_prepared_bytes(gm_pool_t *pool)
     return n;
 }
 
-/* What a block of `kind` is, in gm__owner_name's words. */
+/* What a block of `kind` is, in its memory kind's words. */
 static const char *kind_name(int kind)
 {
-    return gm__owner_name(kind == GM__HOST_USER     ? GM__OWNER_HOST
-                          : kind == GM__HOST_SYSMEM ? GM__OWNER_SYSMEM
-                                                    : GM__OWNER_INTERNAL);
+    return kind == GM__HOST_SYSMEM ? gm__kind_sysmem.name : kind_rec(kind)->ops->name;
 }
 
 int gm__host_free_kind(gm_pool_t *pool, int kind, void *ptr, gm_stream_t stream)
@@ -612,6 +636,7 @@ int gm__host_free_kind(gm_pool_t *pool, int kind, void *ptr, gm_stream_t stream)
                            "host memory (freed already, or never allocated by gm_host_alloc)", ptr);
         goto out;
     }
+    if (kind != GM__HOST_SYSMEM) gm__kinds_take(pool, (uintptr_t)ptr);
     h->allocated -= b->requested;
     h->in_use -= b->size;
     b->requested = 0;
@@ -630,17 +655,6 @@ int gm__host_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr,
 int gm__host_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
 {
     return gm__host_free_kind(pool, GM__HOST_STAGING, ptr, stream);
-}
-
-int gm__host_kind(gm_pool_t *pool, const void *ptr)
-{
-    struct gm__host *h = pool->host;
-    if (!h) return GM__HOST_NONE;
-    gm__lock(&h->lock);
-    gm__block_t *b = table_get(h, (uintptr_t)ptr);
-    int kind = b ? b->kind : GM__HOST_NONE;
-    gm__unlock(&h->lock);
-    return kind;
 }
 
 bool gm__host_is_pinned(gm_pool_t *pool, const void *p, size_t n)
@@ -672,12 +686,13 @@ int gm_host_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     if (rc == GM_INVALID_POINTER) {
         /* Not the host pool's: device memory given to the wrong free? */
         gm_pool_t *h = gm__heap_of(pool, ptr);
+        gm__kind_rec_t *rec;
         gm__lock(&h->lock);
-        gm__owner_t owner = gm__owner_locked(h, ptr, NULL);
+        const gm__kind_ops_t *kind = gm__kind_of_locked(h, ptr, &rec);
         gm__unlock(&h->lock);
-        if (owner == GM__OWNER_DEVICE || owner == GM__OWNER_SYSMEM)
+        if (kind && (kind->flags & GM__KIND_GM_ALLOC))
             rc = gm__set_error(GM_INVALID_ARGUMENT, "gm_host_free: %p is %s: nothing was freed "
-                               "(free it with gm_free)", ptr, gm__owner_name(owner));
+                               "(free it with gm_free)", ptr, kind->name);
     }
     return rc;
 }

@@ -44,9 +44,6 @@ size_t gm__host_prepare_size(gm_pool_t *pool, size_t size);
 void gm__host_prepare(gm_pool_t *pool, size_t csize);
 void gm__host_prepared_drop(gm_pool_t *pool);
 size_t gm__host_prepared_bytes(gm_pool_t *pool);
-/* The kind of the live block starting at ptr, or GM__HOST_NONE.  Takes the
- * host lock. */
-int gm__host_kind(gm_pool_t *pool, const void *ptr);
 /* Staging buffers (copy.c): GM__HOST_STAGING. */
 int gm__host_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr, uintptr_t *dptr);
 int gm__host_free(gm_pool_t *pool, void *ptr, gm_stream_t stream);
@@ -75,18 +72,10 @@ void gm__copy_stats(gm_pool_t *pool, gm_stats_t *s);
  * gm_alloc with the pool lock held after device memory ran out, only when the
  * pool has GM_POOL_SYSMEM_FALLBACK.  GM_OK, or the original OOM status rc. */
 int gm__sysmem_alloc_locked(gm_pool_t *pool, size_t size, gm__stream_t *s, void **ptr, int rc);
-/* The hooks of gm_free / gm_record_stream for a pointer the live table does
- * not know (rc: their GM_INVALID_POINTER): rc, message untouched, when it is
- * not a sysmem block either; else the result of freeing / recording it (the
- * message cleared on success).  gm_block_size's: GM_INVALID_POINTER or GM_OK.
- * Pool lock held. */
-int gm__sysmem_free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, int rc);
-int gm__sysmem_record_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, int rc);
-int gm__sysmem_size_locked(gm_pool_t *pool, const void *ptr, size_t *size);
-/* Live sysmem blocks: how many, their bytes; and each one (leak reports). */
+/* gm_free, gm_block_size, gm_record_stream and the leak report: the sysmem
+ * row, gm__kind_sysmem (core/kinds.h). */
+/* Live sysmem blocks: how many, their bytes. */
 void gm__sysmem_count_locked(gm_pool_t *pool, size_t *count, size_t *bytes);
-void gm__sysmem_foreach_locked(gm_pool_t *pool, void (*fn)(uintptr_t dptr, size_t size, void *arg),
-                               void *arg);
 void gm__sysmem_fini(gm_pool_t *pool);
 
 /* ---- defined in src/host/managed.c -------------------------------------------- */
@@ -94,14 +83,10 @@ void gm__sysmem_fini(gm_pool_t *pool);
 /* Root's lock held for all of these. */
 int gm__managed_alloc_locked(gm_pool_t *pool, size_t size, unsigned flags, gm_stream_t stream,
                              void **ptr);
-/* rc_in (message untouched) when ptr is no managed allocation; else the
- * result of freeing it (message cleared on success). */
-int gm__managed_free_locked(gm_pool_t *pool, void *ptr, int rc_in);
-int gm__managed_size_locked(gm_pool_t *pool, const void *ptr, size_t *size);
+/* gm_free, gm_block_size, gm_record_stream and the leak report: the managed
+ * row, gm__kind_managed (core/kinds.h). */
 int gm__managed_prefetch_locked(gm_pool_t *pool, void *ptr, size_t size, int to_host,
                                 gm_stream_t stream);
-void gm__managed_foreach_locked(gm_pool_t *pool, void (*fn)(uintptr_t ptr, size_t size, void *arg),
-                                void *arg);
 void gm__managed_fini(gm_pool_t *pool);
 
 #endif /* GM_HOST_H */

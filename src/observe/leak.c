@@ -21,8 +21,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/kinds.h"
 #include "core/options.h"
-#include "host/host.h"
 #include "observe/observe.h"
 
 atomic_int gm__leak_on;
@@ -257,8 +257,7 @@ typedef struct one_arg {
     uint64_t *bytes, *count;
 } one_arg_t;
 
-/* One leaked allocation (a device block, or a sysmem-fallback block: both
- * come from gm_alloc and are the caller's to free). */
+/* One leaked allocation (of any kind of memory the caller has to free). */
 static void report_block_locked(uintptr_t addr, size_t size, void *arg)
 {
     one_arg_t *a = arg;
@@ -286,18 +285,19 @@ static void report_block_locked(uintptr_t addr, size_t size, void *arg)
     }
 }
 
-/* One pool's leaks, lock held. */
+/* One pool's leaks (a heap or the root), lock held: kind by kind, in the
+ * table's order. */
 static void report_pool_locked(gm_pool_t *pool, out_t *o, uint64_t *bytes, uint64_t *count)
 {
     one_arg_t a = {pool, o, bytes, count};
-    for (size_t i = 0; i < pool->live.cap; i++) {
-        if (!pool->live.keys[i]) continue;
-        gm__block_t *b = pool->live.vals[i];
-        report_block_locked(b->addr, b->requested, &a);
-    }
-    gm__sysmem_foreach_locked(pool, report_block_locked, &a);
-    gm__managed_foreach_locked(pool, report_block_locked, &a);
-    gm__segs_foreach_locked(pool, report_block_locked, &a);
+    for (unsigned k = 0; gm__kinds[k]; k++)
+        if (gm__kinds[k]->foreach) gm__kinds[k]->foreach(pool, report_block_locked, &a);
+}
+
+static void count_one(uintptr_t addr, size_t size, void *arg)
+{
+    (void)addr, (void)size;
+    (*(size_t *)arg)++;
 }
 
 typedef struct all_arg {
@@ -340,9 +340,10 @@ void gm__leak_report_stderr(gm_pool_t *pool, uint64_t *bytes, uint64_t *count)
     out_t o = {NULL, 0, 0, stderr, true};
     *bytes = *count = 0;
     gm__lock(&pool->lock);
-    size_t sn = 0, sbytes = 0;
-    gm__sysmem_count_locked(pool, &sn, &sbytes);
-    bool any = pool->live.count > 0 || sn > 0 || pool->st.managed_allocated > 0;
+    size_t n = 0;
+    for (unsigned k = 0; gm__kinds[k]; k++)
+        if (gm__kinds[k]->foreach) gm__kinds[k]->foreach(pool, count_one, &n);
+    bool any = n > 0;
     if (any) report_pool_locked(pool, &o, bytes, count);
     gm__unlock(&pool->lock);
     if (!any) return;

@@ -42,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/kinds.h"
 #include "core/pool.h"
 #include "observe/observe.h"
 #include "share/share.h"
@@ -217,7 +218,8 @@ static void hold_unref(hold_t *h, hold_t **to_free)
     gm__lock(&h->heap->lock);
     gm__block_t *b = gm__hash_get(&h->heap->live, h->base);
     if (b) b->shared = 0;
-    if (b && h->owner_freed && gm__free_held_locked(h->heap, (void *)h->base) != GM_OK)
+    bool held;
+    if (b && h->owner_freed && gm__free_held_locked(h->heap, (void *)h->base, NULL, &held) != GM_OK)
         gm__clear_error();
     gm__unlock(&h->heap->lock);
     h->next = *to_free;
@@ -248,40 +250,76 @@ static void holds_free(hold_t *list)
     }
 }
 
-int gm__share_owner_free(gm_pool_t *heap, void *ptr, gm_stream_t stream)
+/* The hold went between gm_free's unlock and g_mu: an ordinary free now,
+ * unless the block was published again meanwhile (*again). */
+static int free_let_go(gm_pool_t *heap, void *ptr, gm_stream_t stream, bool *again)
 {
-    gm_pool_t *root = heap->root;
-    pthread_mutex_lock(&g_mu);
-    hold_t *h = hold_find(root, (uintptr_t)ptr);
-    if (!h) {
-        /* The last reference went between the two locks: free it now. */
-        pthread_mutex_unlock(&g_mu);
-        return gm_free(root, ptr, stream);
-    }
-    if (h->owner_freed) {
-        pthread_mutex_unlock(&g_mu);
-        return gm__set_error(GM_DOUBLE_FREE, "gm_free: %p was already freed (it is kept while "
-                             "other processes map it)", ptr);
-    }
-    pthread_mutex_unlock(&g_mu);
-    /* The block's last use on `stream` is over before it is marked: the
-     * real free comes later, on a stream that has nothing queued for it. */
-    int rc = gm_stream_synchronize(root, stream);
-    if (rc != GM_OK) return rc;
-    pthread_mutex_lock(&g_mu);
-    h = hold_find(root, (uintptr_t)ptr);
-    if (h && !h->owner_freed) {
-        h->owner_freed = true;
-    } else if (h) {
-        rc = gm__set_error(GM_DOUBLE_FREE, "gm_free: %p was already freed (it is kept while "
-                           "other processes map it)", ptr);
-    }
-    pthread_mutex_unlock(&g_mu);
-    /* Let go meanwhile: an ordinary free (the stream has nothing queued). */
-    if (!h) return gm_free(root, ptr, stream);
-    monitor_update(root);
+    gm__lock(&heap->lock);
+    int rc = gm__free_held_locked(heap, ptr, stream, again);
+    gm__unlock(&heap->lock);
     return rc;
 }
+
+/* gm_free of a block held by sharing (the shared row's free; heap: the heap
+ * that holds ptr, no lock held): wait for `stream`, then mark the hold
+ * freed by its owner; the last peer to let go frees it (hold_unref). */
+static int shared_free(gm_pool_t *heap, gm__kind_rec_t *rec, void *ptr, gm_stream_t stream,
+                       size_t *size)
+{
+    (void)rec, (void)size;
+    gm_pool_t *root = heap->root;
+    bool again = true;
+    int rc = GM_OK;
+    while (again) {
+        pthread_mutex_lock(&g_mu);
+        hold_t *h = hold_find(root, (uintptr_t)ptr);
+        if (!h) {
+            /* The last reference went between the two locks: free it now. */
+            pthread_mutex_unlock(&g_mu);
+            rc = free_let_go(heap, ptr, stream, &again);
+            continue;
+        }
+        if (h->owner_freed) {
+            pthread_mutex_unlock(&g_mu);
+            return gm__set_error(GM_DOUBLE_FREE, "gm_free: %p was already freed (it is kept "
+                                 "while other processes map it)", ptr);
+        }
+        pthread_mutex_unlock(&g_mu);
+        /* The block's last use on `stream` is over before it is marked: the
+         * real free comes later, on a stream that has nothing queued for it. */
+        rc = gm_stream_synchronize(root, stream);
+        if (rc != GM_OK) return rc;
+        pthread_mutex_lock(&g_mu);
+        h = hold_find(root, (uintptr_t)ptr);
+        if (h && !h->owner_freed) {
+            h->owner_freed = true;
+        } else if (h) {
+            rc = gm__set_error(GM_DOUBLE_FREE, "gm_free: %p was already freed (it is kept while "
+                               "other processes map it)", ptr);
+        }
+        pthread_mutex_unlock(&g_mu);
+        /* Let go meanwhile: an ordinary free (the stream has nothing queued). */
+        if (!h) {
+            rc = free_let_go(heap, ptr, stream, &again);
+            continue;
+        }
+        monitor_update(root);
+        again = false;
+    }
+    return rc;
+}
+
+/* A device block published or mapped by another process (b->shared): its
+ * record is the device block's, in the arenas, so gm_free finds it by the
+ * arena's test and the live table, and only its free is this row's,
+ * deferred: the free waits for its stream and the block stays live until
+ * the last peer lets go.  gm_block_size, gm_record_stream and the leak
+ * report take it as the device row does. */
+const gm__kind_ops_t gm__kind_shared = {
+    .name = "a device block held by sharing",
+    .flags = GM__KIND_GM_ALLOC | GM__KIND_FREE_UNLOCKED,
+    .free = shared_free,
+};
 
 /* ---- the server ------------------------------------------------------------- */
 

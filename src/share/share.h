@@ -28,6 +28,7 @@
 #ifndef GM_SHARE_H
 #define GM_SHARE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "gpumem.h"
@@ -75,14 +76,12 @@ typedef struct gm__share_msg {
 } gm__share_msg_t;
 
 /* ---- defined in src/share/share.c ---- */
-/* gm_free of a block the share layer holds (gm__free_locked answered
- * GM__SHARE_HELD): wait for `stream`, then free it when the last peer lets
- * go.  heap: the heap that holds ptr; no lock held. */
-int gm__share_owner_free(gm_pool_t *heap, void *ptr, gm_stream_t stream);
-/* ---- defined in src/core/pool.c ---- */
-/* Free ptr, a block sharing held (b->shared cleared by the caller), on the
- * NULL stream, as gm_free does; heap's lock held. */
-int gm__free_held_locked(gm_pool_t *heap, void *ptr);
+/* gm_free of a block the share layer holds (b->shared) is the shared row of
+ * the memory kinds, gm__kind_shared (core/kinds.h), defined in share.c.
+ * ---- defined in src/core/pool.c ---- */
+/* Free ptr, a block of heap's arenas, on `stream` as gm_free does; heap's
+ * lock held.  *held: the block is (again) marked shared, nothing done. */
+int gm__free_held_locked(gm_pool_t *heap, void *ptr, gm_stream_t stream, bool *held);
 
 /* fork(): the prepare handler holds sharing's lock so that the child gets
  * whole books; the child forgets the parent's servers, clients and holds
