@@ -136,8 +136,30 @@ static void node_name(spank_t sp, char *node, size_t cap)
     node[cap - 1] = '\0';
 }
 
+/* The count of gpumem in text (gres_detail_str "gpumem(CNT:800)", or
+ * tres_per_node "gres:gpumem:800" / "gres/gpumem=800"): 0 found, else -1. */
+static int count_in(const char *text, uint64_t *count)
+{
+    for (const char *p = text ? strstr(text, "gpumem") : NULL; p; p = strstr(p + 6, "gpumem")) {
+        if (p != text && p[-1] != ',' && p[-1] != ':' && p[-1] != '/' && p[-1] != ';') continue;
+        const char *c = p + 6;
+        if (!strncmp(c, "(CNT:", 5)) c += 5;
+        else if (*c == ':' || *c == '=') c++;
+        else continue;
+        char *end;
+        unsigned long long x = strtoull(c, &end, 10);
+        if (end == c) continue;
+        *count = x;
+        return 0;
+    }
+    return -1;
+}
+
 /* The job's gpumem count on node (from the controller): 0 found (*count),
- * 1 the job asked for none here, -1 err. */
+ * 1 the job asked for none here, -1 err.  The node's gres_detail_str says
+ * what was allocated there; a job that has only just started may not have
+ * it yet, so its per-node request (tres_per_node, the same for a count-only
+ * resource) answers then. */
 static int grant_of(uint32_t job, const char *node, uint64_t *count, char *err, size_t cap)
 {
     job_info_msg_t *msg = NULL;
@@ -155,21 +177,10 @@ static int grant_of(uint32_t job, const char *node, uint64_t *count, char *err, 
         rc = -1;
         snprintf(err, cap, "job %u: node %s is not in its node list %s", job, node,
                  j->nodes ? j->nodes : "(none)");
-    } else if ((uint32_t)idx < j->gres_detail_cnt && j->gres_detail_str[idx]) {
-        /* "gpumem(CNT:20000)", maybe among others: "gpu:a100(IDX:0),gpumem(CNT:20000)" */
-        const char *s = j->gres_detail_str[idx];
-        for (const char *p = strstr(s, "gpumem"); p; p = strstr(p + 6, "gpumem")) {
-            if (p != s && p[-1] != ',') continue;
-            const char *c = strstr(p, "CNT:");
-            const char *close = strchr(p, ')');
-            char *end;
-            if (!c || (close && c > close)) continue;
-            unsigned long long x = strtoull(c + 4, &end, 10);
-            if (end == c + 4) continue;
-            *count = x;
-            rc = 0;
-            break;
-        }
+    } else if ((uint32_t)idx < j->gres_detail_cnt && count_in(j->gres_detail_str[idx], count) == 0) {
+        rc = 0;
+    } else if (count_in(j->tres_per_node, count) == 0) {
+        rc = 0;
     }
     slurm_free_job_info_msg(msg);
     return rc;
@@ -216,12 +227,18 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
         return -1;
     }
     if (g == 1) {
-        if (o.refuse) {
+        if (o.refuse && step != SLURM_BATCH_SCRIPT) {
             say(sp, "job %u asked for no GPU memory (give --gres=gpumem:N): this site refuses "
                 "jobs without a gpumem request on %s", job, node);
             return -1;
         }
-        quota = o.default_bytes;
+        /* A batch step that fails to start makes slurmctld drain the node:
+         * it starts with a tenant of quota 0 instead, so that every lease
+         * fails naming the job (a job_submit rule refuses at submission). */
+        quota = o.refuse ? 0 : o.default_bytes;
+        if (o.refuse)
+            say(sp, "job %u asked for no GPU memory (give --gres=gpumem:N): its tenant on %s "
+                "gets a quota of 0", job, node);
     } else {
         quota = o.unit_mib ? count << 20 : count;
     }

@@ -14,7 +14,12 @@
 #   kill -9   a task killed gives its pages back within the deadline
 #   door      a process of another job of the same user is refused
 #   restart   the broker restarted while a job runs: its tenant is back and
-#             a new step of the job leases from it
+#             a new step of the job leases from it, what it kept still counts
+#   no broker a step fails, the node log names the broker's socket
+#   lost epilog  the broker down when a job ends: its tenant, back from the
+#             jobs file, is reaped once the job's step daemons are gone
+#   churn     50 jobs of random sizes and lengths: 0 bytes over, each job its
+#             grant and past it an error naming it, nothing left
 #   policy    a job without --gres=gpumem is refused with the reason
 # Exit 77 (skipped) when slurm-wlm or munge is not installed.  Every daemon
 # it starts is stopped on exit.  Runs as root (slurmd must).
@@ -49,7 +54,7 @@ cleanup() {
   if [[ $fail -ne 0 ]]; then
     for f in "$D"/log/*; do echo "---- $f"; tail -n 25 "$f"; done
   fi
-  rm -rf "$D"
+  if [[ -n ${GM_SLURM_KEEP:-} ]]; then echo "kept $D"; else rm -rf "$D"; fi
 }
 trap cleanup EXIT
 
@@ -171,12 +176,12 @@ state_of() { squeue -h -j "$1" -o '%T %r' 2>/dev/null; }
 node_of() { squeue -h -j "$1" -o '%N' 2>/dev/null; }
 
 # ---- chain: a job's process leases from its job's tenant ---------------------
-out=$(srun -w n1 --gres=gpumem:256 "$ALLOC" $((200 << 20)) 2>&1)
+out=$(timeout 60 srun -w n1 --gres=gpumem:256 "$ALLOC" $((200 << 20)) 2>&1)
 [[ $out == *"ok pid "*" bytes $((200 << 20))"* ]] && ok "chain: a job of 256 MiB allocated 200 MiB" ||
   bad "chain: $out"
 
 # ---- over: past the grant, an error naming the job ----------------------------
-out=$(srun -w n2 --gres=gpumem:128 "$ALLOC" $((300 << 20)) 2>&1)
+out=$(timeout 60 srun -w n2 --gres=gpumem:128 "$ALLOC" $((300 << 20)) 2>&1)
 tenant=$(sed -n 's/^job tenant //p' <<<"$out")
 if [[ $tenant == job_* && $out == *"fail pid "*"tenant '$tenant' is over its quota"* ]]; then
   ok "over: $(grep -o "tenant 'job_[0-9]*' is over its quota: it holds [^)]*)" <<<"$out")"
@@ -185,11 +190,19 @@ else
 fi
 
 # ---- policy: no gpumem request --------------------------------------------------
-out=$(srun -w n1 "$ALLOC" 1048576 2>&1)
+out=$(timeout 60 srun -w n1 "$ALLOC" 1048576 2>&1)
 [[ $out != *"ok "* && $out == *"launch failed"* ]] && ok "policy: a job without --gres=gpumem is refused" ||
   bad "policy: $out"
 grep -q "asked for no GPU memory" "$D/log/slurmd-n1.log" && ok "policy: the node log says why" ||
   bad "policy: the node log does not say why"
+# A batch job: its step must start (a failed batch launch drains the node),
+# with a tenant of quota 0, so its first allocation fails naming the job.
+P=$(sbatch --parsable -w n1 -o "$D/out/policy.out" --wrap "$ALLOC 1048576")
+until_ok '[[ -z $(squeue -h -j $P 2>/dev/null) ]] && grep -qs "^job tenant" "$D/out/policy.out"' 30
+[[ $(cat "$D/out/policy.out" 2>/dev/null) == *"fail pid"*"tenant 'job_$P' is over its quota: it holds 0 B of 0 B"* ]] &&
+  [[ $(sinfo -h -n n1 -o %t) == idle* ]] &&
+  ok "policy: a batch job without --gres=gpumem gets nothing, naming the job; n1 not drained" ||
+  bad "policy (batch): $(cat "$D/out/policy.out" 2>/dev/null); n1 $(sinfo -h -n n1 -o %t)"
 
 # ---- place: two jobs of 800 MiB on both nodes, a third pending ------------------
 submit() { # i: a job of 800 MiB whose process holds 700 MiB (the script stays when it dies)
@@ -211,7 +224,7 @@ u=$(books "$N1" "job_${J[1]}" used_bytes) q=$(books "$N1" "job_${J[1]}" quota_by
 
 # ---- door: a process of another job of the same user is refused ----------------
 door="$D/$N1/jobs/job_${J[1]}/sock"
-out=$(srun -w "$N1" --gres=gpumem:16 bash -c "GPUMEM_BROKER=$door $ALLOC 1048576" 2>&1)
+out=$(timeout 60 srun -w "$N1" --gres=gpumem:16 bash -c "GPUMEM_BROKER=$door $ALLOC 1048576" 2>&1)
 [[ $out == *"fail pid "*"not a process of the job"* ]] &&
   ok "door: another job's process refused at job ${J[1]}'s door" || bad "door: $out"
 out=$(GPUMEM_BACKEND=sim GPUMEM_BROKER=$door "$ALLOC" 1048576 2>&1)
@@ -230,10 +243,10 @@ until_ok '! kill -0 ${BROKER_PID[$n]} 2>/dev/null' 10
 start_broker "$n"
 until_ok '[[ -S $D/$n/jobs/job_${J[2]}/sock ]]' 5 && ok "restart: job ${J[2]}'s door is open again" ||
   bad "restart: no door after the restart"
-out=$(srun --jobid="${J[2]}" --overlap "$ALLOC" $((64 << 20)) 2>&1)
+out=$(timeout 60 srun --jobid="${J[2]}" --overlap "$ALLOC" $((64 << 20)) 2>&1)
 [[ $out == *"ok pid "* ]] && ok "restart: a new step of job ${J[2]} leased 64 MiB after the restart" ||
   bad "restart: $out"
-out=$(srun --jobid="${J[2]}" --overlap "$ALLOC" $((200 << 20)) 2>&1)
+out=$(timeout 60 srun --jobid="${J[2]}" --overlap "$ALLOC" $((200 << 20)) 2>&1)
 grep -q "over its quota" <<<"$out" && ok "restart: the 704 MiB the job's process kept still count (200 MiB more refused)" ||
   bad "restart quota: $out"
 
@@ -260,6 +273,71 @@ until_ok '[[ $(state_of ${J[3]}) == RUNNING* ]]' 30 && ok "place: job ${J[3]} st
   bad "place: job ${J[3]}: $(state_of "${J[3]}")"
 scancel "${J[1]}" "${J[3]}"
 until_ok '[[ -z $(squeue -h) ]]' 30
+
+# ---- a stopped broker: the step fails, the node log says why ---------------------
+kill -TERM "${BROKER_PID[n2]}"
+until_ok '! kill -0 ${BROKER_PID[n2]} 2>/dev/null' 10
+out=$(timeout 60 srun -w n2 --gres=gpumem:16 "$ALLOC" 1048576 2>&1)
+[[ $out != *"ok pid"* ]] && grep -q "the broker did not make its tenant: broker .*n2/broker.sock: .*is gpumem broker running" "$D/log/slurmd-n2.log" &&
+  ok "no broker: the step fails and the node log names the broker's socket" || bad "no broker: $out"
+start_broker n2
+
+# ---- a lost epilog: the broker is down when the job ends ----------------------------
+L=$(sbatch --parsable -w n1 --gres=gpumem:100 -o "$D/out/lost.out" --wrap "$ALLOC $((50 << 20)) --hold")
+until_ok 'grep -qs "^ok" "$D/out/lost.out"' 30
+kill -TERM "${BROKER_PID[n1]}"
+until_ok '! kill -0 ${BROKER_PID[n1]} 2>/dev/null' 10
+scancel "$L"
+until_ok '[[ -z $(squeue -h -j $L 2>/dev/null) ]]' 30
+start_broker n1
+t=$(date +%s%N)
+if until_ok '[[ -z $(books n1 job_$L quota_bytes) ]]' 15 &&
+   grep -q "tenant 'job_$L' (job $L) removed: its job's processes are gone" "$D/log/broker-n1.log"; then
+  ok "lost epilog: job $L's tenant, back from the jobs file, reaped $(( ($(date +%s%N) - t) / 1000000 )) ms after the restart (job_grace 2 s)"
+else
+  bad "lost epilog: job $L's tenant is still there: $(books n1 "job_$L" quota_bytes)"
+fi
+
+# ---- churn: jobs of random sizes and lengths on both nodes ---------------------------
+# Each asks 64..512 MiB, allocates 50..125 % of it (those past the grant must
+# fail naming their job) and holds it 0..1.5 s.  While they run, no tenant
+# of either broker holds more than its quota.
+CHURN=${GM_SLURM_CHURN:-50}
+RANDOM=4521
+for ((i = 0; i < CHURN; i++)); do
+  g=$(( 64 + RANDOM % 449 )) pct=$(( 50 + RANDOM % 76 )) hold=$(( RANDOM % 16 ))
+  bytes=$(( (g << 20) * pct / 100 ))
+  C[$i]=$(sbatch --parsable --gres=gpumem:$g -o "$D/out/churn$i.out" \
+    --wrap "$ALLOC $bytes --hold $((hold * 100)); true")
+  CB[$i]=$bytes CG[$i]=$g
+done
+worst=0 polls=0
+while [[ -n $(squeue -h 2>/dev/null) ]] && (( $(ms) < 150000 )); do
+  for n in n1 n2; do
+    m=$("$GPUMEM" metrics --broker "$D/$n/broker.sock" 2>/dev/null |
+      awk -F'[{}" ]+' '/^gpumem_broker_tenant_used_bytes/ { u[$3] = $NF }
+                      /^gpumem_broker_tenant_quota_bytes/ { q[$3] = $NF }
+                      END { w = 0; for (t in u) if (t in q && u[t] - q[t] > w) w = u[t] - q[t]; print w }')
+    (( ${m:-0} > worst )) && worst=$m
+  done
+  polls=$((polls + 1))
+done
+[[ -z $(squeue -h) ]] && ok "churn: $CHURN jobs done" || bad "churn: jobs still queued: $(squeue -h | wc -l)"
+[[ $worst -eq 0 ]] && ok "churn: 0 bytes over any job's quota in $polls looks at both brokers" ||
+  bad "churn: a tenant $worst bytes over its quota"
+right=0 wrong=0
+for ((i = 0; i < CHURN; i++)); do
+  f="$D/out/churn$i.out"
+  t=$(sed -n 's/^job tenant //p' "$f" 2>/dev/null)
+  if (( CB[i] <= CG[i] << 20 )); then
+    grep -q "^ok pid" "$f" 2>/dev/null && right=$((right + 1)) || { wrong=$((wrong + 1)); echo "churn $i: $(head -c 300 "$f" 2>/dev/null)"; }
+  else
+    grep -q "^fail pid.*tenant '$t' is over its quota" "$f" 2>/dev/null && [[ $t == job_* ]] &&
+      right=$((right + 1)) || { wrong=$((wrong + 1)); echo "churn $i: $(head -c 300 "$f" 2>/dev/null)"; }
+  fi
+done
+[[ $wrong -eq 0 ]] && ok "churn: every job got its grant, and past it an error naming the job ($right jobs)" ||
+  bad "churn: $wrong jobs got what they should not"
 
 # ---- books: 0 bytes over, nothing left ---------------------------------------------
 for n in n1 n2; do
