@@ -16,6 +16,7 @@
 #   restart   the broker restarted while a job runs: its tenant is back and
 #             a new step of the job leases from it, what it kept still counts
 #   no broker a step fails, the node log names the broker's socket
+#   slurmd restart  while a job runs: its tenant stays, its end removes it
 #   lost epilog  the broker down when a job ends: its tenant, back from the
 #             jobs file, is reaped once the job's step daemons are gone
 #   churn     50 jobs of random sizes and lengths: 0 bytes over, each job its
@@ -144,11 +145,15 @@ export SLURM_CONF=$D/slurm.conf
 export GPUMEM_BACKEND=sim  # the jobs' processes, through srun and sbatch
 slurmctld -D -i -f "$D/slurm.conf" >>"$D/log/slurmctld.out" 2>&1 &
 PIDS+=("$!")
-for n in n1 n2; do
-  mkdir -p "$D/spool/$n"
-  slurmd -D -N "$n" -f "$D/slurm.conf" >>"$D/log/slurmd-$n.out" 2>&1 &
+declare -A SLURMD_PID
+start_slurmd() { # node
+  mkdir -p "$D/spool/$1"
+  slurmd -D -N "$1" -f "$D/slurm.conf" >>"$D/log/slurmd-$1.out" 2>&1 &
+  SLURMD_PID[$1]=$!
   PIDS+=("$!")
-done
+}
+start_slurmd n1
+start_slurmd n2
 for _ in $(seq 300); do
   [[ $(sinfo -h -N -o '%N %t' 2>/dev/null | grep -c ' idle') -eq 2 ]] && break
   sleep 0.1
@@ -296,6 +301,21 @@ if until_ok '[[ -z $(books n1 job_$L quota_bytes) ]]' 15 &&
   ok "lost epilog: job $L's tenant, back from the jobs file, reaped $(( ($(date +%s%N) - t) / 1000000 )) ms after the restart (job_grace 2 s)"
 else
   bad "lost epilog: job $L's tenant is still there: $(books n1 "job_$L" quota_bytes)"
+fi
+
+# ---- slurmd restarted while a job runs: the job's end still removes its tenant --------
+R=$(sbatch --parsable -w n2 --gres=gpumem:100 -o "$D/out/slurmd.out" --wrap "$ALLOC $((50 << 20)) --hold")
+until_ok 'grep -qs "^ok" "$D/out/slurmd.out"' 30
+kill -TERM "${SLURMD_PID[n2]}"
+until_ok '! kill -0 ${SLURMD_PID[n2]} 2>/dev/null' 10
+start_slurmd n2
+until_ok '[[ $(sinfo -h -n n2 -o %t) == mix* || $(sinfo -h -n n2 -o %t) == alloc* ]]' 20
+u=$(books n2 "job_$R" used_bytes)
+scancel "$R"
+if [[ $u -ge $((50 << 20)) ]] && until_ok '[[ -z $(books n2 job_$R quota_bytes) ]]' 15; then
+  ok "slurmd restart: job $R kept its tenant ($u bytes) across it, and its end removed it"
+else
+  bad "slurmd restart: job $R held '$u', tenant now '$(books n2 "job_$R" quota_bytes)'"
 fi
 
 # ---- churn: jobs of random sizes and lengths on both nodes ---------------------------
