@@ -255,18 +255,24 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
         return -1;
     }
     spank_setenv(sp, "GPUMEM_TENANT", name, 1);
-    slurm_info("gpumem: job %u step %u on %s: tenant %s, quota %" PRIu64 " bytes, door %s", job,
-               step, node, name, quota, r.door);
+    char sname[16];
+    if (step == SLURM_BATCH_SCRIPT) snprintf(sname, sizeof sname, "batch");
+    else if (step == SLURM_EXTERN_CONT) snprintf(sname, sizeof sname, "extern");
+    else snprintf(sname, sizeof sname, "%u", step);
+    slurm_info("gpumem: job %u step %s on %s: tenant %s, quota %" PRIu64 " bytes, door %s", job,
+               sname, node, name, quota, r.door);
     return 0;
 }
 
+/* Never fails: a failed epilog drains the node, and the broker reaps a
+ * tenant its admin did not remove. */
 int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 {
     opts_t o;
     char err[640];
     if (opts_parse(ac, av, &o, err, sizeof err) != 0) {
         say(sp, "%s", err);
-        return -1;
+        return 0;
     }
     uint32_t job = 0;
     if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS) return 0;
