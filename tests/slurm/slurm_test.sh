@@ -16,6 +16,7 @@
 #   restart   the broker restarted while a job runs: its tenant is back and
 #             a new step of the job leases from it, what it kept still counts
 #   no broker a step fails, the node log names the broker's socket
+#   misconfig a bad plugstack.conf argument: the step fails, the log says which
 #   slurmd restart  while a job runs: its tenant stays, its end removes it
 #   lost epilog  the broker down when a job ends: its tenant, back from the
 #             jobs file, is reaped once the job's step daemons are gone
@@ -40,10 +41,19 @@ ms() { echo $(( ($(date +%s%N) - T0) / 1000000 )); }
 D=$(mktemp -d /tmp/gmslurm.XXXXXX)
 chmod 755 "$D"
 PIDS=()
+WATCHDOG=
 pass=0 fail=0
+# Processes of this cluster: everything started with its SLURM_CONF (the
+# daemons, the step daemons, the jobs' processes), found by environment.
+ours() {
+  grep -lzx "SLURM_CONF=$D/slurm.conf" /proc/[0-9]*/environ 2>/dev/null |
+    sed -n 's|^/proc/\([0-9]*\)/environ$|\1|p' | grep -vx "$$"
+}
+still_ours() { grep -qzx "SLURM_CONF=$D/slurm.conf" "/proc/$1/environ" 2>/dev/null; }
 ok()  { pass=$((pass + 1)); echo "ok   [$(ms) ms] $*"; }
 bad() { fail=$((fail + 1)); echo "FAIL [$(ms) ms] $*"; }
 cleanup() {
+  kill "$WATCHDOG" 2>/dev/null
   # Jobs first (their step daemons outlive slurmd), then the daemons.
   if [[ -n ${SLURM_CONF:-} ]]; then
     scancel --quiet -u root >/dev/null 2>&1 || true
@@ -52,12 +62,24 @@ cleanup() {
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
   sleep 0.3
   for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  for p in $(ours); do still_ours "$p" && kill -KILL "$p" 2>/dev/null; done
   if [[ $fail -ne 0 ]]; then
     for f in "$D"/log/*; do echo "---- $f"; tail -n 25 "$f"; done
   fi
   if [[ -n ${GM_SLURM_KEEP:-} ]]; then echo "kept $D"; else rm -rf "$D"; fi
 }
 trap cleanup EXIT
+trap 'exit 1' TERM INT HUP
+# A watchdog ends the daemons if this script is killed outright (ctest's
+# timeout): every pid it starts goes to $D/pids as well.
+(
+  while kill -0 $$ 2>/dev/null; do sleep 1; done
+  [[ -f $D/pids ]] && while read -r p; do kill -KILL "$p" 2>/dev/null; done <"$D/pids"
+  for p in $(ours); do still_ours "$p" && kill -KILL "$p" 2>/dev/null; done
+  [[ -n ${GM_SLURM_KEEP:-} ]] || rm -rf "$D"
+) </dev/null >/dev/null 2>&1 &
+WATCHDOG=$!
+track() { PIDS+=("$1"); echo "$1" >>"$D/pids"; }
 
 # ---- munge ------------------------------------------------------------------
 mkdir -p "$D/munge" "$D/log" "$D/state" "$D/run" "$D/spool" "$D/out"
@@ -68,7 +90,7 @@ munged --socket="$D/munge/munge.socket" --key-file="$D/munge/munge.key" \
   --pid-file="$D/munge/munged.pid" --log-file="$D/log/munged.log" \
   --seed-file="$D/munge/seed" -f || { echo "munged did not start"; exit 1; }
 for _ in $(seq 100); do [[ -s $D/munge/munged.pid ]] && break; sleep 0.05; done
-PIDS+=("$(cat "$D/munge/munged.pid")")
+track "$(cat "$D/munge/munged.pid")"
 
 # ---- one broker per node ------------------------------------------------------
 # 1 GiB each (sim), pages of 2 MiB; processes that come in without a door
@@ -77,7 +99,7 @@ start_broker() { # node
   local n=$1
   "$GPUMEM" broker --config "$D/$n/broker.conf" >>"$D/log/broker-$n.log" 2>&1 &
   BROKER_PID[$n]=$!
-  PIDS+=("$!")
+  track "$!"
   for _ in $(seq 200); do [[ -S $D/$n/broker.sock ]] && return 0; sleep 0.05; done
   echo "broker of $n did not start"; return 1
 }
@@ -99,7 +121,22 @@ EOF
 done
 
 # ---- slurm --------------------------------------------------------------------
-base=$(( 20000 + ($$ % 400) * 100 ))
+# Ports below the kernel's ephemeral range (32768..), 100 of them free here.
+free_ports() { # base: the controller, slurmd and srun ports are free
+  python3 - "$1" <<'PYEOF2'
+import socket, sys
+b = int(sys.argv[1])
+for p in [b, b + 1, b + 2, b + 3] + list(range(b + 10, b + 61)):
+    s = socket.socket()
+    try: s.bind(("0.0.0.0", p))
+    except OSError: sys.exit(1)
+    finally: s.close()
+PYEOF2
+}
+for try in $(seq 20); do
+  base=$(( 10000 + ( ($$ + try * 37) % 200) * 100 ))
+  free_ports "$base" && break
+done
 GRES=$("$GPUMEM" gres-conf --backend sim --device 0 --node 'n[1-2]' 2>/dev/null | tail -n1)
 # The sim device is bigger than the brokers' 1 GiB: the nodes offer what the
 # brokers lease (1024 MiB), as a site sets capacity and gres.conf together.
@@ -144,17 +181,19 @@ EOF
 export SLURM_CONF=$D/slurm.conf
 export GPUMEM_BACKEND=sim  # the jobs' processes, through srun and sbatch
 slurmctld -D -i -f "$D/slurm.conf" >>"$D/log/slurmctld.out" 2>&1 &
-PIDS+=("$!")
+CTLD=$!
+track "$!"
 declare -A SLURMD_PID
 start_slurmd() { # node
   mkdir -p "$D/spool/$1"
   slurmd -D -N "$1" -f "$D/slurm.conf" >>"$D/log/slurmd-$1.out" 2>&1 &
   SLURMD_PID[$1]=$!
-  PIDS+=("$!")
+  track "$!"
 }
 start_slurmd n1
 start_slurmd n2
 for _ in $(seq 300); do
+  kill -0 "$CTLD" 2>/dev/null || { bad "slurmctld exited: $(tail -n 2 "$D/log/slurmctld.log")"; exit 1; }
   [[ $(sinfo -h -N -o '%N %t' 2>/dev/null | grep -c ' idle') -eq 2 ]] && break
   sleep 0.1
 done
@@ -296,12 +335,24 @@ scancel "$L"
 until_ok '[[ -z $(squeue -h -j $L 2>/dev/null) ]]' 30
 start_broker n1
 t=$(date +%s%N)
-if until_ok '[[ -z $(books n1 job_$L quota_bytes) ]]' 15 &&
-   grep -q "tenant 'job_$L' (job $L) removed: its job's processes are gone" "$D/log/broker-n1.log"; then
+# The broker's log says it removed it (a query may come before the broker
+# has read its jobs file back), then its books agree.
+if until_ok 'grep -q "tenant '"'"'job_$L'"'"' (job $L) removed: its job" "$D/log/broker-n1.log"' 15 &&
+   [[ -z $(books n1 "job_$L" quota_bytes) ]]; then
   ok "lost epilog: job $L's tenant, back from the jobs file, reaped $(( ($(date +%s%N) - t) / 1000000 )) ms after the restart (job_grace 2 s)"
 else
   bad "lost epilog: job $L's tenant is still there: $(books n1 "job_$L" quota_bytes)"
 fi
+
+# ---- a plugin misconfiguration: the step fails, the node log says which argument ----
+cp "$D/plugstack.conf" "$D/plugstack.conf.good"
+echo "required $SPANK broker=$D/%n/broker.sock unit=GiB" >"$D/plugstack.conf"
+out=$(timeout 60 srun -w n1 --gres=gpumem:16 "$ALLOC" 1048576 2>&1)
+[[ $out != *"ok pid"* ]] && grep -q "plugstack.conf argument 'unit=GiB' is not understood" "$D/log/slurmd-n1.log" &&
+  [[ $(sinfo -h -n n1 -o %t) != drain* && $(sinfo -h -n n1 -o %t) != down* ]] &&
+  ok "misconfigured plugin: the step fails, the node log names the argument, n1 stays up" ||
+  bad "misconfigured plugin: $out; n1 $(sinfo -h -n n1 -o %t)"
+cp "$D/plugstack.conf.good" "$D/plugstack.conf"
 
 # ---- slurmd restarted while a job runs: the job's end still removes its tenant --------
 R=$(sbatch --parsable -w n2 --gres=gpumem:100 -o "$D/out/slurmd.out" --wrap "$ALLOC $((50 << 20)) --hold")
