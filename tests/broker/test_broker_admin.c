@@ -6,7 +6,7 @@
  * directory of mode 0700; a process that descends from the anchor leases
  * there within the quota (an allocation past it fails naming the tenant);
  * a process that does not (another job of the same user) is turned away
- * at the door; a user who is not an admin cannot make tenants (as root:
+ * at the door; a guarantee past the capacity is cut to what is left; a user who is not an admin cannot make tenants (as root:
  * a child that became nobody); bad requests are refused with the reason;
  * removing the tenant drops its processes and takes every page back; a
  * tenant whose anchors are gone is removed after job_grace; a broker
@@ -73,8 +73,15 @@ int main(void)
                                  &r, err, sizeof err) != 0 && strstr(err, "not this job's"));
     CHECK(gm_broker_admin_create(g_b.sock, "a/b", MiB, 0, getuid(), getgid(), 9, 0, &r, err,
                                  sizeof err) != 0 && strstr(err, "tenant name"));
+    /* A guarantee past the capacity is cut to what is left, not refused. */
     CHECK(gm_broker_admin_create(g_b.sock, "job_9", 512 * MiB, 512 * MiB, getuid(), getgid(), 9, 0,
-                                 &r, err, sizeof err) != 0 && strstr(err, "exceeds the capacity"));
+                                 &r, err, sizeof err) == 0);
+    CHECK(tb_tenant(&g_b, "job_9").guaranteed == 256 * MiB);
+    CHECK(gm_broker_admin_create(g_b.sock, "job_10", 64 * MiB, 64 * MiB, getuid(), getgid(), 10, 0,
+                                 &r, err, sizeof err) == 0);
+    CHECK(tb_tenant(&g_b, "job_10").guaranteed == 0);
+    CHECK(gm_broker_admin_remove(g_b.sock, "job_9", &r, err, sizeof err) == 0);
+    CHECK(gm_broker_admin_remove(g_b.sock, "job_10", &r, err, sizeof err) == 0);
     CHECK(gm_broker_admin_remove(g_b.sock, "job_404", &r, err, sizeof err) != 0 &&
           strstr(err, "no tenant 'job_404'"));
     CHECK(gm_broker_admin_create(g_b.sock, "job_9", MiB, 0, getuid(), getgid(), 9, 999999999, &r,

@@ -1884,16 +1884,21 @@ static void on_admin(broker_t *b, client_t *c, gm__broker_msg_t *in)
         snprintf(m.text, sizeof m.text, "anchor pid %lld is not running", (long long)in->pid);
     }
     if (m.status == GM_OK) {
-        /* Grants promised together fit the capacity. */
-        uint64_t promised = 0;
+        /* Guarantees promised together fit the capacity: one that does not
+         * is cut to what is left (logged), never refused, since the tenant
+         * of a job that ended while its remover could not reach the broker
+         * keeps its guarantee until it is reaped, and the scheduler may
+         * already have given its share to the next job. */
+        uint64_t promised = 0, cap = b->cap_pages * b->page;
         for (size_t i = 0; i < b->n_tenants; i++)
             if (!b->tenants[i].gone && (ssize_t)i != ti) promised += b->tenants[i].cfg.guaranteed;
-        if (promised + guaranteed > b->cap_pages * b->page) {
-            char a[32], q[32], g[32];
-            m.status = GM_LIMIT;
-            snprintf(m.text, sizeof m.text, "tenant '%s': guaranteeing %s more than the %s "
-                     "promised already exceeds the capacity %s", name, fmt(guaranteed, g),
-                     fmt(promised, a), fmt(b->cap_pages * b->page, q));
+        if (promised + guaranteed > cap) {
+            char a[32], q[32], g[32], h[32];
+            uint64_t left = promised < cap ? cap - promised : 0;
+            logf_(b, "tenant '%s': guarantee cut from %s to %s: %s of the capacity %s is "
+                  "promised to other tenants", name, fmt(guaranteed, g), fmt(left, h),
+                  fmt(promised, a), fmt(cap, q));
+            guaranteed = left;
         }
     }
     if (m.status != GM_OK) {
