@@ -20,6 +20,38 @@
 static test_broker_t g_b;
 static char g_jobs[100];
 
+/* `gpumem broker --config` of text with --check, in a child: its exit
+ * status, its stderr in err. */
+static int check_config(const char *text, char *err, size_t cap)
+{
+    char path[128], out[128];
+    snprintf(path, sizeof path, "%.60s/check.conf", g_b.dir);
+    snprintf(out, sizeof out, "%.60s/check.err", g_b.dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f, "socket = %.60s/c.sock\nbackend = sim\n%s", g_b.dir, text);
+    fclose(f);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen(out, "w", stderr) || !freopen("/dev/null", "w", stdout)) _exit(99);
+        char *argv[] = {"broker", "--config", path, "--check", NULL};
+        int rc = gm_cli_broker(4, argv);
+        fflush(NULL);
+        _exit(rc);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    err[0] = '\0';
+    f = fopen(out, "r");
+    if (f) {
+        size_t n = fread(err, 1, cap - 1, f);
+        err[n] = '\0';
+        fclose(f);
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 static int pool_at(const char *door, gm_pool_t **pool)
 {
     gm_pool_config_t cfg;
@@ -163,6 +195,17 @@ int main(void)
         if (p) gm_free(pool, p, NULL);
         gm_pool_destroy(pool);
     }
+
+    /* The config's keys for run-time tenants: bad values named. */
+    char msg[1024];
+    CHECK(check_config("job_dir = /run/gpumem/jobs\nadmins = 0\njob_grace = 5\n", msg,
+                       sizeof msg) == 0);
+    CHECK(check_config("job_grace = 99999\n", msg, sizeof msg) == 2 &&
+          strstr(msg, "'99999' is not a valid job_grace"));
+    CHECK(check_config("job_dir = relative/jobs\n", msg, sizeof msg) == 2 &&
+          strstr(msg, "job_dir is an absolute path"));
+    CHECK(check_config("admins = no-such-user-here\n", msg, sizeof msg) == 2 &&
+          strstr(msg, "no user named 'no-such-user-here'"));
 
     /* A broker without job_dir says so. */
     tb_stop(&g_b, SIGTERM);

@@ -2396,7 +2396,9 @@ void gm_cli_broker_usage(FILE *out)
             "  socket = /run/gpumem/broker.sock   capacity = 70GiB   default_quota = 8GiB\n"
             "  [tenant training]\n"
             "  users = alice, 1001    groups = ml    cgroup = /system.slice/train.service\n"
-            "  quota = 40GiB          guaranteed = 10GiB\n");
+            "  quota = 40GiB          guaranteed = 10GiB\n\n"
+            "Tenants made at run time by a scheduler (gpumem broker-admin, the Slurm plugin;\n"
+            "docs/slurm.md):  admins = slurm   job_dir = /run/gpumem/jobs   job_grace = 10\n");
 }
 
 static int setup(broker_t *b)
@@ -2583,6 +2585,10 @@ int gm_cli_broker(int argc, char **argv)
                b.cfg.capacity ? fmt(b.cfg.capacity, a) : "the device's free memory",
                fmt(b.cfg.default_quota, q), fmt(b.cfg.keep_free, k), scrubs[b.cfg.scrub],
                b.cfg.reclaim_ms, b.cfg.max_clients, b.cfg.socket_mode);
+        if (b.cfg.job_dir[0] || b.cfg.n_admins)
+            printf("run-time tenants: job_dir %s, job_grace %u s, %zu admins besides root and "
+                   "uid %u\n", b.cfg.job_dir[0] ? b.cfg.job_dir : "none (no doors can be made)",
+                   b.cfg.job_grace_s, b.cfg.n_admins, (unsigned)geteuid());
         for (size_t i = 0; i < b.cfg.n_tenants; i++) {
             const tenant_cfg_t *t = &b.cfg.tenants[i];
             printf("tenant %s: %zu users, %zu groups, cgroup %s, quota %s, guaranteed %s\n",
