@@ -146,4 +146,16 @@ static inline gm_broker_tenant_t tb_tenant(const test_broker_t *b, const char *n
     return r;
 }
 
+/* Does the file (its first 8 KiB) hold text? */
+static inline int tb_file_has(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, text) != NULL;
+}
+
 #endif /* GM_TEST_BROKER_UTIL_H */

@@ -45,17 +45,6 @@ static int cli(char **args)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static int file_has(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char buf[8192];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    return strstr(buf, text) != NULL;
-}
-
 static void write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -81,8 +70,8 @@ static void bad_config(const char *what, int with_socket, const char *body, int 
     int rc = cli(args);
     char where[160];
     snprintf(where, sizeof where, "b.conf:%d: ", line);
-    int named = line ? file_has(g_err, where) : 1;
-    int said = file_has(g_err, says);
+    int named = line ? tb_file_has(g_err, where) : 1;
+    int said = tb_file_has(g_err, says);
     if (rc != 2 || !named || !said) {
         fprintf(stderr, "%s: exit %d, want 2, with '%s' and '%s'; stderr:\n", what, rc,
                 line ? where : "", says);
@@ -107,9 +96,9 @@ int main(void)
     /* --help, -h. */
     {
         char *a1[] = {"broker", "--help", NULL}, *a2[] = {"broker", "-h", NULL};
-        CHECK(cli(a1) == 0 && file_has(g_out, "usage: gpumem broker"));
-        CHECK(cli(a2) == 0 && file_has(g_out, "usage: gpumem broker"));
-        CHECK(file_has(g_out, "[tenant "));
+        CHECK(cli(a1) == 0 && tb_file_has(g_out, "usage: gpumem broker"));
+        CHECK(cli(a2) == 0 && tb_file_has(g_out, "usage: gpumem broker"));
+        CHECK(tb_file_has(g_out, "[tenant "));
     }
 
     /* Config mistakes: exit 2, naming the line. */
@@ -156,17 +145,17 @@ int main(void)
     /* Bad options: exit 2. */
     {
         char *a1[] = {"broker", "--frob", NULL};
-        CHECK(cli(a1) == 2 && file_has(g_err, "unknown option '--frob'"));
+        CHECK(cli(a1) == 2 && tb_file_has(g_err, "unknown option '--frob'"));
         char *a2[] = {"broker", "--socket", "rel.sock", NULL};
         CHECK(cli(a2) == 2);
         char *a3[] = {"broker", "--socket", g_b.sock, "--capacity", "lots", NULL};
         CHECK(cli(a3) == 2);
         char *a4[] = {"broker", "--config", "/nonexistent/b.conf", NULL};
-        CHECK(cli(a4) == 2 && file_has(g_err, "/nonexistent/b.conf"));
+        CHECK(cli(a4) == 2 && tb_file_has(g_err, "/nonexistent/b.conf"));
         char *a5[] = {"broker", "--config", NULL};
-        CHECK(cli(a5) == 2 && file_has(g_err, "needs a value"));
+        CHECK(cli(a5) == 2 && tb_file_has(g_err, "needs a value"));
         char *a6[] = {"broker", NULL};
-        CHECK(cli(a6) == 2 && file_has(g_err, "no socket"));
+        CHECK(cli(a6) == 2 && tb_file_has(g_err, "no socket"));
     }
 
     /* --check of a good config: what it says, exit 0, nothing started. */
@@ -175,7 +164,7 @@ int main(void)
                                 "guaranteed = 128MiB\n");
         char *a[] = {"broker", "--config", g_b.config, "--check", NULL};
         CHECK(cli(a) == 0);
-        CHECK(file_has(g_out, "tenant t1: 2 users") && file_has(g_out, "quota 512.00 MiB"));
+        CHECK(tb_file_has(g_out, "tenant t1: 2 users") && tb_file_has(g_out, "quota 512.00 MiB"));
         struct stat st;
         CHECK(stat(g_b.sock, &st) != 0);
     }
@@ -187,7 +176,7 @@ int main(void)
         char *a[] = {"broker", "--config", g_b.config, NULL};
         int rc = cli(a);
         CHECK(rc == 1 || rc == 2);
-        CHECK(file_has(g_err, "exceeds the capacity"));
+        CHECK(tb_file_has(g_err, "exceeds the capacity"));
         /* --check finds it too (docs/broker.md: the guarantees together may
          * not exceed the capacity; --check exits 2 when something is wrong). */
         char *b[] = {"broker", "--config", g_b.config, "--check", NULL};
@@ -203,7 +192,7 @@ int main(void)
         tb_config(&g_b, "1GiB", "");
         tb_start(&g_b);
         char *a[] = {"broker", "--config", g_b.config, NULL};
-        CHECK(cli(a) == 1 && file_has(g_err, "listening"));
+        CHECK(cli(a) == 1 && tb_file_has(g_err, "listening"));
         gm_broker_view_t v;
         CHECK(gm_broker_query(g_b.sock, &v) == GM_OK && v.pid == g_b.pid);
         free(v.tenants);
@@ -213,8 +202,8 @@ int main(void)
         snprintf(file, sizeof file, "%.60s/plain", g_b.dir);
         write_file(file, "not a socket\n");
         char *b[] = {"broker", "--socket", file, "--backend", "sim", "--capacity", "64MiB", NULL};
-        CHECK(cli(b) == 1 && file_has(g_err, "not a socket"));
-        CHECK(file_has(file, "not a socket")); /* left alone */
+        CHECK(cli(b) == 1 && tb_file_has(g_err, "not a socket"));
+        CHECK(tb_file_has(file, "not a socket")); /* left alone */
 
         /* Last (a child forked after this process used the device could not
          * open it on cuda): the live broker still serves. */

@@ -193,16 +193,7 @@ static uint64_t reserved(tp_kid_t *k)
 static void finish(tp_kid_t *k)
 {
     send_op(k, OP_EXIT, 0, 0, 0);
-    CHECK(get1(k) == BP_DONE);
-    CHECK(tp_exited_ok(tp_wait(k->pid, TP_WAIT_MS)));
-    tp_kid_close(k);
-}
-
-static gm_broker_tenant_t row_of(const char *name)
-{
-    gm_broker_tenant_t t;
-    bp_tenant(&g_b, name, &t, NULL);
-    return t;
+    tp_finish(k, BP_DONE, 60000);
 }
 
 static void write_config(const char *capacity, const char *extra)
@@ -245,8 +236,8 @@ static void role_elastic(int rd)
     CHECK_KID_RC(x1.rc, GM_OK);
     CHECK(do_op(&p1, OP_FREE, x1.slot) == 1);
     CHECK(reserved(&p1) == 216 * MiB);
-    WAIT_FOR(row_of(g_tenant).used == 216 * MiB, 1000);
-    gm_broker_tenant_t t = row_of(g_tenant);
+    WAIT_FOR(tb_tenant(&g_b, g_tenant).used == 216 * MiB, 1000);
+    gm_broker_tenant_t t = tb_tenant(&g_b, g_tenant);
     CHECK(t.used == 216 * MiB);
     uint64_t reclaims0 = t.reclaims;
     /* P2 needs 200 MiB: only by taking P1's unused pages back. */
@@ -256,7 +247,7 @@ static void role_elastic(int rd)
     if (!bp_is_cuda())
         printf("a: (recorded only) pages of P2's new block that still held P1's old data: "
                "%llu of 100\n", (unsigned long long)x2.left);
-    t = row_of(g_tenant);
+    t = tb_tenant(&g_b, g_tenant);
     CHECK(t.reclaims > reclaims0);
     CHECK(t.used <= 256 * MiB);
     /* P1 gave back free pages (as many as each lease asked for), never its
@@ -270,8 +261,8 @@ static void role_elastic(int rd)
     CHECK(do_op(&p1, OP_FREE, s1.slot) == 1);
     CHECK(do_op(&p1, OP_TRIM, 0) == GM_OK);
     CHECK(do_op(&p2, OP_TRIM, 0) == GM_OK);
-    WAIT_FOR(row_of(g_tenant).used == 216 * MiB, 1000);
-    CHECK(row_of(g_tenant).used == 216 * MiB); /* the two blocks: 108 of 128 pages */
+    WAIT_FOR(tb_tenant(&g_b, g_tenant).used == 216 * MiB, 1000);
+    CHECK(tb_tenant(&g_b, g_tenant).used == 216 * MiB); /* the two blocks: 108 of 128 pages */
 
     /* b: more than the capacity less the live data. */
     gm_broker_view_t v;
@@ -292,28 +283,28 @@ static void role_elastic(int rd)
     CHECK_KID_RC(fit.rc, GM_OK);
     CHECK(do_op(&p3, OP_FREE, fit.slot) == 1);
     CHECK(do_op(&p3, OP_TRIM, 0) == GM_OK);
-    WAIT_FOR(row_of(g_tenant).used == 216 * MiB, 1000);
+    WAIT_FOR(tb_tenant(&g_b, g_tenant).used == 216 * MiB, 1000);
 
     /* c: reloads. */
     write_config("256MiB", "default_quota = 64MiB\n");
     double th = now_ms();
     reload("reloaded");
-    WAIT_FOR(row_of(g_tenant).quota == 64 * MiB, 1000);
+    WAIT_FOR(tb_tenant(&g_b, g_tenant).quota == 64 * MiB, 1000);
     double quota_ms = now_ms() - th;
-    CHECK(row_of(g_tenant).quota == 64 * MiB);
-    if (row_of(g_tenant).quota == 64 * MiB)
+    CHECK(tb_tenant(&g_b, g_tenant).quota == 64 * MiB);
+    if (tb_tenant(&g_b, g_tenant).quota == 64 * MiB)
         printf("c: the new default_quota showed after %.1f ms\n", quota_ms);
     else
         fprintf(stderr, "c: after SIGHUP the connected processes' uid tenant still has quota %llu "
-                "(default_quota now 64 MiB)\n", (unsigned long long)row_of(g_tenant).quota);
+                "(default_quota now 64 MiB)\n", (unsigned long long)tb_tenant(&g_b, g_tenant).quota);
     CHECK(quota_ms <= 1000);
     areply_t q = do_alloc(&p3, 4 * MiB, 0x5, 0);
     CHECK_KID_RC(q.rc, GM_LIMIT);
     CHECK((q.flags & F_QUOTA) && (q.flags & F_TENANT));
     if (q.rc == GM_OK) CHECK(do_op(&p3, OP_FREE, q.slot) == 1);
     CHECK(do_op(&p3, OP_TRIM, 0) == GM_OK);
-    WAIT_FOR(row_of(g_tenant).used == 216 * MiB, 1000);
-    CHECK(row_of(g_tenant).used == 216 * MiB); /* a lower quota takes nothing away */
+    WAIT_FOR(tb_tenant(&g_b, g_tenant).used == 216 * MiB, 1000);
+    CHECK(tb_tenant(&g_b, g_tenant).used == 216 * MiB); /* a lower quota takes nothing away */
     CHECK(do_op(&p2, OP_CHECK, x2.slot) == 1);
     CHECK(do_op(&p3, OP_TRIM, 0) == GM_OK);
 
@@ -323,16 +314,16 @@ static void role_elastic(int rd)
              "quota = 240MiB\n", (unsigned)geteuid());
     write_config("256MiB", extra);
     reload("reloaded, 1 tenants");
-    WAIT_FOR(row_of("elastic").clients == 3, 1000);
-    t = row_of("elastic");
+    WAIT_FOR(tb_tenant(&g_b, "elastic").clients == 3, 1000);
+    t = tb_tenant(&g_b, "elastic");
     CHECK(t.clients == 3 && t.used == 216 * MiB && t.quota == 240 * MiB);
-    t = row_of(g_tenant);
+    t = tb_tenant(&g_b, g_tenant);
     CHECK(t.clients == 0 && t.used == 0);
     q = do_alloc(&p3, 4 * MiB, 0x6, 0);
     CHECK_KID_RC(q.rc, GM_OK);
     CHECK(do_op(&p3, OP_FREE, q.slot) == 1);
     CHECK(do_op(&p3, OP_TRIM, 0) == GM_OK);
-    WAIT_FOR(row_of("elastic").used == 216 * MiB, 1000);
+    WAIT_FOR(tb_tenant(&g_b, "elastic").used == 216 * MiB, 1000);
 
     /* Broken configs: logged, the one in force stays. */
     const char *broken[] = {"default_quota = 64MiB\nfrobnicate = 1\n",
@@ -342,10 +333,10 @@ static void role_elastic(int rd)
         write_config("256MiB", broken[i]);
         reload("the config in force stays");
         sleep_ms(20);
-        t = row_of("elastic");
+        t = tb_tenant(&g_b, "elastic");
         CHECK(t.clients == 3 && t.quota == 240 * MiB);
-        CHECK(row_of(g_tenant).quota == 64 * MiB);
-        CHECK(row_of("big").name[0] == '\0');
+        CHECK(tb_tenant(&g_b, g_tenant).quota == 64 * MiB);
+        CHECK(tb_tenant(&g_b, "big").name[0] == '\0');
     }
     CHECK(bp_log_count(&g_b, "frobnicate") == 1);
     CHECK(bp_log_count(&g_b, "exceeds the capacity") == 1);
@@ -361,8 +352,8 @@ static void role_elastic(int rd)
     finish(&p2);
     finish(&p3);
     tp_results_drain(rd);
-    WAIT_FOR(row_of("elastic").clients == 0, 2000);
-    t = row_of("elastic");
+    WAIT_FOR(tb_tenant(&g_b, "elastic").clients == 0, 2000);
+    t = tb_tenant(&g_b, "elastic");
     CHECK(t.used == 0 && t.clients == 0);
     CHECK(tb_stop(&g_b, SIGTERM) == 0);
     if (test_failed_) bp_log_dump(&g_b);
@@ -403,22 +394,22 @@ static void role_guaranteed(int rd)
     printf("d: the other tenant got %d MiB of 256 (128 guaranteed to gold)\n", got * 8);
     CHECK(got * 8 * MiB <= 128 * MiB && got * 8 * MiB >= 120 * MiB);
     CHECK(do_op(&o, OP_TRIM, 0) == GM_OK);
-    gm_broker_tenant_t t = row_of("uid:61012");
+    gm_broker_tenant_t t = tb_tenant(&g_b, "uid:61012");
     CHECK(t.used <= 128 * MiB);
     /* gold gets its 128 MiB at once: nobody is asked to give anything back
      * (the reclaim count; its time is printed, not judged: TSan is slow). */
-    uint64_t reclaims0 = row_of("uid:61012").reclaims;
+    uint64_t reclaims0 = tb_tenant(&g_b, "uid:61012").reclaims;
     r = do_alloc(&g, 128 * MiB, 0x200, 0);
     CHECK_KID_RC(r.rc, GM_OK);
     printf("d: gold's 128 MiB: %.1f ms\n", r.ms);
-    CHECK(row_of("uid:61012").reclaims == reclaims0);
-    t = row_of("gold");
+    CHECK(tb_tenant(&g_b, "uid:61012").reclaims == reclaims0);
+    t = tb_tenant(&g_b, "gold");
     CHECK(t.used == 128 * MiB && t.guaranteed == 128 * MiB);
     finish(&g);
     finish(&o);
     tp_results_drain(rd);
-    WAIT_FOR(row_of("gold").clients == 0 && row_of("uid:61012").clients == 0, 2000);
-    CHECK(row_of("gold").used == 0 && row_of("uid:61012").used == 0);
+    WAIT_FOR(tb_tenant(&g_b, "gold").clients == 0 && tb_tenant(&g_b, "uid:61012").clients == 0, 2000);
+    CHECK(tb_tenant(&g_b, "gold").used == 0 && tb_tenant(&g_b, "uid:61012").used == 0);
     CHECK(tb_stop(&g_b, SIGTERM) == 0);
     if (test_failed_) bp_log_dump(&g_b);
     tb_cleanup(&g_b);
@@ -460,7 +451,7 @@ static void role_long_wait(int rd)
     CHECK(r.ms >= 9000);
     CHECK(kill(g_b.pid, SIGCONT) == 0);
     /* The broker answers now: V holds those pages by its books. */
-    WAIT_FOR(row_of(g_tenant).used >= 24 * MiB, 3000);
+    WAIT_FOR(tb_tenant(&g_b, g_tenant).used >= 24 * MiB, 3000);
     CHECK(bp_log_count(&g_b, "disconnected") == 0 && bp_log_count(&g_b, "dropped") == 0);
     /* H takes what is free (32 MiB less V's 14, H's 8 and V's late page),
      * and never V's pages. */
@@ -478,8 +469,8 @@ static void role_long_wait(int rd)
     finish(&v);
     finish(&h);
     tp_results_drain(rd);
-    WAIT_FOR(row_of(g_tenant).clients == 0, 2000);
-    CHECK(row_of(g_tenant).used == 0);
+    WAIT_FOR(tb_tenant(&g_b, g_tenant).clients == 0, 2000);
+    CHECK(tb_tenant(&g_b, g_tenant).used == 0);
     CHECK(tb_stop(&g_b, SIGTERM) == 0);
     if (test_failed_) bp_log_dump(&g_b);
     tb_cleanup(&g_b);

@@ -139,16 +139,7 @@ static void stats_of(tp_kid_t *k, uint64_t *reserved, uint64_t *active)
 static void finish(tp_kid_t *k)
 {
     send_op(k, OP_EXIT, 0, 0);
-    CHECK(get1(k) == BP_DONE);
-    CHECK(tp_exited_ok(tp_wait(k->pid, TP_WAIT_MS)));
-    tp_kid_close(k);
-}
-
-static gm_broker_tenant_t row_of(const char *name)
-{
-    gm_broker_tenant_t t;
-    bp_tenant(&g_b, name, &t, NULL);
-    return t;
+    tp_finish(k, BP_DONE, 60000);
 }
 
 #define CHECK_KID_RC(rc, want)                                                 \
@@ -184,8 +175,8 @@ static void round_(const char *what, size_t lease, size_t release_threshold, uin
         fprintf(stderr, "%s: after the failed allocation A's pool holds %llu MiB for a %llu MiB "
                 "block\n", what, (unsigned long long)(res / MiB), (unsigned long long)(act / MiB));
     CHECK(res == 192 * MiB);
-    WAIT_FOR(row_of(g_tenant).used <= 192 * MiB + lease_eff, 2000);
-    gm_broker_tenant_t t = row_of(g_tenant);
+    WAIT_FOR(tb_tenant(&g_b, g_tenant).used <= 192 * MiB + lease_eff, 2000);
+    gm_broker_tenant_t t = tb_tenant(&g_b, g_tenant);
     if (t.used > 192 * MiB + lease_eff)
         fprintf(stderr, "%s: the broker books %llu MiB for the tenant; A holds %llu MiB\n", what,
                 (unsigned long long)(t.used / MiB), (unsigned long long)(res / MiB));
@@ -194,7 +185,7 @@ static void round_(const char *what, size_t lease, size_t release_threshold, uin
     /* 4: B takes the rest of the quota. */
     areply_t rest = do_alloc(&b, QUOTA - 192 * MiB, tb);
     CHECK_KID_RC(rest.rc, GM_OK);
-    t = row_of(g_tenant);
+    t = tb_tenant(&g_b, g_tenant);
     CHECK(t.used <= QUOTA);
     printf("%s: A's attempt refused, A holds %llu MiB, B got the remaining %llu MiB: %s\n", what,
            (unsigned long long)(res / MiB), (unsigned long long)((QUOTA - 192 * MiB) / MiB),
@@ -205,8 +196,8 @@ static void round_(const char *what, size_t lease, size_t release_threshold, uin
     if (rest.rc == GM_OK) CHECK(do_op(&b, OP_CHECK, rest.slot) == 1);
     finish(&a);
     finish(&b);
-    WAIT_FOR(row_of(g_tenant).used == 0, 2000);
-    CHECK(row_of(g_tenant).used == 0);
+    WAIT_FOR(tb_tenant(&g_b, g_tenant).used == 0, 2000);
+    CHECK(tb_tenant(&g_b, g_tenant).used == 0);
 }
 
 int main(int argc, char **argv)

@@ -65,17 +65,6 @@ static int can_switch(void)
     return WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
-static int file_has(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char buf[8192];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    return strstr(buf, text) != NULL;
-}
-
 /* The broker's page (a raw STATS; the reply names it). */
 static uint64_t page_of(const char *sock)
 {
@@ -287,13 +276,13 @@ static void part_b(void)
     struct stat st;
     WAIT_FOR(lstat(g_b.stats, &st) == 0 && S_ISREG(st.st_mode), 5000);
     CHECK(lstat(g_b.stats, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid());
-    CHECK(file_has(g_b.stats, "\"capacity\""));
-    CHECK(file_has(victim, "precious\n") && !file_has(victim, "capacity"));
-    CHECK(file_has(victim2, "precious\n") && !file_has(victim2, "capacity"));
+    CHECK(tb_file_has(g_b.stats, "\"capacity\""));
+    CHECK(tb_file_has(victim, "precious\n") && !tb_file_has(victim, "capacity"));
+    CHECK(tb_file_has(victim2, "precious\n") && !tb_file_has(victim2, "capacity"));
     CHECK(lstat(tmp, &st) == 0 && S_ISLNK(st.st_mode)); /* never touched */
     CHECK(stat(victim, &st) == 0 && st.st_size == 9);
     tb_stop(&g_b, SIGTERM);
-    CHECK(file_has(victim, "precious\n") && stat(victim, &st) == 0 && st.st_size == 9);
+    CHECK(tb_file_has(victim, "precious\n") && stat(victim, &st) == 0 && st.st_size == 9);
     tb_cleanup(&g_b);
 
     /* A directory others may write: the stats file is not written there. */

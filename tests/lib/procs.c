@@ -200,6 +200,14 @@ int tp_wait(pid_t pid, int ms)
     return -1;
 }
 
+int tp_go_and_wait(tp_kid_t *k, int ms)
+{
+    if (k->pid <= 0 || tp_put(k->to, 1) != 0) return -1;
+    tp_kid_close(k);
+    int st = tp_wait(k->pid, ms);
+    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 int tp_exited_ok(int st) { return st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0; }
 
 int tp_next_msg(tp_kid_t *k, uint64_t *v, int ms)

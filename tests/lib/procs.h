@@ -75,6 +75,10 @@ int tp_expect_msg(tp_kid_t *k, uint64_t want, int ms);
 /* The failures k reported (TP_FAIL) so far, other messages dropped. */
 int tp_fails(tp_kid_t *k);
 
+/* Tell k to go on (a message 1), close its pipes and wait for it (ms at
+ * most, tp_wait): its exit code, or -1 when it did not exit. */
+int tp_go_and_wait(tp_kid_t *k, int ms);
+
 /* What tp_kill9 saw: the kill was sent, the child reaped, its end was the
  * kill (not an exit before it), and the failures it reported. */
 typedef struct tp_killed { int sent, reaped, by_kill, fails; } tp_killed_t;
@@ -201,6 +205,15 @@ static inline uint64_t tp_answer(tp_kid_t *k, int ms)
     fprintf(stderr, "no answer from pid %d\n", (int)k->pid);
     CHECK(!"an answer");
     return UINT64_MAX;
+}
+
+/* CHECK that k's next message (within ms) is done and that it then exits 0
+ * (TP_WAIT_MS at most); its pipes closed. */
+static inline void tp_finish(tp_kid_t *k, uint64_t done, int ms)
+{
+    CHECK(tp_answer(k, ms) == done);
+    CHECK(tp_exited_ok(tp_wait(k->pid, TP_WAIT_MS)));
+    tp_kid_close(k);
 }
 
 /* CHECK that the next message from k is want. */

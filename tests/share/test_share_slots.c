@@ -20,6 +20,7 @@
 
 #include "gpumem.h"
 #include "test.h"
+#include "lib/procs.h"
 
 #define MiB ((size_t)1 << 20)
 #define NOBODY 65534
@@ -33,8 +34,8 @@ static char g_path[128];
 static void kid(int in, int out, uid_t uid)
 {
     if (uid != 0 && (setgroups(0, NULL) != 0 || setgid(uid) != 0 || setuid(uid) != 0)) _exit(3);
-    char c;
-    if (read(in, &c, 1) != 1) _exit(2);
+    uint64_t go;
+    if (tp_get(in, &go, 600000) != 0) _exit(2);
     gm_pool_t *pool = test_pool(256 * MiB, 0);
     if (!pool) _exit(4);
     gm_share_client_t *cli[16];
@@ -49,9 +50,8 @@ static void kid(int in, int out, uid_t uid)
         limit_said = rc == GM_LIMIT && strstr(gm_last_error(), "kept for its own uid") != NULL;
         break;
     }
-    int r[2] = {n, limit_said};
-    if (write(out, r, sizeof r) != (ssize_t)sizeof r) _exit(5);
-    if (read(in, &c, 1) != 1) _exit(2);
+    if (tp_put(out, (uint64_t)n) != 0 || tp_put(out, (uint64_t)limit_said) != 0) _exit(5);
+    if (tp_get(in, &go, 600000) != 0) _exit(2);
     int status = 0;
     if (n > 0) {
         void *p = NULL;
@@ -65,49 +65,28 @@ static void kid(int in, int out, uid_t uid)
     _exit(status);
 }
 
-typedef struct kid_s { pid_t pid; int to, from; } kid_t;
-
-static kid_t spawn(uid_t uid)
+static void run_kid(tp_child_fn unused, tp_link_t *l, void *uid)
 {
-    kid_t k = {-1, -1, -1};
-    int a[2], b[2];
-    if (pipe(a) != 0 || pipe(b) != 0) return k;
-    fflush(stdout);
-    fflush(stderr);
-    k.pid = fork();
-    if (k.pid == 0) {
-        close(a[1]);
-        close(b[0]);
-        kid(a[0], b[1], uid);
-    }
-    close(a[0]);
-    close(b[1]);
-    k.to = a[1];
-    k.from = b[0];
-    return k;
+    (void)unused;
+    kid(l->in, l->out, *(uid_t *)uid);
 }
 
+/* A child (tests/lib/procs.h) that waits for the word to connect. */
+static tp_kid_t spawn(uid_t uid) { return tp_spawn_with(run_kid, NULL, &uid); }
+
 /* Let k connect; its count and whether it was refused for the kept slots. */
-static int connect_all(kid_t k, int *n, int *limit_said)
+static int connect_all(tp_kid_t k, int *n, int *limit_said)
 {
-    int r[2] = {0, 0};
-    if (write(k.to, "g", 1) != 1) return -1;
-    struct pollfd p = {.fd = k.from, .events = POLLIN};
-    if (poll(&p, 1, 60000) != 1 || read(k.from, r, sizeof r) != (ssize_t)sizeof r) return -1;
-    *n = r[0];
-    *limit_said = r[1];
+    uint64_t a = 0, b = 0;
+    if (tp_put(k.to, 1) != 0 || tp_get(k.from, &a, 600000) != 0 || tp_get(k.from, &b, 600000) != 0)
+        return -1;
+    *n = (int)a;
+    *limit_said = (int)b;
     return 0;
 }
 
-static int finish(kid_t k)
-{
-    int st = -1;
-    if (write(k.to, "s", 1) != 1) return -1;
-    close(k.to);
-    close(k.from);
-    if (waitpid(k.pid, &st, 0) != k.pid || !WIFEXITED(st)) return -1;
-    return WEXITSTATUS(st);
-}
+/* Let k import and end: its exit code, -1 when it did not exit. */
+static int finish(tp_kid_t k) { return tp_go_and_wait(&k, 600000); }
 
 int main(void)
 {
@@ -120,7 +99,7 @@ int main(void)
     REQUIRE(mkdtemp(dir) != NULL);
     REQUIRE(chmod(dir, 0755) == 0);
     snprintf(g_path, sizeof g_path, "%s/s.sock", dir);
-    kid_t other = spawn(NOBODY), own = spawn(0);
+    tp_kid_t other = spawn(NOBODY), own = spawn(0);
     REQUIRE(other.pid > 0 && own.pid > 0);
 
     gm_pool_t *pool = test_pool(256 * MiB, 0);

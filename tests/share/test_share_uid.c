@@ -22,6 +22,7 @@
 
 #include "gpumem.h"
 #include "test.h"
+#include "lib/procs.h"
 
 #define MiB ((size_t)1 << 20)
 #define NOBODY 65534
@@ -58,40 +59,26 @@ static void child(const char *path, gid_t gid, long sup, const char *expect_text
 }
 
 /* A child made before this process touches the device (a CUDA context does
- * not survive fork()): it waits for a byte on a pipe, then runs child(). */
-typedef struct kid {
-    pid_t pid;
-    int go;
-} kid_t;
+ * not survive fork()): it waits for the word on its pipe, then runs child(). */
+typedef struct kid_arg { const char *path; gid_t gid; long sup; const char *expect_text; } kid_arg_t;
 
-static kid_t spawn(const char *path, gid_t gid, long sup, const char *expect_text)
+static void run_kid(tp_child_fn unused, tp_link_t *l, void *argp)
 {
-    kid_t k = {-1, -1};
-    int fd[2];
-    if (pipe(fd) != 0) return k;
-    fflush(stdout);
-    fflush(stderr);
-    k.pid = fork();
-    if (k.pid == 0) {
-        char c;
-        close(fd[1]);
-        if (read(fd[0], &c, 1) != 1) _exit(2);
-        child(path, gid, sup, expect_text);
-    }
-    close(fd[0]);
-    k.go = fd[1];
-    return k;
+    (void)unused;
+    kid_arg_t *a = argp;
+    uint64_t go;
+    if (tp_get(l->in, &go, 600000) != 0) _exit(2);
+    child(a->path, a->gid, a->sup, a->expect_text);
+}
+
+static tp_kid_t spawn(const char *path, gid_t gid, long sup, const char *expect_text)
+{
+    kid_arg_t a = {path, gid, sup, expect_text};
+    return tp_spawn_with(run_kid, NULL, &a);
 }
 
 /* Let k go and wait for it: its exit code, -1 when it did not exit. */
-static int run(kid_t k)
-{
-    int st = -1;
-    if (k.pid < 0 || write(k.go, "g", 1) != 1) return -1;
-    close(k.go);
-    if (waitpid(k.pid, &st, 0) != k.pid || !WIFEXITED(st)) return -1;
-    return WEXITSTATUS(st);
-}
+static int run(tp_kid_t k) { return tp_go_and_wait(&k, 600000); }
 
 int main(void)
 {
@@ -106,9 +93,9 @@ int main(void)
     snprintf(p1, sizeof p1, "%s/default.sock", dir);
     snprintf(p2, sizeof p2, "%s/group.sock", dir);
 
-    kid_t other = spawn(p1, NOBODY, -1, NULL);
-    kid_t member = spawn(p2, GROUP_G, -1, NULL);
-    kid_t sup_only = spawn(p2, GROUP_H, GROUP_G, "may not connect");
+    tp_kid_t other = spawn(p1, NOBODY, -1, NULL);
+    tp_kid_t member = spawn(p2, GROUP_G, -1, NULL);
+    tp_kid_t sup_only = spawn(p2, GROUP_H, GROUP_G, "may not connect");
 
     gm_pool_t *pool = test_pool(256 * MiB, 0);
     REQUIRE(pool != NULL);
