@@ -73,7 +73,7 @@ class TestSdist(unittest.TestCase):
         with tarfile.open(os.path.join(tmp, name)) as t:
             names = set(t.getnames())
             for need in ("pyproject.toml", "build_backend/gpumem_build.py", "gpumem/__init__.py",
-                         "PKG-INFO", "native/include/gpumem.h", "native/gpumem.map", "native/src/core/pool.c",
+                         "PKG-INFO", "native/include/gpumem.h", "native/gpumem.map", "native/src/api/pool.c",
                          "native/src/backend/sim.c", "gpumem/torch_allocator.cpp", "gpumem/include/gpumem.h"):
                 self.assertIn("gpumem-%s/%s" % (version, need), names)
             t.extractall(tmp)

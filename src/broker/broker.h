@@ -26,11 +26,18 @@ typedef struct gm__broker_client_stats {
     char tenant[64];
 } gm__broker_client_stats_t;
 
+/* How the events thread gives a heap's free pages back when the broker
+ * reclaims (heap lock held): down to `keep` bytes of unused reserve, the
+ * bytes given back in *released, and whoever watches the heap told.  The
+ * pool passes it at init, so the client calls no engine or observer by name. */
+typedef int (*gm__broker_trim_fn)(gm_pool_t *heap, size_t keep, size_t *released);
+
 /* Install the broker provider in pool (the root; cfg.broker names the
  * socket): connects, says hello, starts the events thread.  On failure the
  * pool keeps its provider and the error says why (GM_IO: no broker there;
  * GM_DENIED: refused; GM_INVALID_STATE: another page size). */
-int gm__broker_provider_init(gm__page_provider_t *p, gm_pool_t *pool);
+int gm__broker_provider_init(gm__page_provider_t *p, gm_pool_t *pool,
+                             gm__broker_trim_fn trim_locked);
 bool gm__broker_provider_is(const gm__page_provider_t *p);
 /* Stop the events thread (it walks the pool's heaps): first thing at pool
  * destroy.  Nothing for another provider. */

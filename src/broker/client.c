@@ -22,7 +22,7 @@
  *            broker books only what its lease record proves: adopt_booked).
  *   events   a thread listening on the second connection: RECLAIM asks for
  *            cached pages; it empties the stock and trims the pool's free
- *            pages (gm__pages_trim_locked, under each heap's lock), which
+ *            pages (the trim the pool gave at init, under each heap's lock), which
  *            come back through give_back and go to the broker.
  *
  * Locks: a heap's lock, then mu (obtain and give_back are called with a
@@ -52,7 +52,6 @@
 #include "broker/proto.h"
 #include "core/options.h"
 #include "core/pool.h"
-#include "observe/observe.h"
 #include "base/wire.h"
 
 #define TIMEOUT_S 10
@@ -61,6 +60,7 @@
 #define ID_MASK ((1ull << ID_BITS) - 1)
 
 struct gm__broker_client {
+    gm__broker_trim_fn trim_locked; /* gives a heap's free pages back (the pool's) */
     pthread_mutex_t mu;
     gm_pool_t *pool;           /* the root */
     char path[108];
@@ -575,8 +575,7 @@ static void reclaim(gm__broker_client_t *c, uint64_t want)
         gm__lock(&h->lock);
         size_t cached = h->st.reserved - h->st.active, got = 0;
         size_t keep = cached > left ? cached - (size_t)left : 0;
-        if (gm__pages_trim_locked(h, keep, &got) != GM_OK) gm__clear_error();
-        gm__observe_trimmed_locked(h);
+        if (c->trim_locked(h, keep, &got) != GM_OK) gm__clear_error();
         gm__unlock(&h->lock);
         left = got >= left ? 0 : left - got;
     }
@@ -628,12 +627,14 @@ static void *events_main(void *arg)
 
 /* ---- creation and teardown --------------------------------------------------- */
 
-int gm__broker_provider_init(gm__page_provider_t *p, gm_pool_t *pool)
+int gm__broker_provider_init(gm__page_provider_t *p, gm_pool_t *pool,
+                             gm__broker_trim_fn trim_locked)
 {
     gm__broker_client_t *c = gm__calloc(1, sizeof *c);
     if (!c) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
     pthread_mutex_init(&c->mu, NULL);
     c->pool = pool;
+    c->trim_locked = trim_locked;
     c->fd = c->efd = c->retired_efd = -1;
     c->wake[0] = c->wake[1] = -1;
     snprintf(c->path, sizeof c->path, "%s", pool->cfg.broker);

@@ -702,7 +702,9 @@ int gm__alloc_locked(gm_pool_t *pool, size_t size, size_t align, gm__stream_t *s
     b->tag = (uint16_t)tag;
     b->offloaded = 0;
     b->host_copy = NULL;
-    if (GM_UNLIKELY(tag != GM_TAG_NONE)) gm__offload_note_alloc_locked(pool, b);
+    if (GM_UNLIKELY(tag != GM_TAG_NONE)) {
+        if (pool->hooks->tagged_alloc_locked) pool->hooks->tagged_alloc_locked(pool, b);
+    }
     else if (size <= GM_TC_LARGE_MAX) gm__tcache_note_alloc_locked(pool, b); /* its free may be fast */
     s->users++;
     pool->st.allocated += size;
@@ -775,7 +777,8 @@ int gm__free_locked(gm_pool_t *pool, void *ptr, gm__stream_t *s, size_t *freed, 
         return GM_OK;
     }
     *freed = b->requested;
-    if (GM_UNLIKELY(b->tag != GM_TAG_NONE)) gm__offload_note_free_locked(pool, b);
+    if (GM_UNLIKELY(b->tag != GM_TAG_NONE) && pool->hooks->tagged_free_locked)
+        pool->hooks->tagged_free_locked(pool, b);
     atomic_store_explicit(&b->tc_gen, ++pool->tc_next, memory_order_release);
     /* After the new generation: a cache that claims it from now on sees it. */
     atomic_store_explicit(&b->tc_cached, 0, memory_order_release);

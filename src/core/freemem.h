@@ -70,7 +70,7 @@ typedef struct gm__block {
     union {
         struct gm__block *fprev; /* free index list (free blocks) */
         struct gm__offseg *offseg; /* device live, offloaded: the host segment its
-                                      copy lies in (core/offload.c) */
+                                      copy lies in (offload/offload.c) */
     };
     union {
         struct gm__arena *arena; /* device: the arena it tiles */
@@ -89,7 +89,7 @@ typedef struct gm__block {
     _Atomic uint32_t tc_cached;  /* device: freed into a thread cache (tcache.h) */
     uint8_t shared;              /* device live: held by sharing (src/share/): a
                                     gm_free is the share layer's to carry out */
-    uint8_t offloaded;           /* device live: GM__OFFLOADED_* (core/offload.c) */
+    uint8_t offloaded;           /* device live: GM__OFFLOADED_* (offload/offload.c) */
     uint16_t tag;                /* device live: its gm_tag_t (0: none) */
     void *host_copy;             /* device live, offloaded: its data in pinned host memory */
 } gm__block_t;

@@ -34,7 +34,6 @@
 #include <string.h>
 
 #include "core/pool.h"
-#include "observe/observe.h"
 
 _Thread_local struct gm__heap_binding gm__heap_bound;
 
@@ -43,6 +42,7 @@ static gm_pool_t *heap_make(gm_pool_t *root)
 {
     gm_pool_t *h = gm__pool_map_new(root);
     if (!h) return NULL;
+    h->hooks = root->hooks;
     h->cfg = root->cfg;
     h->cfg.initial_reserve = 0;
     h->ops = root->ops;
@@ -68,7 +68,7 @@ static gm_pool_t *heap_make(gm_pool_t *root)
         return NULL;
     }
     h->magic = GM_HEAP_MAGIC;
-    if (root->mon) gm__monitor_attach(h); /* its own row in gpumem top */
+    if (h->hooks->heap_made) h->hooks->heap_made(h); /* e.g. its own row in gpumem top */
     return h;
 }
 
@@ -126,8 +126,7 @@ void gm__heaps_destroy(gm_pool_t *root, uint64_t *blocks, uint64_t *bytes)
         gm_pool_t *h = atomic_load_explicit(&root->heap[i], memory_order_acquire);
         if (!h) continue;
         atomic_store_explicit(&root->heap[i], NULL, memory_order_release);
-        gm__trace_pool_flush(h);
-        gm__monitor_detach(h);
+        if (h->hooks->heap_gone) h->hooks->heap_gone(h);
         gm__lock(&h->lock);
         gm__pool_core_fini_locked(h, blocks, bytes);
         gm__unlock(&h->lock);
@@ -149,7 +148,7 @@ bool gm__heaps_reclaim_others(gm_pool_t *h)
         size_t r = 0;
         if (gm__pages_trim_locked(o, 0, &r) != GM_OK) gm__clear_error();
         got += r;
-        gm__observe_trimmed_locked(o);
+        if (o->hooks->trimmed_locked) o->hooks->trimmed_locked(o);
         gm__unlock(&o->lock);
     }
     gm__lock(&h->lock);

@@ -13,18 +13,13 @@
 
 #include "core/kinds.h"
 
-/* The only list of the kinds.  Order: the leak report's. */
-const gm__kind_ops_t *const gm__kinds[] = {
-    &gm__kind_device,  &gm__kind_shared, &gm__kind_sysmem,   &gm__kind_managed,
-    &gm__kind_segment, &gm__kind_host,   &gm__kind_internal, NULL,
-};
-
 struct gm__kinds {
     gm__lock_t lock;             /* taken last */
     gm__hash_t map;              /* address -> gm__kind_rec_t */
+    const gm__kind_ops_t *const *rows; /* the pool's list (kinds.h) */
 };
 
-int gm__kinds_init(gm_pool_t *root)
+int gm__kinds_init(gm_pool_t *root, const gm__kind_ops_t *const *rows)
 {
     struct gm__kinds *k = gm__calloc(1, sizeof *k);
     if (!k) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
@@ -32,9 +27,12 @@ int gm__kinds_init(gm_pool_t *root)
         gm__free(k);
         return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
     }
+    k->rows = rows;
     root->kinds = k;
     return GM_OK;
 }
+
+const gm__kind_ops_t *const *gm__kinds_rows(gm_pool_t *pool) { return pool->root->kinds->rows; }
 
 void gm__kinds_fini(gm_pool_t *root)
 {
@@ -80,7 +78,7 @@ const gm__kind_ops_t *gm__kind_of_locked(gm_pool_t *pool, const void *ptr, gm__k
         gm__block_t *b = gm__hash_get(&pool->live, (uintptr_t)ptr);
         if (!b || atomic_load_explicit(&b->tc_cached, memory_order_relaxed))
             return NULL; /* freed (perhaps waiting in a thread cache), or inside a block */
-        return b->shared ? &gm__kind_shared : &gm__kind_device;
+        return pool->root->kinds->rows[b->shared ? 1 : 0];
     }
     gm__kind_rec_t *r = gm__kinds_find(pool, (uintptr_t)ptr);
     if (!r) return NULL;
@@ -98,14 +96,14 @@ int gm__kinds_check(gm_pool_t *root)
         if (!k->map.keys[i]) continue;
         const gm__kind_rec_t *r = k->map.vals[i];
         bool known = false;
-        for (unsigned j = 0; gm__kinds[j] && !known; j++) known = r->ops == gm__kinds[j];
+        for (unsigned j = 0; k->rows[j] && !known; j++) known = r->ops == k->rows[j];
         if (!known)
             rc = gm__set_error(GM_INTERNAL, "kinds: address %#lx names a record of no kind",
                                (unsigned long)k->map.keys[i]);
     }
     gm__unlock(&k->lock);
-    for (unsigned j = 0; gm__kinds[j] && rc == GM_OK; j++)
-        if (gm__kinds[j]->check) rc = gm__kinds[j]->check(root);
+    for (unsigned j = 0; k->rows[j] && rc == GM_OK; j++)
+        if (k->rows[j]->check) rc = k->rows[j]->check(root);
     gm__unlock(&root->lock);
     return rc;
 }

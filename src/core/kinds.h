@@ -9,7 +9,7 @@
  * root's one address map (kinds.c), whose value is the kind's record.  So
  * who owns a pointer is one lookup, and what is done with it is the row of
  * its kind (gm__kind_ops_t), the way a page provider's row says where pages
- * come from (provider.h).  The table of rows, kinds.c's gm__kinds, is the
+ * come from (provider.h).  The table of rows, pool.c's kind_rows, is the
  * only place that lists the kinds; each row lives in the file that keeps
  * that kind's records.  A new kind (an imported extent, a CUDA-graph pool,
  * an engine-sleep door) is one row in its own file, one line in the table,
@@ -80,11 +80,15 @@ struct gm__kind_ops {
 
 /* ---- the table (kinds.c) -------------------------------------------------- */
 
-/* The rows, in the leak report's order; NULL-terminated. */
-extern const gm__kind_ops_t *const gm__kinds[];
+/* The rows, in the leak report's order, NULL-terminated: the pool's
+ * (api/pool.c lists them and hands the list to gm__kinds_init, so that this
+ * floor names no row of a floor above it, src/FLOORS).  The first row is
+ * the device block's, the second the shared block's: the two kinds a
+ * pointer inside the arenas can be. */
+const gm__kind_ops_t *const *gm__kinds_rows(gm_pool_t *pool);
 
 /* The rows themselves, each defined beside its records. */
-extern const gm__kind_ops_t gm__kind_device;   /* core/pool.c */
+extern const gm__kind_ops_t gm__kind_device;   /* api/pool.c */
 extern const gm__kind_ops_t gm__kind_shared;   /* share/share.c */
 extern const gm__kind_ops_t gm__kind_sysmem;   /* host/sysmem.c */
 extern const gm__kind_ops_t gm__kind_managed;  /* host/managed.c */
@@ -94,8 +98,9 @@ extern const gm__kind_ops_t gm__kind_internal; /* host/host.c: staging, offload 
 
 /* ---- the address map (kinds.c) -------------------------------------------- */
 
-/* At pool creation (the root) and destruction, after every kind's fini. */
-int gm__kinds_init(gm_pool_t *root);
+/* At pool creation (the root; rows: the pool's list, see gm__kinds_rows)
+ * and destruction, after every kind's fini. */
+int gm__kinds_init(gm_pool_t *root, const gm__kind_ops_t *const *rows);
 void gm__kinds_fini(gm_pool_t *root);
 /* addr (absent) now names rec: GM_OK, or GM_NO_HOST_MEMORY with a message
  * naming fn and nothing changed. */

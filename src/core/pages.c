@@ -1141,7 +1141,8 @@ int gm__pages_trim_locked(gm_pool_t *pool, size_t keep, size_t *released)
     size_t before = pool->st.reserved;
     int rc = GM_OK;
     gm__drain_streams_locked(pool);
-    if (GM_UNLIKELY(pool->offl_dirty)) gm__offload_trim_locked(pool);
+    if (GM_UNLIKELY(pool->offl_dirty) && pool->hooks->offload_trim_locked)
+        pool->hooks->offload_trim_locked(pool);
     /* Oldest first; a page some held stream may still touch stays. */
     uint32_t id = pool->lru_head;
     while (id != GM_NONE && pool->st.reserved - pool->st.active > keep) {
@@ -1185,7 +1186,7 @@ int gm__pages_release_range_locked(gm_pool_t *pool, gm__arena_t *a, uintptr_t ad
     return rc;
 }
 
-/* ---- offload (core/offload.c) ---------------------------------------------- */
+/* ---- offload (offload/offload.c) --------------------------------------------- */
 
 /* May a block overlapping a page being evicted lie there?  Free and past
  * every fence (the global index, or its stream known to have passed its

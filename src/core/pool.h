@@ -259,20 +259,58 @@ struct gm_pool {
     uint64_t mon_allocated, mon_reserved, mon_mapped; /* as last written there */
     bool registered;
     struct gm_pool *all_prev, *all_next; /* every pool of the process (process.c) */
+    /* The features the engine tells (gm__heap_hooks_t below): the pool's
+     * table, set by gm_pool_create before any block exists, copied to each
+     * heap. */
+    const struct gm__heap_hooks *hooks;
 };
 
-/* ---- defined in src/core/process.c ------------------------------------------ */
+/* ---- the engine's hooks ----------------------------------------------------
+ *
+ * The engine (alloc.c, pages.c, heaps.c, tcache.c, handles.c) tells the
+ * features of an event through this table, never by name, so that it stands
+ * on a floor below them (src/FLOORS): the pool fills it at creation
+ * (pool.c), each heap shares its root's.  Every member may be NULL (nothing
+ * to tell); each call sits behind the branch the engine already had, so a
+ * pool without the feature pays what it paid before. */
+typedef struct gm__heap_hooks {
+    /* A block with a tag was made / is being freed (offload.c; lock held). */
+    void (*tagged_alloc_locked)(gm_pool_t *heap, gm__block_t *b);
+    void (*tagged_free_locked)(gm_pool_t *heap, gm__block_t *b);
+    /* Trim found pool->offl_dirty: offloaded blocks may have pages to give
+     * back (offload.c; lock held). */
+    void (*offload_trim_locked)(gm_pool_t *heap);
+    /* A heap other than the root was made / is about to be torn down (no
+     * lock held): its monitor row, its trace rows. */
+    void (*heap_made)(gm_pool_t *heap);
+    void (*heap_gone)(gm_pool_t *heap);
+    /* Pages were given back outside an entry point (lock held): the
+     * monitor's copy is stale. */
+    void (*trimmed_locked)(gm_pool_t *heap);
+    /* A heap's engine is being torn down (gm__pool_core_fini_locked, lock
+     * held): first the offloaded state of its blocks (only when its live
+     * table was made), later, after the thread caches, the observers'. */
+    void (*offload_fini_locked)(gm_pool_t *heap);
+    void (*observers_fini_locked)(gm_pool_t *heap);
+} gm__heap_hooks_t;
+
+/* Whether leak tracking / the trace recorder are on (process-wide; set by
+ * observe/leak.c and observe/tracelog.c, read by the engine: a thread cache
+ * steps aside while either watches every block). */
+extern atomic_int gm__leak_on, gm__trace_on;
+
+/* ---- defined in src/api/process.c ------------------------------------------- */
 
 /* The pool of `device` if it was created already (gm_device_pool), else
  * NULL; never creates one.  Ordinals run from 0 to gm__device_pool_count(). */
 gm_pool_t *gm__device_pool_peek(int device);
 int gm__device_pool_count(void);
-/* The handle check of every public entry point: GM_OK for a usable pool;
+/* The handle check of every public entry point (registry.c): GM_OK for a usable pool;
  * else GM_INVALID_STATE (a pool of the parent, in a child of fork) or
  * GM_INVALID_ARGUMENT (destroyed, or not a pool), with a message naming fn.
  * pool NULL: the default pool is put in *pool.  One compare when valid. */
 int gm__pool_resolve_slow(gm_pool_t **pool, const char *fn);
-/* The handle arena (pool.c): every pool and heap struct is a slot of a
+/* The handle arena (handles.c): every pool and heap struct is a slot of a
  * reserved address range, so a handle is checked by its address before it is
  * read.  gm__handles_lo: the first chunk's start; gm__handles_units: how many
  * 4 KiB units of it are handed out (slots start on a page, so a handle is
@@ -303,11 +341,23 @@ void gm__process_pool_created(gm_pool_t *pool);
  * registered, its leak report (leak checking on), trace flush, monitor slot
  * release, unregistration.  A pool never registered is fine. */
 void gm__process_pool_destroying(gm_pool_t *pool);
+
+/* ---- defined in src/core/registry.c ----------------------------------------- */
+
 /* Call fn on every registered pool, holding the registry lock (not the pools'
  * locks).  Lock order: registry, then a pool's lock, then the trace lock. */
 void gm__registry_foreach(void (*fn)(gm_pool_t *pool, void *arg), void *arg);
+/* List pool for the walks (pool->registered set); false when there was no
+ * room (the pool is observed less). */
+bool gm__registry_add(gm_pool_t *pool);
+/* Unlist pool; true when no registered pool is left. */
+bool gm__registry_remove(gm_pool_t *pool);
+void gm__registry_atfork_child(void);
+/* The maker of the default pool (process.c's gm_default_pool), for the
+ * handle check's NULL; handed down when the library is loaded. */
+void gm__registry_set_default(int (*fn)(gm_pool_t **pool));
 
-/* ---- defined in src/core/pool.c -------------------------------------------- */
+/* ---- defined in src/api/pool.c --------------------------------------------- */
 
 /* Who owns a pointer, and what gm_free, gm_block_size, gm_record_stream
  * and the leak report do with it: the memory kinds' table (core/kinds.h). */
@@ -366,14 +416,16 @@ static inline void gm__fam_peak_add(gm_pool_t *pool, int64_t d)
     if (pool->root->heaps_max > 1)
         atomic_fetch_add_explicit(&pool->root->fam_peak_sum, (uint64_t)d, memory_order_relaxed);
 }
-/* Pool struct plumbing shared by pool.c and heaps.c (defined in pool.c): a
- * struct in a mapping of its own with its empty state set (root NULL: a new
- * pool), its death (pages dropped, address space kept), and the engine every
+/* Pool struct plumbing shared by pool.c and heaps.c (defined in handles.c):
+ * a struct in a mapping of its own with its empty state set (root NULL: a
+ * new pool), its death (pages dropped, address space kept), a dead slot
+ * never handed out kept for the next pool, and the engine every
  * heap has, set up and (lock held) torn down; the fini adds the blocks and
  * bytes still live (those waiting in thread caches were freed) to *blocks
  * and *bytes. */
 gm_pool_t *gm__pool_map_new(gm_pool_t *root);
 void gm__pool_map_dead(gm_pool_t *pool);
+void gm__pool_map_unused(gm_pool_t *pool);
 int gm__pool_core_init(gm_pool_t *pool, size_t small_va, size_t large_va);
 void gm__pool_core_fini_locked(gm_pool_t *pool, uint64_t *blocks, uint64_t *bytes);
 /* Teardown of root's other heaps (root's destruction, no lock held); their
@@ -548,7 +600,7 @@ int gm__alloc_check_locked(gm_pool_t *pool);
 void gm__alloc_free_summary_locked(gm_pool_t *pool, uint64_t *largest, uint64_t *free_blocks);
 void gm__alloc_fini(gm_pool_t *pool);
 
-/* ---- defined in src/core/offload.c ------------------------------------------- */
+/* ---- defined in src/offload/offload.c ---------------------------------------- */
 
 /* GM__OFFLOADED_*: a live block's data is on the device (NONE), in its
  * host copy (COPIED), or was discarded (DISCARDED).  RESTORING, added to
@@ -617,7 +669,7 @@ bool gm__offload_tag_moving(gm_pool_t *root, gm_tag_t tag);
  * lock), so that a test can publish at that point. */
 extern void (*gm__offload_test_hook)(gm_pool_t *root, gm_tag_t tag);
 
-/* The first step of an allocation that found no room (pool.c), lock held:
+/* The first step of an allocation that found no room (segments.c), lock held:
  * the thread cache flushed, streams drained, free pages trimmed, and in the
  * root cached registrable segments given back; the bytes given back. */
 size_t gm__pool_reclaim_locked(gm_pool_t *pool);

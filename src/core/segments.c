@@ -231,6 +231,18 @@ size_t gm__segs_trim_locked(gm_pool_t *pool)
     return freed;
 }
 
+/* The engine's own reclaim (pool.h): here, beside the segments it gives
+ * back, so that the engine asks no floor above it. */
+size_t gm__pool_reclaim_locked(gm_pool_t *pool)
+{
+    size_t pages = 0;
+    gm__tcache_flush_self_locked(pool);
+    gm__drain_streams_locked(pool);
+    if (gm__pages_trim_locked(pool, 0, &pages) != GM_OK) gm__clear_error();
+    /* Cached registrable segments (the root's) hold the limit too. */
+    return pages + (pool->root == pool ? gm__segs_trim_locked(pool) : 0);
+}
+
 /* After a creation found no room: the allocator's own reclaim (cached
  * pages and segments go back); whether anything went back.  The creation's
  * message is kept. */

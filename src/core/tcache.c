@@ -25,9 +25,10 @@
 
 #include "core/pool.h"
 #include "core/tcache.h"
-#include "observe/observe.h"
 
 _Thread_local gm__tcache_t *gm__tc_self;
+/* Set by the leak tracker and the trace recorder (pool.h). */
+atomic_int gm__leak_on, gm__trace_on;
 
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static gm__tcache_t *caches; /* every thread's cache (cache_mu) */

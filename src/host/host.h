@@ -23,13 +23,13 @@ void gm__host_fini(gm_pool_t *pool);
  * (GM_INVALID_ARGUMENT), so gm_host_free cannot release a sysmem block nor a
  * staging buffer. */
 enum { GM__HOST_NONE = -1, GM__HOST_USER = 0, GM__HOST_STAGING = 1, GM__HOST_SYSMEM = 2,
-       GM__HOST_OFFLOAD = 3 /* host copies of offloaded blocks (core/offload.c) */ };
+       GM__HOST_OFFLOAD = 3 /* host copies of offloaded blocks (offload/offload.c) */ };
 /* Allocate pinned, device-mapped host memory for `kind`; *dptr (optional)
  * receives the device address of the block.  Takes the host lock. */
 int gm__host_alloc_kind(gm_pool_t *pool, int kind, size_t size, gm_stream_t stream, void **ptr,
                         uintptr_t *dptr);
 int gm__host_free_kind(gm_pool_t *pool, int kind, void *ptr, gm_stream_t stream);
-/* Making pinned memory ahead (an offload's segment maker, core/offload.c):
+/* Making pinned memory ahead (an offload's segment maker, offload/offload.c):
  * touching new memory (the kernel zeroes it) is CPU work and registering it
  * is the driver's, so one region can be touched while another registers.
  * gm__host_prepare_size: the size of the chunk an allocation of `size`

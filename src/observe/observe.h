@@ -2,7 +2,7 @@
 /*
  * observe.h — private declarations of the observability files: pool and
  * process statistics (stats.c; the registry of pools they walk is
- * src/core/process.c), the trace recorder
+ * src/core/registry.c), the trace recorder
  * (tracelog.c), the leak tracker (leak.c), the out-of-memory report
  * (oom.c) and the shared statistics segment read by `gpumem top` and
  * `gpumem metrics` (monitor.c).

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * stats.c — statistics of a pool and of the process, and the JSON form of
- * them.  The process figures walk the registry of src/core/process.c.
+ * them.  The process figures walk the registry of src/core/registry.c.
  *
  * The one idea: counters are plain fields kept under the pool lock by the
  * code that changes them; everything derived (cached, largest free block,

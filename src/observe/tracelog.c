@@ -59,7 +59,6 @@ struct gm__trace_buf {
     rec_t r[BUF_RECORDS];
 };
 
-atomic_int gm__trace_on;
 
 static void buf_free(struct gm__trace_buf *b)
 {

@@ -170,6 +170,24 @@ static void msg_init(gm__share_msg_t *m, int type)
 
 static bool terminated(const char *s, size_t cap) { return memchr(s, '\0', cap) != NULL; }
 
+/* The pool's free of a block sharing held (gm__free_held_locked, api/pool.c),
+ * handed down at pool creation (gm__share_set_free) so that sharing does
+ * not call up into the entry points (src/FLOORS).  Set before any pool, and
+ * so any hold, exists. */
+static gm__share_free_fn free_held;
+
+void gm__share_set_free(gm__share_free_fn fn) { free_held = fn; }
+
+/* gm_stream_synchronize's work, without calling up into the entry points:
+ * the same handle check and message, the same backend call. */
+static int sync_stream(gm_pool_t *root, gm_stream_t stream)
+{
+    int rc;
+    GM_CHECK(gm__pool_resolve(&root, "gm_stream_synchronize"));
+    GM_BK(rc, root, stream_sync, (root->bk, stream));
+    return rc;
+}
+
 /* One message with fds[0..nfds) attached (wire.h).  flags: MSG_DONTWAIT
  * for the server. */
 static int msg_send(int fd, const gm__share_msg_t *m, const int *fds, size_t nfds, int flags)
@@ -219,7 +237,7 @@ static void hold_unref(hold_t *h, hold_t **to_free)
     gm__block_t *b = gm__hash_get(&h->heap->live, h->base);
     if (b) b->shared = 0;
     bool held;
-    if (b && h->owner_freed && gm__free_held_locked(h->heap, (void *)h->base, NULL, &held) != GM_OK)
+    if (b && h->owner_freed && free_held(h->heap, (void *)h->base, NULL, &held) != GM_OK)
         gm__clear_error();
     gm__unlock(&h->heap->lock);
     h->next = *to_free;
@@ -255,7 +273,7 @@ static void holds_free(hold_t *list)
 static int free_let_go(gm_pool_t *heap, void *ptr, gm_stream_t stream, bool *again)
 {
     gm__lock(&heap->lock);
-    int rc = gm__free_held_locked(heap, ptr, stream, again);
+    int rc = free_held(heap, ptr, stream, again);
     gm__unlock(&heap->lock);
     return rc;
 }
@@ -287,7 +305,7 @@ static int shared_free(gm_pool_t *heap, gm__kind_rec_t *rec, void *ptr, gm_strea
         pthread_mutex_unlock(&g_mu);
         /* The block's last use on `stream` is over before it is marked: the
          * real free comes later, on a stream that has nothing queued for it. */
-        rc = gm_stream_synchronize(root, stream);
+        rc = sync_stream(root, stream);
         if (rc != GM_OK) return rc;
         pthread_mutex_lock(&g_mu);
         h = hold_find(root, (uintptr_t)ptr);
@@ -893,7 +911,7 @@ int gm_share_publish_ranges(gm_share_server_t *srv, const char *name,
                              "a broker, which gives them to other tenants after this process; "
                              "publish from a pool without a broker");
     /* What was written on stream is in memory before anyone can map it. */
-    GM_CHECK(gm_stream_synchronize(root, stream));
+    GM_CHECK(sync_stream(root, stream));
 
     size_t page = root->page;
     pub_t *pub = gm__calloc(1, sizeof *pub);
@@ -1452,7 +1470,7 @@ int gm_share_release(gm_share_client_t *cli, void *ptr, gm_stream_t stream)
         imp->refs--;
     } else {
         /* Synchronize first: a failure leaves the import as it was. */
-        rc = gm_stream_synchronize(cli->root, stream);
+        rc = sync_stream(cli->root, stream);
         if (rc == GM_OK) {
             *pp = imp->next;
             rc = imp_destroy(cli, imp);

@@ -78,10 +78,14 @@ typedef struct gm__share_msg {
 /* ---- defined in src/share/share.c ---- */
 /* gm_free of a block the share layer holds (b->shared) is the shared row of
  * the memory kinds, gm__kind_shared (core/kinds.h), defined in share.c.
- * ---- defined in src/core/pool.c ---- */
+ * ---- defined in src/api/pool.c ---- */
 /* Free ptr, a block of heap's arenas, on `stream` as gm_free does; heap's
  * lock held.  *held: the block is (again) marked shared, nothing done. */
 int gm__free_held_locked(gm_pool_t *heap, void *ptr, gm_stream_t stream, bool *held);
+/* How sharing reaches it: the pool hands it down at creation (sharing sits
+ * below the entry points, src/FLOORS). */
+typedef int (*gm__share_free_fn)(gm_pool_t *heap, void *ptr, gm_stream_t stream, bool *held);
+void gm__share_set_free(gm__share_free_fn fn);
 
 /* fork(): the prepare handler holds sharing's lock so that the child gets
  * whole books; the child forgets the parent's servers, clients and holds

@@ -338,7 +338,7 @@ static void host_exhaustion(void)
     drop_all();
 }
 
-/* A tag of two windows (core/offload.c places at most 128 MiB of blocks per
+/* A tag of two windows (offload/offload.c places at most 128 MiB of blocks per
  * pinned segment): the second window's memory is touched ahead while the
  * first one's registers.  A cold offload registers one chunk per window
  * and nothing more; a registration failing at either window fails the

@@ -2,9 +2,10 @@
 /*
  * pool.c — one pool: its configuration, creation and teardown (which start
  * its host pool, copy engine and sysmem fallback), the public allocation
- * entry points, limits, trim.  What spans pools (the default and per-device
- * pools, the registry, fork, exit) is src/core/process.c; statistics are
- * src/observe/stats.c.
+ * entry points, limits, trim, and the engine's hooks (which features hear
+ * the engine's events).  What spans pools (the default and per-device pools,
+ * fork, exit) is src/api/process.c, the registry src/core/registry.c;
+ * statistics are src/observe/stats.c.
  *
  * A pool owns one backend context, two arenas of reserved address space
  * (small requests packed apart from large ones), the free indexes and the
@@ -36,7 +37,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "host/host.h"
@@ -48,6 +48,37 @@
 #include "broker/broker.h"
 
 /* ---- creation and teardown ------------------------------------------------- */
+
+/* The engine's hooks (pool.h): what the features hear from the engine. */
+static void heap_made(gm_pool_t *h)
+{
+    if (h->root->mon) gm__monitor_attach(h); /* its own row in gpumem top */
+}
+
+static void heap_gone(gm_pool_t *h)
+{
+    gm__trace_pool_flush(h);
+    gm__monitor_detach(h);
+}
+
+/* The broker client's reclaim, one heap (broker.h). */
+static int broker_trim_locked(gm_pool_t *h, size_t keep, size_t *released)
+{
+    int rc = gm__pages_trim_locked(h, keep, released);
+    gm__observe_trimmed_locked(h);
+    return rc;
+}
+
+static const gm__heap_hooks_t pool_hooks = {
+    .tagged_alloc_locked = gm__offload_note_alloc_locked,
+    .tagged_free_locked = gm__offload_note_free_locked,
+    .offload_trim_locked = gm__offload_trim_locked,
+    .heap_made = heap_made,
+    .heap_gone = heap_gone,
+    .trimmed_locked = gm__observe_trimmed_locked,
+    .offload_fini_locked = gm__offload_heap_fini_locked,
+    .observers_fini_locked = gm__observe_pool_fini_locked,
+};
 
 static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
 {
@@ -88,168 +119,6 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
                              d.heaps, GM_HEAPS_MAX);
     *out = d;
     return GM_OK;
-}
-
-/* LeakSanitizer scans globals, stacks and heap blocks, not anonymous
- * mappings: a pool's mapping is declared a root so that what it points to
- * (and what the process keeps at exit: the library's own pools) is not
- * reported as leaked.  Weak: NULL outside sanitizer builds. */
-extern void __lsan_register_root_region(const void *p, size_t size) __attribute__((weak));
-extern void __lsan_unregister_root_region(const void *p, size_t size) __attribute__((weak));
-
-static size_t pool_map_size(void)
-{
-    long pg = sysconf(_SC_PAGESIZE);
-    size_t page = pg > 4096 ? (size_t)pg : 4096; /* slots start 4 KiB-aligned (pool.h) */
-    return GM_ALIGN_UP(sizeof(struct gm_pool), page);
-}
-
-uint64_t gm__pool_next_gen(void)
-{
-    static _Atomic uint64_t made;
-    return atomic_fetch_add_explicit(&made, 1, memory_order_relaxed) + 1;
-}
-
-/* ---- the handle arena ------------------------------------------------------
- *
- * Every pool and heap struct is a slot of one of a few address ranges
- * reserved (PROT_NONE) for them: a handle is checked by its address before a
- * byte of it is read, so a pointer that never was a pool (0x1, a freed
- * malloc block, a stack address, an unmapped page) is refused without
- * touching it.  Slots are handed out in order and never given back once
- * handed out (a destroyed pool's slot stays readable and reads magic 0), so
- * a stale handle never names a later pool.  Chunk 0's start and length are
- * what the inline fast path (gm__pool_resolve) compares; later chunks, made when one
- * fills, are checked by the slow path.  handles_mu guards the hand-out; the
- * bounds are published with release stores after a slot is mapped. */
-#define HANDLE_CHUNKS 64
-#define HANDLE_CHUNK_SLOTS 4096
-
-/* chunk 0: its start, and its 4 KiB units handed out (pool.h) */
-_Atomic uintptr_t gm__handles_lo, gm__handles_units;
-static struct {
-    _Atomic uintptr_t base, end; /* reserved at base; [base, end) handed out */
-} chunks[HANDLE_CHUNKS];
-static size_t n_chunks;
-static void *spare; /* a slot made for a pool whose creation failed */
-static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
-
-/* A slot's worth of address space, mapped read-write; NULL when out of
- * address space or host memory (handles_mu held). */
-static void *slot_new_locked(void)
-{
-    size_t sz = pool_map_size();
-    if (spare) {
-        void *m = spare;
-        spare = NULL;
-        return m;
-    }
-    size_t c = n_chunks ? n_chunks - 1 : 0;
-    uintptr_t base = atomic_load_explicit(&chunks[c].base, memory_order_relaxed);
-    uintptr_t end = atomic_load_explicit(&chunks[c].end, memory_order_relaxed);
-    if (!base || end - base == (uintptr_t)HANDLE_CHUNK_SLOTS * sz) {
-        if (n_chunks == HANDLE_CHUNKS) return NULL;
-        void *r = mmap(NULL, HANDLE_CHUNK_SLOTS * sz, PROT_NONE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (r == MAP_FAILED) return NULL;
-        c = n_chunks++;
-        base = end = (uintptr_t)r;
-        atomic_store_explicit(&chunks[c].end, end, memory_order_relaxed);
-        atomic_store_explicit(&chunks[c].base, base, memory_order_release);
-        if (c == 0) atomic_store_explicit(&gm__handles_lo, base, memory_order_release);
-    }
-    void *m = mmap((void *)end, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
-                   -1, 0);
-    if (m == MAP_FAILED) return NULL;
-    atomic_store_explicit(&chunks[c].end, end + sz, memory_order_release);
-    if (c == 0)
-        atomic_store_explicit(&gm__handles_units, (end + sz - base) >> GM_HANDLE_UNIT_SHIFT,
-                              memory_order_release);
-    return m;
-}
-
-bool gm__handle_in_arena(const void *p)
-{
-    size_t sz = pool_map_size();
-    uintptr_t a = (uintptr_t)p;
-    for (size_t c = 0; c < HANDLE_CHUNKS; c++) {
-        uintptr_t base = atomic_load_explicit(&chunks[c].base, memory_order_acquire);
-        if (!base) break;
-        uintptr_t end = atomic_load_explicit(&chunks[c].end, memory_order_acquire);
-        if (a >= base && a < end) return (a - base) % sz == 0;
-    }
-    return false;
-}
-
-/* NULL when out of host memory. */
-gm_pool_t *gm__pool_map_new(gm_pool_t *root)
-{
-    pthread_mutex_lock(&handles_mu);
-    void *mem = slot_new_locked();
-    pthread_mutex_unlock(&handles_mu);
-    if (!mem) return NULL;
-    if (__lsan_register_root_region) __lsan_register_root_region(mem, pool_map_size());
-    gm_pool_t *pool = mem;
-    pool->st.size = sizeof pool->st;
-    pool->st.version = GM_STATS_VERSION;
-    pool->global.is_global = true;
-    pool->lru_head = pool->lru_tail = GM_NONE;
-    pool->tc_gen = gm__pool_next_gen();
-    pool->root = root ? root : pool;
-    pool->heaps_max = 1;
-    return pool;
-}
-
-/* The struct's pages are given back and read as zeros (magic 0); the
- * address space stays, so a stale pointer never names a later pool. */
-void gm__pool_map_dead(gm_pool_t *pool)
-{
-    pool->magic = 0;
-    if (__lsan_unregister_root_region) __lsan_unregister_root_region(pool, pool_map_size());
-    madvise(pool, pool_map_size(), MADV_DONTNEED);
-}
-
-/* A slot never handed out to a caller (its pool's creation failed; the
- * teardown already made it dead: zeroed, no longer a LeakSanitizer root):
- * kept for the next pool. */
-static void pool_map_unused(gm_pool_t *pool)
-{
-    pthread_mutex_lock(&handles_mu);
-    if (!spare) spare = pool; /* else it stays a dead slot, read as magic 0 */
-    pthread_mutex_unlock(&handles_mu);
-}
-
-/* What every heap has (the root and the others): the live table, the
- * stream states with the default stream's, and the two arenas of small_va
- * and large_va bytes of address space, each one free block. */
-int gm__pool_core_init(gm_pool_t *pool, size_t small_va, size_t large_va)
-{
-    GM_CHECK(gm__hash_init(&pool->live, 1024));
-    GM_CHECK(gm__hash_init(&pool->streams.of, 16));
-    if (!gm__stream_get_locked(pool, NULL))
-        return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
-    GM_CHECK(gm__arena_init(pool, &pool->arena[GM_CLASS_SMALL], GM_CLASS_SMALL, small_va, 0));
-    GM_CHECK(gm__arena_init(pool, &pool->arena[GM_CLASS_LARGE], GM_CLASS_LARGE, large_va,
-                            (uint32_t)pool->arena[GM_CLASS_SMALL].npages));
-    for (int c = 0; c < GM_CLASS_COUNT; c++) GM_CHECK(gm__alloc_arena_ready_locked(pool, &pool->arena[c]));
-    return GM_OK;
-}
-
-/* Undo gm__pool_core_init, however far it got (lock held, or the struct
- * not yet seen by anyone): every thread cache bound to it drops it. */
-void gm__pool_core_fini_locked(gm_pool_t *pool, uint64_t *blocks, uint64_t *bytes)
-{
-    if (pool->live.cap) gm__offload_heap_fini_locked(pool);
-    gm_stats_t left = {.allocated = pool->st.allocated, .live_blocks = pool->live.count};
-    gm__tcache_adjust_locked(pool, &left); /* cached blocks were freed by the program */
-    *blocks += left.live_blocks;
-    *bytes += left.allocated;
-    gm__tcache_pool_fini_locked(pool);
-    pool->tc_gen = 0;
-    gm__observe_pool_fini_locked(pool);
-    gm__pages_fini(pool);
-    for (int c = 0; c < GM_CLASS_COUNT; c++) gm__arena_fini(pool, &pool->arena[c]);
-    gm__alloc_fini(pool);
 }
 
 /* Everything but the handle's own memory, which is never unmapped (so a
@@ -323,6 +192,14 @@ static int backend_config(const gm_pool_t *pool, gm__backend_config_t *bc)
     return GM_OK;
 }
 
+/* The only list of the memory kinds (core/kinds.h), handed to the root's
+ * address map at creation.  Order: the leak report's; the device block's
+ * row first and the shared block's second (kinds.h says why). */
+static const gm__kind_ops_t *const kind_rows[] = {
+    &gm__kind_device,  &gm__kind_shared, &gm__kind_sysmem,   &gm__kind_managed,
+    &gm__kind_segment, &gm__kind_host,   &gm__kind_internal, NULL,
+};
+
 int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
 {
     int rc;
@@ -332,6 +209,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     /* A mapping of its own, never unmapped: see pool_teardown. */
     gm_pool_t *pool = gm__pool_map_new(NULL);
     if (!pool) return gm__set_error(GM_NO_HOST_MEMORY, "gm_pool_create: out of host memory");
+    pool->hooks = &pool_hooks;
     atomic_store_explicit(&pool->heap[0], pool, memory_order_relaxed);
     atomic_store_explicit(&pool->n_heaps, 1, memory_order_relaxed);
     pthread_mutex_init(&pool->heaps_mu, NULL);
@@ -362,11 +240,12 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
     pool->page_shift = (unsigned)__builtin_ctzll(pool->page);
     gm__provider_local_init(&pool->provider, pool);
     if (pool->cfg.broker[0])
-        GM_CHECK_GOTO(gm__broker_provider_init(&pool->provider, pool), rc, fail);
+        GM_CHECK_GOTO(gm__broker_provider_init(&pool->provider, pool, broker_trim_locked), rc, fail);
     pool->limit = pool->info.total_memory;
     if (pool->cfg.limit && pool->cfg.limit < pool->limit) pool->limit = pool->cfg.limit;
 
-    GM_CHECK_GOTO(gm__kinds_init(pool), rc, fail);
+    GM_CHECK_GOTO(gm__kinds_init(pool, kind_rows), rc, fail);
+    gm__share_set_free(gm__free_held_locked);
     GM_CHECK_GOTO(gm__host_init(pool), rc, fail);
     GM_CHECK_GOTO(gm__copy_init(pool), rc, fail);
     GM_CHECK_GOTO(gm__offload_init(pool), rc, fail);
@@ -397,7 +276,7 @@ int gm_pool_create(const gm_pool_config_t *cfg, gm_pool_t **out)
 fail:;
     uint64_t nb = 0, nbytes = 0;
     pool_teardown(pool, &nb, &nbytes);
-    pool_map_unused(pool); /* never handed out: no stale handle can exist */
+    gm__pool_map_unused(pool); /* never handed out: no stale handle can exist */
     return rc;
 }
 
@@ -447,16 +326,6 @@ static bool retry_locked(gm_pool_t *pool, size_t size, size_t align, gm_stream_t
     if (*rc != GM_OUT_OF_MEMORY && *rc != GM_LIMIT) return true;
     snprintf(reason, cap, "%s", gm_last_error());
     return false;
-}
-
-size_t gm__pool_reclaim_locked(gm_pool_t *pool)
-{
-    size_t pages = 0;
-    gm__tcache_flush_self_locked(pool);
-    gm__drain_streams_locked(pool);
-    if (gm__pages_trim_locked(pool, 0, &pages) != GM_OK) gm__clear_error();
-    /* Cached registrable segments (the root's) hold the limit too. */
-    return pages + (pool->root == pool ? gm__segs_trim_locked(pool) : 0);
 }
 
 /* Everything after a failed first attempt, lock held (released around the

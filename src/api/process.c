@@ -2,20 +2,20 @@
 /*
  * process.c — what the library keeps for the whole process: the list of
  * every pool (for fork), the per-device pools and the default pool, the
- * handle check that turns a NULL pool into the default one, the registry of
- * pools the observability features walk, the exit handler, and the start of
- * the environment-driven observers (GPUMEM_TRACE, GPUMEM_LEAK_CHECK, the
- * monitor segment) at the first pool.
+ * exit handler, and the start of the environment-driven observers
+ * (GPUMEM_TRACE, GPUMEM_LEAK_CHECK, the monitor segment) at the first pool.
+ * The handle check that turns a NULL pool into the default one and the
+ * registry of pools the observability features walk are one floor down, in
+ * src/core/registry.c, so that the features use them without calling up.
  *
  * The one idea: a pool (pool.c) knows nothing of the other pools; whatever
- * spans pools or outlives them lives here, so the observers and the host
- * wing ask this file, not pool.c, for "the default pool" and "every pool".
+ * spans pools or outlives them lives here or in the registry.
  *
- * Locking: three small mutexes, each taken alone and briefly: pools_mu (the
- * fork list), device_mutex (creating a device pool; it calls gm_pool_create,
- * which takes registry_mu) and registry_mu.  Lock order: registry_mu, then a
- * pool's lock, then the trace lock.  None is held while a pool lock is
- * waited for, except registry_mu in gm__registry_foreach.
+ * Locking: small mutexes, each taken alone and briefly: pools_mu (the fork
+ * list), device_mutex (creating a device pool; it calls gm_pool_create,
+ * which takes the registry's lock), exit_mu, and the registry's lock
+ * (registry.c).  Lock order: the registry's lock, then a pool's lock, then
+ * the trace lock.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -38,6 +38,11 @@ static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
 static gm_pool_t *pools_head;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
+/* The exit handler, installed with the first pool (exit_mu). */
+static pthread_mutex_t exit_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool exit_handler_installed;
+static pid_t owner_pid; /* the process that installed the exit handler */
+
 static void pools_link(gm_pool_t *pool)
 {
     pthread_mutex_lock(&pools_mu);
@@ -59,7 +64,6 @@ static void pools_unlink(gm_pool_t *pool)
 }
 
 static void library_pools_atfork_child(void);
-static void registry_atfork_child(void);
 
 /* fork(): the prepare handler holds pools_mu so that the child gets a whole
  * list; the child marks every pool on it dead (GM_POOL_FORKED) without
@@ -87,7 +91,9 @@ static void atfork_child(void)
         gm__broker_atfork_child(&p->provider);
     }
     library_pools_atfork_child();
-    registry_atfork_child();
+    gm__registry_atfork_child();
+    pthread_mutex_t fresh_exit = PTHREAD_MUTEX_INITIALIZER;
+    exit_mu = fresh_exit;
     gm__monitor_atfork_child();
     gm__options_atfork_child();
     gm__tcache_atfork_child();
@@ -100,20 +106,12 @@ void gm__process_init(void)
     pthread_once(&atfork_once, atfork_install);
 }
 
-int gm__pool_resolve_slow(gm_pool_t **pool, const char *fn)
+/* A NULL pool given to an entry point of any floor is the default pool: the
+ * handle check (core/registry.c) makes it through this maker, handed down
+ * when the library is loaded. */
+__attribute__((constructor)) static void default_maker_install(void)
 {
-    if (!*pool) return gm_default_pool(pool);
-    if (!gm__handle_in_arena(*pool))
-        return gm__set_error(GM_INVALID_ARGUMENT, "%s: %p is not a pool handle (no pool of this "
-                             "process was ever made at that address)", fn, (void *)*pool);
-    uint64_t m = (*pool)->magic;
-    if (m == GM_POOL_MAGIC) return GM_OK;
-    if (m == GM_POOL_FORKED)
-        return gm__set_error(GM_INVALID_STATE, "%s: pool %p belongs to the parent process (this "
-                             "process is a child of fork()); create a new pool here", fn,
-                             (void *)*pool);
-    return gm__set_error(GM_INVALID_ARGUMENT, "%s: %p is not a live pool (destroyed, or not a "
-                         "pool)", fn, (void *)*pool);
+    gm__registry_set_default(gm_default_pool);
 }
 
 /* ---- per-device pools ------------------------------------------------------ */
@@ -210,15 +208,6 @@ static void library_pools_atfork_child(void)
 
 /* ---- the registry, the exit handler, the observers' start ------------------ */
 
-/* The pools the observability features walk (process stats, leak reports,
- * trace flushes, the exit handler): a small array under registry_mu.  A
- * pool the array had no room for is still a pool, observed less. */
-static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
-static gm_pool_t **registry;
-static size_t n_registry, cap_registry;
-static bool exit_handler_installed;
-static pid_t owner_pid; /* the process that installed the exit handler */
-
 /* At exit: the leak report (which may end the process with
  * GM_LEAK_EXIT_STATUS, so the segment goes first), the trace's last rows.
  * A child forked without exec runs the same handler: it leaves the
@@ -235,26 +224,15 @@ void gm__process_pool_created(gm_pool_t *pool)
 {
     bool first = false;
     pools_link(pool);
-    pthread_mutex_lock(&registry_mu);
-    if (n_registry == cap_registry) {
-        size_t cap = cap_registry ? cap_registry * 2 : 8;
-        gm_pool_t **r = gm__realloc(registry, cap * sizeof *r);
-        if (r) {
-            registry = r;
-            cap_registry = cap;
-        }
-    }
-    if (n_registry < cap_registry) { /* else: an unlisted pool, observed less */
-        registry[n_registry++] = pool;
-        pool->registered = true;
-    }
+    (void)gm__registry_add(pool); /* no room: an unlisted pool, observed less */
+    pthread_mutex_lock(&exit_mu);
     if (!exit_handler_installed) {
         exit_handler_installed = true;
         owner_pid = getpid();
         first = true;
         atexit(at_exit);
     }
-    pthread_mutex_unlock(&registry_mu);
+    pthread_mutex_unlock(&exit_mu);
     /* The environment-driven observers start with the first pool, so a
      * process that never makes one never opens a trace or a segment. */
     if (first) {
@@ -280,32 +258,5 @@ void gm__process_pool_destroying(gm_pool_t *pool)
     }
     gm__trace_pool_flush(pool);
     gm__monitor_detach(pool);
-    bool last;
-    pthread_mutex_lock(&registry_mu);
-    for (size_t i = 0; i < n_registry; i++) {
-        if (registry[i] == pool) {
-            registry[i] = registry[--n_registry];
-            break;
-        }
-    }
-    pool->registered = false;
-    last = n_registry == 0;
-    pthread_mutex_unlock(&registry_mu);
-    if (last) gm__monitor_unlink();
-}
-
-/* In a child of fork(): an empty registry with a fresh lock; the parent's
- * pools are not the child's to report. */
-static void registry_atfork_child(void)
-{
-    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
-    registry_mu = fresh;
-    n_registry = 0;
-}
-
-void gm__registry_foreach(void (*fn)(gm_pool_t *pool, void *arg), void *arg)
-{
-    pthread_mutex_lock(&registry_mu);
-    for (size_t i = 0; i < n_registry; i++) fn(registry[i], arg);
-    pthread_mutex_unlock(&registry_mu);
+    if (gm__registry_remove(pool)) gm__monitor_unlink();
 }
