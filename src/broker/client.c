@@ -448,6 +448,7 @@ static int obtain(void *ctx, size_t page_size, size_t n, gm__phys_t *handles, si
     *got = 0;
     gm_assert(page_size == c->pool->page);
     pthread_mutex_lock(&c->mu);
+    bool redialed = false;
     while (*got < n) {
         if (c->n_stock == 0) {
             rc = ensure_locked(c);
@@ -457,6 +458,16 @@ static int obtain(void *ctx, size_t page_size, size_t n, gm__phys_t *handles, si
             size_t ask = c->lease_pages > want ? c->lease_pages : want;
             if (ask > GM__BROKER_IDS) ask = GM__BROKER_IDS;
             rc = lease_locked(c, want, ask);
+            if (rc == GM_IO && c->fd < 0 && !redialed) {
+                /* The connection was found closed by this lease (before the
+                 * events thread saw it): a broker closes one that held no
+                 * pages and sat idle (idle_timeout), or it restarted.  Dial
+                 * once more at once; a broker really gone fails that too. */
+                redialed = true;
+                c->last_try_ns = 0;
+                gm__clear_error();
+                continue;
+            }
             /* At the quota, pages this process lets go of are the
              * tenant's other processes' to have: see give_back. */
             c->at_quota = rc == GM_LIMIT;

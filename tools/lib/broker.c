@@ -84,6 +84,9 @@ typedef struct bcfg {
     uint64_t keep_free;      /* free pages kept made, bytes */
     int scrub;               /* SCRUB_*: when a page is zeroed before a lease */
     unsigned reclaim_ms;
+    unsigned idle_s;         /* a control connection holding no pages and silent this
+                                long is closed (its process reconnects at its next
+                                lease); 0: never */
     unsigned max_clients;
     unsigned socket_mode;
     char stats_file[PATH_MAX];
@@ -105,6 +108,7 @@ static void cfg_defaults(bcfg_t *c)
     c->default_quota = UINT64_MAX;
     c->keep_free = (uint64_t)2 << 30;
     c->reclaim_ms = 500;
+    c->idle_s = 300;
     c->max_clients = 1024;
     c->socket_mode = 0666;
     c->job_grace_s = 10;
@@ -186,6 +190,7 @@ static const char *accepted(const char *key)
         {"keep_free", "a size such as 2GiB (units B, KiB, MiB, GiB, TiB), or none to keep all"},
         {"scrub", "tenant, always or never"},
         {"reclaim_ms", "milliseconds from 0 to 5000"},
+        {"idle_timeout", "seconds from 0 (never) to 86400"},
         {"max_clients", "a number from 1 to 65536"},
         {"socket_mode", "an octal mode such as 0660"},
         {"job_grace", "seconds from 0 to 3600"},
@@ -387,6 +392,9 @@ static int cfg_load(const char *path, bcfg_t *c, char *err, size_t cap)
             /* Below the 10 s a process waits for an answer. */
             if (parse_uint(v, 10, 5000, &u)) goto badval;
             c->reclaim_ms = (unsigned)u;
+        } else if (!strcmp(k, "idle_timeout")) {
+            if (parse_uint(v, 10, 86400, &u)) goto badval;
+            c->idle_s = (unsigned)u;
         } else if (!strcmp(k, "max_clients")) {
             if (parse_uint(v, 10, 65536, &u) || u == 0) goto badval;
             c->max_clients = (unsigned)u;
@@ -493,6 +501,7 @@ typedef struct client {
     uint64_t pages, adopted, cached;
     uint64_t recorded;      /* pages + adopted as the lease record last said */
     uint64_t first_ns;      /* when a new connection arrived */
+    uint64_t last_ns;       /* a control connection: its last message */
     /* a lease waiting for room */
     bool pending;
     uint64_t want_min, want_max, deadline_ns;
@@ -1441,6 +1450,7 @@ static void on_hello(broker_t *b, client_t *c, gm__broker_msg_t *in)
     }
     c->state = C_CONTROL;
     c->tenant = (size_t)t;
+    c->last_ns = gm__now_ns();
     c->number = ++b->next_number;
     uint64_t r;
     if (getentropy(&r, sizeof r) != 0) r = gm__now_ns() * 0x9e3779b97f4a7c15ull;
@@ -1972,11 +1982,23 @@ static void on_admin(broker_t *b, client_t *c, gm__broker_msg_t *in)
 static bool over_limit(broker_t *b, client_t *c);
 
 /* One message from c's control connection (or a new one). */
+/* A control connection that holds nothing (no pages leased or adopted, no
+ * lease waiting) and has said nothing for idle_timeout seconds takes a slot
+ * for nothing: it is closed.  Closing costs its process nothing (there are no
+ * pages to take back; its next lease reconnects), and a tenant cannot keep
+ * its share of max_clients filled with idle connections. */
+static bool idle_drop_due(const broker_t *b, const client_t *c, uint64_t now)
+{
+    return b->cfg.idle_s && !c->pending && c->pages == 0 && c->adopted == 0 &&
+           now - c->last_ns >= (uint64_t)b->cfg.idle_s * 1000000000ull;
+}
+
 static void on_message(broker_t *b, client_t *c)
 {
     gm__broker_msg_t m;
     size_t nfds;
     bool closed;
+    c->last_ns = gm__now_ns();
     int rc = gm__wire_recv(c->fd, &m, sizeof m, NULL, 0, &nfds, &closed, 0, "broker");
     if (rc == GM_NOT_READY) { /* woken with nothing to read after all */
         gm__clear_error();
@@ -2364,6 +2386,7 @@ static void reload(broker_t *b)
     keep.keep_free = n.keep_free;
     keep.scrub = n.scrub;
     keep.reclaim_ms = n.reclaim_ms;
+    keep.idle_s = n.idle_s;
     keep.max_clients = n.max_clients;
     memcpy(keep.stats_file, n.stats_file, sizeof keep.stats_file);
     keep.tenants = n.tenants;
@@ -2580,11 +2603,12 @@ int gm_cli_broker(int argc, char **argv)
         }
         static const char *const scrubs[] = {"tenant", "always", "never"};
         printf("socket %s, backend %s, device %d, capacity %s, default_quota %s, keep_free %s, "
-               "scrub %s, reclaim_ms %u, max_clients %u, socket_mode %04o\n", b.cfg.socket,
+               "scrub %s, reclaim_ms %u, idle_timeout %u s, max_clients %u, socket_mode %04o\n",
+               b.cfg.socket,
                gm__backend_kind_name(b.cfg.backend), b.cfg.device,
                b.cfg.capacity ? fmt(b.cfg.capacity, a) : "the device's free memory",
                fmt(b.cfg.default_quota, q), fmt(b.cfg.keep_free, k), scrubs[b.cfg.scrub],
-               b.cfg.reclaim_ms, b.cfg.max_clients, b.cfg.socket_mode);
+               b.cfg.reclaim_ms, b.cfg.idle_s, b.cfg.max_clients, b.cfg.socket_mode);
         if (b.cfg.job_dir[0] || b.cfg.n_admins)
             printf("run-time tenants: job_dir %s, job_grace %u s, %zu admins besides root and "
                    "uid %u\n", b.cfg.job_dir[0] ? b.cfg.job_dir : "none (no doors can be made)",
@@ -2711,6 +2735,9 @@ int gm_cli_broker(int argc, char **argv)
         for (size_t i = 0; i < b.n_clients; i++) {
             client_t *c = &b.clients[i];
             if (c->state == C_CONTROL && c->pending && c->deadline_ns <= now) lease_try(&b, c, true);
+            else if (c->state == C_CONTROL && idle_drop_due(&b, c, now))
+                client_drop(&b, c, "idle after HELLO, holding no pages: closed (it reconnects "
+                                   "at its next lease)");
             else if (c->state == C_NEW && c->first_ns + 10000000000ull <= now)
                 client_drop(&b, c, "said nothing for 10 s");
             else if (c->state == C_VIEWER && c->first_ns + 10000000000ull <= now)
