@@ -420,6 +420,19 @@ def main(argv):
         if not have_git:
             print("SKIP: no git history here, so same-day results cannot be ordered")
             return 77
+        # Result files git does not track: either one being written, or a
+        # copy of the tree whose .git is not this tree's history (a stale
+        # one); either way what is committed cannot be told here.
+        tracked = git_tracked()
+        folder = os.path.join(ROOT, RESULTS)
+        untracked = sorted(n for n in os.listdir(folder)
+                           if not n.startswith(".") and n != "README.md"
+                           and os.path.isfile(os.path.join(folder, n)) and n not in tracked)
+        if untracked:
+            print("SKIP: %d results file(s) git does not track (%s%s): add and commit them, "
+                  "then `make results`" % (len(untracked), ", ".join(untracked[:3]),
+                                            ", ..." if len(untracked) > 3 else ""))
+            return 77
         try:
             with open(argv[2], encoding="utf-8") as f:
                 old = f.read()

@@ -83,7 +83,10 @@ static inline void tb_start_with(test_broker_t *b, void (*prep)(void))
     b->pid = pid;
     gm_broker_view_t v;
     int ok = 0;
-    for (int i = 0; i < 5000 && !ok; i++) {
+    /* Generous: on a GPU under a loaded ctest -j, the broker's CUDA
+     * start-up and its first pages can take many seconds; the deadline only
+     * catches a broker that never answers. */
+    for (int i = 0; i < 60000 && !ok; i++) {
         if (gm_broker_query(b->sock, &v) == GM_OK) {
             free(v.tenants);
             ok = 1;

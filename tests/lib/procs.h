@@ -27,7 +27,10 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#define TP_WAIT_MS 20000 /* a pipe message not there in this long: the other side hung */
+/* A pipe message not there in this long: the other side hung.  Generous:
+ * on a GPU under a loaded ctest -j, a child's CUDA start-up alone can take
+ * many seconds; only a hang should ever reach it. */
+#define TP_WAIT_MS 120000
 #define TP_FAIL 0xFA11u  /* the message a child sends for a failed KCHECK */
 
 typedef struct tp_kid { pid_t pid; int to, from; int fails; } tp_kid_t; /* the parent's side */

@@ -1620,7 +1620,9 @@ static int door_open(broker_t *b, tenant_t *t, char *why, size_t cap)
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return snprintf(why, cap, "socket: %s", strerror(errno)), -1;
     struct sockaddr_un a = {.sun_family = AF_UNIX};
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    _Static_assert(sizeof t->door <= sizeof a.sun_path, "a door fits a socket address");
+    size_t plen = strlen(path); /* < sizeof t->door: checked above */
+    memcpy(a.sun_path, path, plen + 1);
     mode_t old = umask(0177);
     int r = bind(fd, (struct sockaddr *)&a, sizeof a);
     umask(old);
@@ -1639,7 +1641,7 @@ static int door_open(broker_t *b, tenant_t *t, char *why, size_t cap)
         return snprintf(why, cap, "door %s: %s: %s", path, what, strerror(err)), -1;
     }
     t->door_fd = fd;
-    snprintf(t->door, sizeof t->door, "%s", path);
+    memcpy(t->door, path, plen + 1);
     return 0;
 }
 
