@@ -109,10 +109,10 @@ static int config_copy(const gm_pool_config_t *in, gm_pool_config_t *out)
                              "reserve_slack_max %g and heap_slack_max %g must lie in [0, 1], "
                              "churn_target %g in [0, 1e6]", d.reserve_slack, d.reserve_slack_max,
                              d.heap_slack_max, d.churn_target);
-    if (d.heaps == 0) { /* GPUMEM_HEAPS (0 there: one) */
+    if (d.heaps == 0) { /* cfg.heaps 0: GPUMEM_HEAPS (1 to 64; its row refuses anything else) */
         uint64_t x;
         GM_CHECK(gm__option_read(GM_OPT_HEAPS, &x));
-        d.heaps = x > 1 ? (unsigned)x : 1; /* the row's parser caps it at 2^20 */
+        d.heaps = x > 1 ? (unsigned)x : 1;
     }
     if (d.heaps > GM_HEAPS_MAX)
         return gm__set_error(GM_INVALID_ARGUMENT, "gm_pool_create: heaps %u: at most %d",
