@@ -174,9 +174,17 @@ static bool terminated(const char *s, size_t cap) { return memchr(s, '\0', cap) 
  * handed down at pool creation (gm__share_set_free) so that sharing does
  * not call up into the entry points (src/FLOORS).  Set before any pool, and
  * so any hold, exists. */
-static gm__share_free_fn free_held;
+static _Atomic(gm__share_free_fn) free_held_fn; /* every pool creation stores the same */
 
-void gm__share_set_free(gm__share_free_fn fn) { free_held = fn; }
+void gm__share_set_free(gm__share_free_fn fn)
+{
+    atomic_store_explicit(&free_held_fn, fn, memory_order_release);
+}
+
+static int free_held(gm_pool_t *heap, void *ptr, gm_stream_t stream, bool *again)
+{
+    return atomic_load_explicit(&free_held_fn, memory_order_acquire)(heap, ptr, stream, again);
+}
 
 /* gm_stream_synchronize's work, without calling up into the entry points:
  * the same handle check and message, the same backend call. */
