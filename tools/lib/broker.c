@@ -1629,8 +1629,11 @@ static int door_open(broker_t *b, tenant_t *t, char *why, size_t cap)
     const char *what = r != 0 ? "bind" : NULL;
     int err = errno;
     bool mine = t->job_uid == geteuid();
-    if (!what && !mine && (chown(path, t->job_uid, t->job_gid) != 0 ||
-                           chown(dir, t->job_uid, t->job_gid) != 0))
+    /* lchown: after a restart the door's directory is already the job
+     * user's, who could put a link where the socket was just bound; a
+     * root broker must not give that link's target away. */
+    if (!what && !mine && (lchown(path, t->job_uid, t->job_gid) != 0 ||
+                           lchown(dir, t->job_uid, t->job_gid) != 0))
         what = "chown", err = errno;
     if (!what && chmod(dir, 0700) != 0) what = "chmod", err = errno;
     if (!what && listen(fd, 128) != 0) what = "listen", err = errno;
