@@ -183,7 +183,11 @@ int gm_cli_top(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     struct termios saved;
-    int tty_in = isatty(STDIN_FILENO) && tcgetattr(STDIN_FILENO, &saved) == 0;
+    /* Keys are read only when top owns the terminal: a process outside the
+     * terminal's foreground group that changes its modes or reads it is
+     * stopped (SIGTTOU/SIGTTIN), and would draw nothing until continued. */
+    int tty_in = isatty(STDIN_FILENO) && tcgetpgrp(STDIN_FILENO) == getpgrp() &&
+                 tcgetattr(STDIN_FILENO, &saved) == 0;
     if (tty_in) {
         struct termios raw = saved;
         raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);

@@ -36,9 +36,18 @@ done
 # view draws one; the margin is for a loaded machine's slow start).
 if command -v script >/dev/null 2>&1; then
   # (stdin a pipe that stays open and silent: an end of input would send a key)
-  screens=$(sleep 11 | GPUMEM_BACKEND=sim timeout 60 script -qfec "timeout -s INT 10 '$gpumem' top --interval 0.1" /dev/null 2>/dev/null |
+  # timeout --foreground keeps top in the terminal's foreground process group:
+  # where script's shell does not exec its command, a plain timeout moves top
+  # into a group of its own, and top's first tcsetattr stops it (SIGTTOU).
+  screens=$(sleep 11 | GPUMEM_BACKEND=sim timeout 60 script -qfec "timeout --foreground -s INT 10 '$gpumem' top --interval 0.1" /dev/null 2>/dev/null |
             grep -c "gpumem top .* every 0.1 s")
   if [[ ${screens:-0} -lt 3 ]]; then echo "FAIL: top --interval 0.1 drew ${screens:-0} screens in 10 s"; fail=1; fi
+  # Started outside the terminal's foreground group (a shell that does not
+  # exec, then a plain timeout, which makes a process group of its own), top
+  # still refreshes instead of stopping at its first change of terminal modes.
+  screens=$(sleep 6 | GPUMEM_BACKEND=sim timeout 60 script -qfec "true; timeout -s INT 5 '$gpumem' top --interval 0.1; true" /dev/null 2>/dev/null |
+            grep -c "gpumem top .* every 0.1 s")
+  if [[ ${screens:-0} -lt 3 ]]; then echo "FAIL: top in a background group drew ${screens:-0} screens in 5 s"; fail=1; fi
 fi
 [[ $fail == 0 ]] && echo "obs_top_interval: ok"
 exit $fail
