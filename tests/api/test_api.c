@@ -15,6 +15,7 @@
 
 #include "gpumem.h"
 #include "../test.h"
+#include "../lib/checks.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -280,21 +281,12 @@ static void test_steady_state(void)
 /* free(p, S): reusable at once on S, on T only after S's work is done. */
 static void test_streams(void)
 {
-    if (!is_sim()) {
-        printf("test_streams: held streams need the sim backend; skipped\n");
-        return;
-    }
+    if (!run_or_skip(is_sim(), "test_streams: held streams need the sim backend; skipped")) return;
     gm_pool_t *pool = test_pool(256 * MiB, 8 * MiB);
     if (!pool) { CHECK(pool != NULL); return; }
     gm_stream_t S = (gm_stream_t)(uintptr_t)0x51, T = (gm_stream_t)(uintptr_t)0x52;
-    void *p, *q, *r;
-    CHECK_OK(gm_alloc(pool, 6 * MiB, S, &p));
-    CHECK_OK(gm_sim_hold_stream(pool, S, 1));
-    CHECK_OK(gm_free(pool, p, S));
     /* Same stream: immediately. */
-    CHECK_OK(gm_alloc(pool, 6 * MiB, S, &q));
-    CHECK(q == p);
-    CHECK_OK(gm_free(pool, q, S));
+    void *p = reused_on_held_stream(pool, gm_alloc, gm_free, 6 * MiB, S), *q, *r;
     /* Other stream while S is in flight: never p's memory. Under the limit
      * there is room for 2 MiB elsewhere but not for 6. */
     CHECK_OK(gm_alloc(pool, 2 * MiB, T, &r));
@@ -371,10 +363,7 @@ static void test_stream_forget(void)
  * the pool usable afterwards. */
 static void test_fault_injection(void)
 {
-    if (!is_sim()) {
-        printf("test_fault_injection: needs the sim backend; skipped\n");
-        return;
-    }
+    if (!run_or_skip(is_sim(), "test_fault_injection: needs the sim backend; skipped")) return;
     gm_pool_t *probe = test_pool(64 * MiB, 0);
     if (probe) {
         CHECK_RC(gm_sim_fail_nth(probe, 999, 1), GM_INVALID_ARGUMENT);

@@ -15,6 +15,7 @@
 
 #include "gpumem.h"
 #include "../test.h"
+#include "../lib/checks.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -206,11 +207,8 @@ static void test_print_throughput(void)
 
 int main(void)
 {
-    const char *b = getenv("GPUMEM_TEST_BACKEND");
-    if (b && strcmp(b, "sim") != 0) {
-        printf("test_copy: needs the sim backend; skipped\n");
+    if (!run_or_skip(sim_asked(), "test_copy: needs the sim backend; skipped"))
         return 77; /* skipped (ctest SKIP_RETURN_CODE) */
-    }
     test_round_trips();
     test_held_stream();
     test_faults();

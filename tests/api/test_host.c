@@ -13,6 +13,7 @@
 
 #include "gpumem.h"
 #include "../test.h"
+#include "../lib/checks.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -105,15 +106,8 @@ static void test_stream_rule(void)
     CHECK_OK(gm_stream_create(pool, &S));
     CHECK_OK(gm_stream_create(pool, &T));
     CHECK_OK(gm_stream_create(pool, &U));
-    void *p, *q, *r, *w;
-    /* The whole first chunk, on S. */
-    CHECK_OK(gm_host_alloc(pool, 32 * MiB, S, &p));
-    CHECK_OK(gm_sim_hold_stream(pool, S, 1));
-    CHECK_OK(gm_host_free(pool, p, S));
-    /* Same stream: at once. */
-    CHECK_OK(gm_host_alloc(pool, 32 * MiB, S, &q));
-    CHECK(q == p);
-    CHECK_OK(gm_host_free(pool, q, S));
+    /* The whole first chunk, on S; the same stream gets it back at once. */
+    void *p = reused_on_held_stream(pool, gm_host_alloc, gm_host_free, 32 * MiB, S), *r, *w;
     /* Another stream while S is in flight: not that block. */
     CHECK_OK(gm_host_alloc(pool, 32 * MiB, T, &r));
     CHECK(r != p);
@@ -222,11 +216,8 @@ static void test_cost_model(void)
 
 int main(void)
 {
-    const char *b = getenv("GPUMEM_TEST_BACKEND");
-    if (b && strcmp(b, "sim") != 0) {
-        printf("test_host: needs the sim backend; skipped\n");
+    if (!run_or_skip(sim_asked(), "test_host: needs the sim backend; skipped"))
         return 77; /* skipped (ctest SKIP_RETURN_CODE) */
-    }
     test_basic();
     test_stream_rule();
     test_faults();

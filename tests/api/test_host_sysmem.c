@@ -14,6 +14,7 @@
 
 #include "gpumem.h"
 #include "../test.h"
+#include "../lib/checks.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -110,11 +111,8 @@ static void test_env(void)
 
 int main(void)
 {
-    const char *b = getenv("GPUMEM_TEST_BACKEND");
-    if (b && strcmp(b, "sim") != 0) {
-        printf("test_host_sysmem: needs the sim backend; skipped\n");
+    if (!run_or_skip(sim_asked(), "test_host_sysmem: needs the sim backend; skipped"))
         return 77; /* skipped (ctest SKIP_RETURN_CODE) */
-    }
     test_off();
     test_on();
     test_env();

@@ -26,6 +26,7 @@
 
 #include "gpumem.h"
 #include "../test.h"
+#include "../lib/checks.h"
 
 #define STREAMS 4
 #define SLOTS 64
@@ -99,11 +100,8 @@ int main(int argc, char **argv)
     int iterations = argc > 1 ? atoi(argv[1]) : 20000;
     uint64_t r = argc > 2 ? strtoull(argv[2], NULL, 0) : 7;
     if (!r) r = 7;
-    const char *b = getenv("GPUMEM_TEST_BACKEND");
-    if (b && strcmp(b, "sim") != 0) {
-        printf("test_stream_rule: held streams need the sim backend; skipped\n");
+    if (!run_or_skip(sim_asked(), "test_stream_rule: held streams need the sim backend; skipped"))
         return 77; /* skipped (ctest SKIP_RETURN_CODE) */
-    }
     retired_owner();
     gm_pool_t *pool;
     gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
