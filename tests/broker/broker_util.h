@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * broker_util.h — what the broker tests share: a broker run in a forked
- * child (gm_cli_broker, the same code as `gpumem broker`), its socket in a
- * fresh directory, and pools that lease from it.
+ * broker_util.h — what the broker tests share: a broker run in a child
+ * (the `gpumem broker` program named by GM_TEST_CLI, else gm_cli_broker in
+ * the fork), its socket in a fresh directory, and pools that lease from it.
  */
 #ifndef GM_TEST_BROKER_UTIL_H
 #define GM_TEST_BROKER_UTIL_H
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,29 @@ static inline void tb_config(test_broker_t *b, const char *capacity, const char 
     fclose(f);
 }
 
+/* In a child: `gpumem broker ARGS...` (argv[0] is "broker"), never
+ * returning.  The program itself where the build names it (GM_TEST_CLI): a
+ * fork of a process that has already used CUDA cannot use CUDA, and under
+ * TSan a fork of a threaded process was seen to miss its signals.  Run by
+ * hand without GM_TEST_CLI, the same code runs in this fork. */
+static inline void tb_broker_exec(char **argv) __attribute__((noreturn));
+static inline void tb_broker_exec(char **argv)
+{
+    const char *cli = getenv("GM_TEST_CLI");
+    int argc = 0;
+    while (argv[argc]) argc++;
+    if (cli && *cli) {
+        char *xargv[16] = {"gpumem"};
+        for (int i = 0; i < argc && i < 14; i++) xargv[i + 1] = argv[i];
+        execv(cli, xargv);
+        fprintf(stderr, "tb_broker_exec: cannot run %s: %s\n", cli, strerror(errno));
+        _exit(127);
+    }
+    int rc = gm_cli_broker(argc, argv);
+    fflush(NULL);
+    _exit(rc);
+}
+
 /* Start the broker on the config (its child first runs prep, when not
  * NULL); wait until it answers. */
 static inline void tb_start_with(test_broker_t *b, void (*prep)(void))
@@ -78,7 +102,7 @@ static inline void tb_start_with(test_broker_t *b, void (*prep)(void))
         (void)l;
         setvbuf(stderr, NULL, _IONBF, 0); /* freopen made it buffered: _exit would lose it */
         char *argv[] = {"broker", "--config", b->config, NULL};
-        _exit(gm_cli_broker(3, argv));
+        tb_broker_exec(argv);
     }
     b->pid = pid;
     gm_broker_view_t v;

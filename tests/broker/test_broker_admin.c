@@ -36,9 +36,7 @@ static int check_config(const char *text, char *err, size_t cap)
     if (pid == 0) {
         if (!freopen(out, "w", stderr) || !freopen("/dev/null", "w", stdout)) _exit(99);
         char *argv[] = {"broker", "--config", path, "--check", NULL};
-        int rc = gm_cli_broker(4, argv);
-        fflush(NULL);
-        _exit(rc);
+        tb_broker_exec(argv);
     }
     int st = 0;
     waitpid(pid, &st, 0);

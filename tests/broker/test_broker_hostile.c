@@ -13,7 +13,7 @@
  * than STATS, HELLO with another page size (a refusal reply naming the
  * broker's page, then the end), an events HELLO with a wrong cookie or for
  * a client that has one, anything on a real events connection, a
- * connection that says nothing (dropped after 10 s, timed), and 200
+ * connection that says nothing (dropped after 10 s, not before), and 200
  * connections at once that each lease a page.  Recorded only: a HELLO with
  * unterminated strings (proto.h calls it malformed; the broker reads no
  * client text) and a claim to keep 2^40 pages (whether others can lease
@@ -24,7 +24,9 @@
  * were taken back (the tenant's used is what the well-behaved pool in this
  * process holds), that pool still allocates, writes and reads, its
  * long-lived block keeps its pattern, and the broker holds as many
- * descriptors as before (keep_free 0: it keeps no page made).
+ * descriptors as before (keep_free 0: it keeps no page made; on cuda its
+ * sockets only, since the driver opens descriptors of its own when it
+ * likes).
  *
  * argv: [seed] (the garbage).  About 12 s: the silent connection's 10 s run
  * alongside the rest.
@@ -85,6 +87,13 @@ static long lease(int fd, uint64_t min, uint64_t count, uint64_t *ids)
     return (long)nfds;
 }
 
+/* The broker's descriptors that a leak of its own would show: all of them
+ * on the sim; on cuda its sockets (the driver's descriptors come and go). */
+static int broker_fds(void)
+{
+    return tp_fd_count_to(g_b.pid, bp_is_cuda() ? "socket:" : NULL);
+}
+
 static uint64_t used_now(void)
 {
     gm_broker_tenant_t t;
@@ -118,13 +127,13 @@ static void dropped(const char *name, int fd, const char *logged, int before)
 {
     g_cases++;
     if (fd >= 0) { /* -1: closed already, or by this side */
-        int closed = tp_raw_closed(fd, 3000);
+        int closed = tp_raw_closed(fd, 60000);
         if (!closed) fprintf(stderr, "%s: the broker did not drop the connection\n", name);
         CHECK(closed);
         close(fd);
     }
     if (logged) {
-        WAIT_FOR(bp_log_count(&g_b, logged) > before, 1000);
+        WAIT_FOR(bp_log_count(&g_b, logged) > before, 60000);
         int n = bp_log_count(&g_b, logged);
         if (n <= before) fprintf(stderr, "%s: the log does not say '%s'\n", name, logged);
         CHECK(n > before);
@@ -133,7 +142,7 @@ static void dropped(const char *name, int fd, const char *logged, int before)
     CHECK(gm_broker_query(g_b.sock, &v) == GM_OK); /* alive */
     free(v.tenants);
     good_pool_works(name);
-    WAIT_FOR(used_now() == g_base, 1000);
+    WAIT_FOR(used_now() == g_base, 60000);
     uint64_t u = used_now();
     if (u != g_base)
         fprintf(stderr, "%s: the tenant holds %llu bytes, the good pool %llu\n", name,
@@ -142,7 +151,7 @@ static void dropped(const char *name, int fd, const char *logged, int before)
     gm_broker_tenant_t t;
     CHECK(bp_tenant(&g_b, g_tenant, &t, NULL) && t.clients == 1);
     int fds = -1;
-    WAIT_FOR((fds = tp_fd_count(g_b.pid)) == g_fd_base, 1000);
+    WAIT_FOR((fds = broker_fds()) == g_fd_base, 60000);
     if (fds != g_fd_base)
         fprintf(stderr, "%s: the broker holds %d descriptors, %d before\n", name, fds, g_fd_base);
     CHECK(fds == g_fd_base);
@@ -270,7 +279,7 @@ int main(int argc, char **argv)
         CHECK(memchr(r.text, 0, sizeof r.text) && strstr(r.text, "leases pages of"));
         g_page = r.page_size;
         CHECK(g_page >= 4096 && (g_page & (g_page - 1)) == 0);
-        CHECK(tp_raw_closed(fd, 3000));
+        CHECK(tp_raw_closed(fd, 60000));
         close(fd);
         if (g_page < 4096) g_page = 2 * MiB;
     }
@@ -282,10 +291,10 @@ int main(int argc, char **argv)
     CHECK_OK(bp_fill(g_good, g_keep, KEEP_SIZE, KEEP_TAG));
     CHECK_OK(gm_trim(g_good, 0, NULL));
     g_base = (KEEP_SIZE + g_page - 1) / g_page * g_page;
-    WAIT_FOR(used_now() == g_base, 1000);
+    WAIT_FOR(used_now() == g_base, 60000);
     CHECK(used_now() == g_base);
     sleep_ms(20);
-    g_fd_base = tp_fd_count(g_b.pid);
+    g_fd_base = broker_fds();
 
     /* The raw client itself: HELLO, LEASE, RETURN work as the library does. */
     {
@@ -296,7 +305,7 @@ int main(int argc, char **argv)
         m.count = 1;
         m.ids[0] = ids[1];
         CHECK(send_msg(fd, &m) == 0);
-        WAIT_FOR(used_now() == g_base + 2 * g_page, 1000);
+        WAIT_FOR(used_now() == g_base + 2 * g_page, 60000);
         CHECK(used_now() == g_base + 2 * g_page);
         close(fd); /* a plain close: no line in the log needed */
         CASE("a plain close", NULL);
@@ -418,7 +427,7 @@ int main(int argc, char **argv)
         m.client = r.client;
         m.cookie = r.cookie ^ 0x10;
         CHECK(send_msg(e, &m) == 0);
-        CHECK(tp_raw_closed(e, 3000));
+        CHECK(tp_raw_closed(e, 60000));
         close(e);
         /* Its control connection was not hurt. */
         CHECK(lease(fd, 1, 1, NULL) == 1);
@@ -437,7 +446,7 @@ int main(int argc, char **argv)
         CHECK(send_msg(e, &m) == 0);
         CHECK(bp_raw_recv(e, &er, NULL, 0, NULL) == 1 && er.status == GM_OK);
         CHECK(send_msg(e2, &m) == 0);
-        CHECK(tp_raw_closed(e2, 3000));
+        CHECK(tp_raw_closed(e2, 60000));
         close(e2);
         CHECK(lease(fd, 1, 1, NULL) == 1); /* not hurt */
         close(e);
@@ -459,7 +468,7 @@ int main(int argc, char **argv)
         bp_msg(&m, GM__BROKER_STATS);
         CHECK(send_msg(e, &m) == 0);
         /* The client is dropped: both of its connections end. */
-        CHECK(tp_raw_closed(e, 3000));
+        CHECK(tp_raw_closed(e, 60000));
         close(e);
         DROPPED(fd);
     }
@@ -513,7 +522,7 @@ int main(int argc, char **argv)
         m.min = m.count = 8;
         CHECK(send_msg(fd, &m) == 0);
         CHECK(send_msg(fd, &m) == 0);
-        CHECK(tp_raw_closed(fd, 3000));
+        CHECK(tp_raw_closed(fd, 60000));
         close(fd);
         close(filler);
         DROPPED(-1);
@@ -531,10 +540,12 @@ int main(int argc, char **argv)
     /* The silent connection. */
     {
         CASE("a connection that says nothing", "said nothing for 10 s");
-        int closed = tp_raw_closed(silent, (int)(13000 - (now_ms() - silent_t0)));
+        /* Not before its 10 s (the broker's promise); when after is the
+         * machine's load: the deadline only catches "never". */
+        int closed = tp_raw_closed(silent, (int)(70000 - (now_ms() - silent_t0)));
         double s = (now_ms() - silent_t0) / 1e3;
         printf("the silent connection was dropped after %.2f s\n", s);
-        CHECK(closed && s >= 9.9 && s < 12.5);
+        CHECK(closed && s >= 9.9);
         g_fd_base--; /* it was open when the count was taken */
         DROPPED(silent);
     }
@@ -565,7 +576,8 @@ int main(int argc, char **argv)
         CHECK(bp_tenant(&g_b, g_tenant, &t, NULL));
         CHECK(t.clients == N + 1 && t.used == g_base + (uint64_t)N * g_page);
         good_pool_works("200 connections");
-        int peak_fds = tp_fd_count(g_b.pid);
+        int peak_fds = broker_fds();
+        CHECK(tp_fd_count_to(g_b.pid, "socket:") >= N + 1); /* theirs and the good pool's */
         for (int i = 0; i < N; i++)
             if (fds[i] >= 0) close(fds[i]);
         printf("200 connections: the broker held %d descriptors with them, %d before\n", peak_fds,
@@ -580,7 +592,7 @@ int main(int argc, char **argv)
     CHECK_OK(gm_free(g_good, g_keep, NULL));
     CHECK_OK(gm_pool_check(g_good));
     gm_pool_destroy(g_good);
-    WAIT_FOR(used_now() == 0, 2000);
+    WAIT_FOR(used_now() == 0, 60000);
     CHECK(used_now() == 0);
     CHECK(tb_stop(&g_b, SIGTERM) == 0);
     printf("%d cases, %.2f s\n", g_cases, (now_ms() - t_start) / 1e3);

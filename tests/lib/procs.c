@@ -318,7 +318,9 @@ void tp_kill_all_at_exit(void)
 
 /* ---- what the kernel sees ------------------------------------------------------ */
 
-int tp_fd_count(pid_t pid)
+int tp_fd_count(pid_t pid) { return tp_fd_count_to(pid, NULL); }
+
+int tp_fd_count_to(pid_t pid, const char *prefix)
 {
     char p[64];
     snprintf(p, sizeof p, "/proc/%d/fd", (int)pid);
@@ -326,7 +328,18 @@ int tp_fd_count(pid_t pid)
     if (!d) return -1;
     int n = 0;
     struct dirent *e;
-    while ((e = readdir(d))) n += e->d_name[0] != '.';
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        if (prefix) {
+            char link[64 + 256], target[256];
+            snprintf(link, sizeof link, "%s/%.255s", p, e->d_name);
+            ssize_t len = readlink(link, target, sizeof target - 1);
+            if (len < 0) continue; /* closed meanwhile */
+            target[len] = '\0';
+            if (strncmp(target, prefix, strlen(prefix)) != 0) continue;
+        }
+        n++;
+    }
     closedir(d);
     return n;
 }

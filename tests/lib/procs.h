@@ -108,6 +108,8 @@ void tp_kill_all_at_exit(void);
 /* ---- what the kernel sees ------------------------------------------------------ */
 
 int tp_fd_count(pid_t pid); /* open descriptors of pid (-1: gone) */
+/* Those whose target starts with prefix (e.g. "socket:"; NULL: all). */
+int tp_fd_count_to(pid_t pid, const char *prefix);
 
 typedef struct tp_inodes { uint64_t *v; size_t n, cap; } tp_inodes_t; /* a set */
 #define TP_SIM_PAGE "/memfd:gpumem-sim-page"
