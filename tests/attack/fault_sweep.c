@@ -42,6 +42,7 @@
 
 #include "gpumem.h"
 #include "../test.h"
+#include "../lib/checks.h"
 #include "backend/backend.h"
 #include "base/internal.h"
 #include "lib/trace_read.h"
@@ -61,16 +62,9 @@ static unsigned long runs;
 static int verbose; /* GM_SWEEP_VERBOSE=1: name each run on stderr */
 static int many_n = MANY; /* small blocks per run */
 
-/* GM_OK, or an error a caller can handle, with a message. */
-static int clean(int rc)
-{
-    if (rc == GM_OK) return 1;
-    if (rc != GM_NO_HOST_MEMORY && rc != GM_BACKEND && rc != GM_OUT_OF_MEMORY &&
-        rc != GM_LIMIT && rc != GM_IO)
-        return 0;
-    const char *m = gm_last_error();
-    return m != NULL && m[0] != '\0';
-}
+/* GM_OK, or an error a caller can handle (GM_IO too: the trace file), with
+ * a message. */
+static int clean(int rc) { return rc_clean(rc, GM_IO); }
 
 #define CLEAN(expr)                                                            \
     do {                                                                       \

@@ -130,24 +130,30 @@ static inline int dev_equal(gm_pool_t *pool, const void *p, const unsigned char 
     return ok;
 }
 
-/* Does device block p of n bytes hold pattern `seed`? */
-static inline int dev_check(gm_pool_t *pool, const void *p, size_t n, uint64_t seed,
-                            gm_stream_t stream, const char *what)
+/* Does device block p of n bytes hold pattern `seed` (by_byte 0), or byte
+ * `value` everywhere (by_byte 1)? */
+static inline int dev_holds(gm_pool_t *pool, const void *p, size_t n, int by_byte, uint64_t seed,
+                            int value, gm_stream_t stream, const char *what)
 {
     if (!n) return 1;
     if (!scratch(n)) return 0;
-    pattern(scratch_b, n, seed);
+    if (by_byte)
+        memset(scratch_b, value, n);
+    else
+        pattern(scratch_b, n, seed);
     return dev_equal(pool, p, scratch_b, n, stream, what);
 }
 
-/* Does device block p of n bytes hold byte `value` everywhere? */
+static inline int dev_check(gm_pool_t *pool, const void *p, size_t n, uint64_t seed,
+                            gm_stream_t stream, const char *what)
+{
+    return dev_holds(pool, p, n, 0, seed, 0, stream, what);
+}
+
 static inline int dev_check_byte(gm_pool_t *pool, const void *p, size_t n, int value,
                                  gm_stream_t stream, const char *what)
 {
-    if (!n) return 1;
-    if (!scratch(n)) return 0;
-    memset(scratch_b, value, n);
-    return dev_equal(pool, p, scratch_b, n, stream, what);
+    return dev_holds(pool, p, n, 1, 0, value, stream, what);
 }
 
 /* One test block: where, how big, which tag, what it holds. */

@@ -213,37 +213,33 @@ static void check_model(const char *what)
     CHECK(!bad);
 }
 
-static int do_offload(int t, gm_stream_t s)
+/* Offload (offload 1) or restore (0) tag t on stream s, and move the
+ * model's blocks and figures with it when it succeeds. */
+static int do_move(int t, gm_stream_t s, int offload)
 {
-    uint64_t rb, rn, ob, on, ral;
-    model_tag(t, &rb, &rn, &ob, &on, NULL, &ral);
-    int rc = gm_offload(pool, tags[t], 0, s);
+    uint64_t rb, rn, ob, on, oal, ral;
+    model_tag(t, &rb, &rn, &ob, &on, &oal, &ral);
+    int rc = offload ? gm_offload(pool, tags[t], 0, s) : gm_restore(pool, tags[t], s);
     CHECK_OK(rc);
     if (rc != GM_OK) return rc;
     for (int i = 0; i < nblk; i++)
-        if (blk[i].tag == t) blk[i].offloaded = 1;
-    want_offload_count += rn;
-    off_lo += rb;
-    off_hi += ral;
-    if (rn) tag_offloads[t]++;
+        if (blk[i].tag == t) blk[i].offloaded = offload;
+    if (offload) {
+        want_offload_count += rn;
+        off_lo += rb;
+        off_hi += ral;
+        if (rn) tag_offloads[t]++;
+    } else {
+        want_restore_count += on;
+        res_lo += ob;
+        res_hi += oal;
+        if (on) tag_restores[t]++;
+    }
     return rc;
 }
 
-static int do_restore(int t, gm_stream_t s)
-{
-    uint64_t rb, rn, ob, on, oal;
-    model_tag(t, &rb, &rn, &ob, &on, &oal, NULL);
-    int rc = gm_restore(pool, tags[t], s);
-    CHECK_OK(rc);
-    if (rc != GM_OK) return rc;
-    for (int i = 0; i < nblk; i++)
-        if (blk[i].tag == t) blk[i].offloaded = 0;
-    want_restore_count += on;
-    res_lo += ob;
-    res_hi += oal;
-    if (on) tag_restores[t]++;
-    return rc;
-}
+static int do_offload(int t, gm_stream_t s) { return do_move(t, s, 1); }
+static int do_restore(int t, gm_stream_t s) { return do_move(t, s, 0); }
 
 static int first_of_tag(int t, int offloaded)
 {

@@ -25,18 +25,20 @@
 
 #include "gpumem.h"
 #include "../test.h"
+#include "../lib/checks.h"
 #include "offload_util.h"
 
 #define CAP (64 * MiB)
 
 static gm_tag_t A, B, C, D, N, K;
 
-static gm_pool_t *evict_pool(unsigned flags)
+/* A sim pool of CAP bytes with `flags`, `heaps` heaps (1: the default) and
+ * one copy thread. */
+static gm_pool_t *evict_pool(unsigned flags, unsigned heaps)
 {
-    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = GM_BACKEND_SIM;
-    cfg.sim_capacity = CAP;
+    gm_pool_config_t cfg = sim_config(CAP);
     cfg.flags = flags;
+    cfg.heaps = heaps;
     cfg.copy_threads = 1;
     return pool_from(&cfg);
 }
@@ -78,7 +80,7 @@ static void check_tag(gm_pool_t *pool, const tblock_t *x, const char *what)
 /* LRU by release time; only as many as needed; counters; data. */
 static void test_lru(void)
 {
-    gm_pool_t *pool = evict_pool(GM_POOL_EVICT);
+    gm_pool_t *pool = evict_pool(GM_POOL_EVICT, 1);
     if (!pool) { CHECK(0); return; }
     tblock_t a = tag_block(pool, A, 12 * MiB, 1, NULL);
     tblock_t b = tag_block(pool, B, 12 * MiB, 2, NULL);
@@ -149,7 +151,7 @@ static void test_lru(void)
  * in a pool without GM_POOL_EVICT. */
 static void test_never(void)
 {
-    gm_pool_t *pool = evict_pool(GM_POOL_EVICT);
+    gm_pool_t *pool = evict_pool(GM_POOL_EVICT, 1);
     if (!pool) { CHECK(0); return; }
     void *x = NULL;
     /* Held. */
@@ -194,7 +196,7 @@ static void test_never(void)
     gm_pool_destroy(pool);
 
     /* A pool without GM_POOL_EVICT. */
-    pool = evict_pool(0);
+    pool = evict_pool(0, 1);
     if (!pool) { CHECK(0); return; }
     tblock_t b = tag_block(pool, B, 40 * MiB, 12, NULL);
     CHECK_RC(gm_alloc(pool, 32 * MiB, NULL, &x), GM_OUT_OF_MEMORY);
@@ -209,7 +211,7 @@ static void test_never(void)
  * waited for, so the tag stays; once the stream passes, it goes. */
 static void test_release_stream(void)
 {
-    gm_pool_t *pool = evict_pool(GM_POOL_EVICT);
+    gm_pool_t *pool = evict_pool(GM_POOL_EVICT, 1);
     if (!pool) { CHECK(0); return; }
     gm_stream_t H;
     CHECK_OK(gm_stream_create(pool, &H));
@@ -249,7 +251,7 @@ static void test_release_stream(void)
 /* An evictable discard tag goes without a copy and comes back usable. */
 static void test_discard_evict(void)
 {
-    gm_pool_t *pool = evict_pool(GM_POOL_EVICT);
+    gm_pool_t *pool = evict_pool(GM_POOL_EVICT, 1);
     if (!pool) { CHECK(0); return; }
     tblock_t k = tag_block(pool, K, 40 * MiB, 30, NULL);
     gm_stats_t st0 = pool_stats_of(pool);
@@ -274,7 +276,7 @@ static void test_discard_evict(void)
 /* Evictions one after another while many tags compete. */
 static void test_churn(void)
 {
-    gm_pool_t *pool = evict_pool(GM_POOL_EVICT);
+    gm_pool_t *pool = evict_pool(GM_POOL_EVICT, 1);
     if (!pool) { CHECK(0); return; }
     gm_tag_t t[6];
     tblock_t blk[6];
@@ -343,13 +345,7 @@ static void *heap_alloc(void *p)
 
 static void test_heaps(void)
 {
-    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = GM_BACKEND_SIM;
-    cfg.sim_capacity = CAP;
-    cfg.flags = GM_POOL_EVICT;
-    cfg.heaps = 4;
-    cfg.copy_threads = 1;
-    gm_pool_t *pool = pool_from(&cfg);
+    gm_pool_t *pool = evict_pool(GM_POOL_EVICT, 4);
     if (!pool) { CHECK(0); return; }
     void *first = NULL;
     CHECK_OK(gm_alloc(pool, 1000, NULL, &first)); /* this thread takes a heap first */

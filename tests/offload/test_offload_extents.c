@@ -41,6 +41,14 @@ static gm_tag_t new_tag(const char *name)
     return t;
 }
 
+/* A pool of 1 GiB; NULL, with a failed CHECK, when it cannot be made. */
+static gm_pool_t *extents_pool(void)
+{
+    gm_pool_t *pool = offload_pool((size_t)1 << 30);
+    CHECK(pool != NULL);
+    return pool;
+}
+
 static uint64_t calls(gm_pool_t *pool, int kind)
 {
     return pool_stats_of(pool).backend_calls[kind];
@@ -71,11 +79,8 @@ static void free_all(gm_pool_t *pool, tblock_t *b, size_t n)
 
 static void test_few_calls(void)
 {
-    gm_pool_t *pool = offload_pool((size_t)1 << 30);
-    if (!pool) {
-        CHECK(pool != NULL);
-        return;
-    }
+    gm_pool_t *pool = extents_pool();
+    if (!pool) return;
     gm_tag_t t = new_tag("extents.few");
     tblock_t b[3];
     /* A tagged block is made of extents at its allocation too: the two
@@ -145,11 +150,8 @@ static void test_few_calls(void)
 
 static void test_freed(void)
 {
-    gm_pool_t *pool = offload_pool((size_t)1 << 30);
-    if (!pool) {
-        CHECK(pool != NULL);
-        return;
-    }
+    gm_pool_t *pool = extents_pool();
+    if (!pool) return;
     gm_tag_t t = new_tag("extents.freed");
     tblock_t b[3];
     layout(pool, t, b, 200);
@@ -221,12 +223,9 @@ static void test_freed(void)
 static bool pool_and_server(const char *what, gm_pool_t **pool, gm_share_server_t **srv,
                             char path[108])
 {
-    *pool = offload_pool((size_t)1 << 30);
+    *pool = extents_pool();
     *srv = NULL;
-    if (!*pool) {
-        CHECK(*pool != NULL);
-        return false;
-    }
+    if (!*pool) return false;
     snprintf(path, 108, "%s/gm-offload-extents-%s-%d.sock",
              getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", what, (int)getpid());
     unlink(path);
@@ -339,11 +338,8 @@ static void test_shareable_partial(void)
  * them back (true). */
 static void one_fault(int kind, unsigned long nth, bool at_offload, uint64_t seed)
 {
-    gm_pool_t *pool = offload_pool((size_t)1 << 30);
-    if (!pool) {
-        CHECK(pool != NULL);
-        return;
-    }
+    gm_pool_t *pool = extents_pool();
+    if (!pool) return;
     char name[64];
     snprintf(name, sizeof name, "extents.fault.%s.%d", at_offload ? "o" : "r", kind);
     gm_tag_t t = new_tag(name);

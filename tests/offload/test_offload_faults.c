@@ -37,6 +37,7 @@
 
 #include "gpumem.h"
 #include "../test.h"
+#include "../lib/checks.h"
 #include "offload_util.h"
 
 #define MAXB 40
@@ -56,15 +57,7 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-static int clean(int rc)
-{
-    if (rc == GM_OK) return 1;
-    if (rc != GM_NO_HOST_MEMORY && rc != GM_BACKEND && rc != GM_OUT_OF_MEMORY &&
-        rc != GM_LIMIT && rc != GM_NOT_READY)
-        return 0;
-    const char *m = gm_last_error();
-    return m != NULL && m[0] != '\0';
-}
+static int clean(int rc) { return rc_clean(rc, GM_NOT_READY); }
 
 /* The tag's figures agree with the table; each block's state is read from
  * gm_tag_info only in sum, so: resident + offloaded == all, and the pool's
@@ -455,21 +448,23 @@ static void *heap_alloc(void *p)
     return NULL;
 }
 
-static void restore_short_heaps(void)
+/* The pool over heaps (global `pool`): a sim pool of `capacity` bytes with four heaps,
+ * *first a small block in this thread's heap; then the table is three
+ * blocks of tag T, block i of size + i * step bytes holding pattern
+ * seed + i, each allocated (and filled) by a thread of its own, so in a
+ * heap of its own.  0, with a failed CHECK, when the pool cannot be made. */
+static int setup_heaps(size_t capacity, void **first, size_t size, size_t step, uint64_t seed)
 {
-    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = GM_BACKEND_SIM;
-    cfg.sim_capacity = 64 * MiB;
+    gm_pool_config_t cfg = sim_config(capacity);
     cfg.heaps = 4;
     cfg.copy_threads = 1;
     pool = pool_from(&cfg);
-    if (!pool) { CHECK(0); return; }
-    what_now = "restore over heaps, device short";
-    void *first = NULL;
-    CHECK_OK(gm_alloc(pool, 1000, NULL, &first)); /* this thread's heap */
+    if (!pool) { CHECK(0); return 0; }
+    *first = NULL;
+    CHECK_OK(gm_alloc(pool, 1000, NULL, first)); /* this thread's heap */
     nb = 0;
     for (int i = 0; i < 3; i++) {
-        b[nb] = (tblock_t){NULL, 6 * MiB, T, 500 + (uint64_t)i, NULL};
+        b[nb] = (tblock_t){NULL, size + step * (size_t)i, T, seed + (uint64_t)i, NULL};
         hjob_t j = {&b[nb], -1};
         pthread_t th;
         CHECK(pthread_create(&th, NULL, heap_alloc, &j) == 0);
@@ -477,6 +472,14 @@ static void restore_short_heaps(void)
         CHECK_OK(j.rc);
         nb++;
     }
+    return 1;
+}
+
+static void restore_short_heaps(void)
+{
+    void *first;
+    if (!setup_heaps(64 * MiB, &first, 6 * MiB, 0, 500)) return;
+    what_now = "restore over heaps, device short";
     CHECK_OK(gm_offload(pool, T, 0, NULL));
     int off;
     tag_consistent(T, &off, NULL);
@@ -504,38 +507,17 @@ static void restore_short_heaps(void)
     CHECK_OK(gm_trim(pool, 0, NULL));
     CHECK_OK(gm_restore(pool, T, NULL));
     CHECK(check_all(pool, b, nb, "restore over heaps, after the filler went"));
-    for (size_t i = 0; i < nb; i++) CHECK_OK(gm_free(pool, b[i].p, NULL));
-    nb = 0;
     CHECK_OK(gm_free(pool, first, NULL));
-    CHECK_OK(gm_pool_check(pool));
-    gm_pool_destroy(pool);
-    pool = NULL;
+    drop_all();
 }
 
 /* Several heaps, one block's stream held: the offload first waits for every
  * stream of the tag's blocks, so it fails before anything moves. */
 static void offload_held_heaps(void)
 {
-    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = GM_BACKEND_SIM;
-    cfg.sim_capacity = 256 * MiB;
-    cfg.heaps = 4;
-    cfg.copy_threads = 1;
-    pool = pool_from(&cfg);
-    if (!pool) { CHECK(0); return; }
+    void *first;
+    if (!setup_heaps(256 * MiB, &first, 3 * MiB, 100, 600)) return;
     what_now = "offload over heaps, a stream held";
-    void *first = NULL;
-    CHECK_OK(gm_alloc(pool, 1000, NULL, &first));
-    nb = 0;
-    for (int i = 0; i < 3; i++) {
-        b[nb] = (tblock_t){NULL, 3 * MiB + 100 * (size_t)i, T, 600 + (uint64_t)i, NULL};
-        hjob_t j = {&b[nb], -1};
-        pthread_t th;
-        CHECK(pthread_create(&th, NULL, heap_alloc, &j) == 0);
-        pthread_join(th, NULL);
-        CHECK_OK(j.rc);
-        nb++;
-    }
     gm_stream_t H;
     CHECK_OK(gm_stream_create(pool, &H));
     CHECK_OK(gm_record_stream(pool, b[2].p, H)); /* the last heap's block */
