@@ -110,6 +110,37 @@ static int wait_child(pid_t pid)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
+/* A reader of size bytes (reader) forked on the pipes pfd and hold: it
+ * read only zeros.  Its pid; it holds its pages until a byte on hold. */
+static pid_t read_zeros(const test_broker_t *b, size_t size, const int pfd[2], const int hold[2])
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) _exit(reader(b, size, pfd[1], hold[0]));
+    unsigned long long nonzero = ~0ull;
+    CHECK(read(pfd[0], &nonzero, sizeof nonzero) == sizeof nonzero);
+    CHECK(nonzero == 0);
+    return pid;
+}
+
+/* Let the reader pid go (a byte on hold) and see it exit 0. */
+static void release(pid_t pid, const int hold[2])
+{
+    CHECK(write(hold[1], "x", 1) == 1);
+    CHECK(wait_child(pid) == 0);
+}
+
+/* The pipes closed, the broker stopped and its directory gone. */
+static void finish(test_broker_t *b, const int pfd[2], const int hold[2])
+{
+    close(pfd[0]);
+    close(pfd[1]);
+    close(hold[0]);
+    close(hold[1]);
+    CHECK(tb_stop(b, SIGTERM) == 0);
+    tb_cleanup(b);
+}
+
 static void fresh(void)
 {
     test_broker_t b;
@@ -118,12 +149,7 @@ static void fresh(void)
     tb_start(&b);
     int pfd[2], hold[2];
     REQUIRE_V(pipe(pfd) == 0 && pipe(hold) == 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) _exit(reader(&b, FRESH, pfd[1], hold[0]));
-    unsigned long long nonzero = ~0ull;
-    CHECK(read(pfd[0], &nonzero, sizeof nonzero) == sizeof nonzero);
-    CHECK(nonzero == 0);
+    pid_t pid = read_zeros(&b, FRESH, pfd, hold);
     /* The stats file is rewritten within a second of a change. */
     WAIT_FOR(stat_of(&b, "leased") >= (long long)FRESH, 30000);
     CHECK(stat_of(&b, "leased") >= (long long)FRESH);
@@ -131,14 +157,8 @@ static void fresh(void)
     printf("fresh: a lease of %zu MiB of new pages; the broker zeroed %lld MiB\n", FRESH / MiB,
            zeroed / (long long)MiB);
     if (on_sim()) CHECK(zeroed == 0);
-    CHECK(write(hold[1], "x", 1) == 1);
-    CHECK(wait_child(pid) == 0);
-    close(pfd[0]);
-    close(pfd[1]);
-    close(hold[0]);
-    close(hold[1]);
-    CHECK(tb_stop(&b, SIGTERM) == 0);
-    tb_cleanup(&b);
+    release(pid, hold);
+    finish(&b, pfd, hold);
 }
 
 static void idle(void)
@@ -156,8 +176,7 @@ static void idle(void)
     WAIT_FOR(stat_of(&b, "leased") >= (long long)SIZE, 30000);
     CHECK(stat_of(&b, "leased") >= (long long)SIZE);
     long long before = stat_of(&b, "scrubbed");
-    CHECK(write(wh[1], "x", 1) == 1);
-    CHECK(wait_child(pid) == 0);
+    release(pid, wh);
     close(wh[0]);
     close(wh[1]);
     char tenant[64];
@@ -172,12 +191,7 @@ static void idle(void)
     CHECK(zeroed >= before + (long long)SIZE);
     int pfd[2], hold[2];
     REQUIRE_V(pipe(pfd) == 0 && pipe(hold) == 0);
-    fflush(NULL);
-    pid = fork();
-    if (pid == 0) _exit(reader(&b, SIZE, pfd[1], hold[0]));
-    unsigned long long nonzero = ~0ull;
-    CHECK(read(pfd[0], &nonzero, sizeof nonzero) == sizeof nonzero);
-    CHECK(nonzero == 0);
+    pid = read_zeros(&b, SIZE, pfd, hold);
     /* While the reader holds its pages (they are not zeroed again until it
      * gives them back): the file that shows its lease shows any zeroing
      * the lease did. */
@@ -187,14 +201,8 @@ static void idle(void)
            (after - zeroed) / (long long)MiB);
     CHECK(stat_of(&b, "leased") >= (long long)SIZE);
     CHECK(after == zeroed);
-    CHECK(write(hold[1], "x", 1) == 1);
-    CHECK(wait_child(pid) == 0);
-    close(pfd[0]);
-    close(pfd[1]);
-    close(hold[0]);
-    close(hold[1]);
-    CHECK(tb_stop(&b, SIGTERM) == 0);
-    tb_cleanup(&b);
+    release(pid, hold);
+    finish(&b, pfd, hold);
 }
 
 static void burst(void)
@@ -228,12 +236,7 @@ static void burst(void)
     CHECK(served == BURST);
     CHECK(ok == BURST);
     if (on_sim()) CHECK(zeroed == 0);
-    close(pfd[0]);
-    close(pfd[1]);
-    close(hold[0]);
-    close(hold[1]);
-    CHECK(tb_stop(&b, SIGTERM) == 0);
-    tb_cleanup(&b);
+    finish(&b, pfd, hold);
 }
 
 int main(void)
