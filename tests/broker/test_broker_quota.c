@@ -206,7 +206,9 @@ static void run(const char *what, qkid_t *args, const int *ten_of, int nkids, qt
             if (v.device_used > capacity) sum_over++;
             free(v.tenants);
         } else {
-            query_fail++;
+            /* (Said, so that a failure on a loaded machine tells why.) */
+            if (query_fail++ < 3)
+                fprintf(stderr, "%s: a broker query failed: %s\n", what, gm_last_error());
         }
         if (!bp_is_cuda() && now_ms() >= next_freeze) {
             /* The kernel's count, everyone stopped. */
