@@ -56,25 +56,61 @@ static void write_file(const char *path, const char *text)
     fclose(f);
 }
 
-/* A config with body (its socket line first when with_socket): exit 2,
- * stderr naming "b.conf:LINE: " and saying `says`. */
-static void bad_config(const char *what, int with_socket, const char *body, int line,
-                       const char *says)
+/* A config mistake: the config's body (its socket line first when
+ * with_socket), the line named (0: none) and what stderr says. */
+typedef struct mistake {
+    const char *what;
+    int with_socket;
+    const char *body;
+    int line;
+    const char *says;
+} mistake_t;
+
+static const mistake_t mistakes[] = {
+    {"unknown key", 1, "backend = sim\nfrobnicate = 3\n", 3, "unknown key 'frobnicate'"},
+    {"bad size", 1, "capacity = 12XB\n", 2, "'12XB' is not a valid capacity"},
+    {"negative size", 1, "\n# a comment\ndefault_quota = -5MiB\n", 4, "is not a valid default_quota"},
+    {"no socket", 0, "backend = sim\ncapacity = 1GiB\n", 0, "no socket"},
+    {"relative socket", 0, "socket = b.sock\n", 1, "socket is an absolute path"},
+    {"tenant twice", 1, "[tenant a]\nquota = 1GiB\n\n[tenant b]\n[tenant a]\n", 6, "tenant 'a' twice"},
+    {"section", 1, "[tenants a]\n", 2, "a section is [tenant NAME]"},
+    {"section without a name", 1, "[tenant]\n", 2, "a section is [tenant NAME]"},
+    {"section not closed", 1, "[tenant a\n", 2, "a section is [tenant NAME]"},
+    {"tenant named uid:N", 1, "[tenant uid:5]\n", 2, "not uid:N"},
+    {"tenant name characters", 1, "[tenant a/b]\n", 2, "letters, digits"},
+    {"unknown tenant key", 1, "[tenant a]\nusers = 0\nsize = 3\n", 4, "unknown tenant key 'size'"},
+    {"a top key in a tenant", 1, "[tenant a]\ncapacity = 1GiB\n", 3, "unknown tenant key 'capacity'"},
+    {"no '='", 1, "capacity 1GiB\n", 2, "expected KEY = VALUE"},
+    {"reclaim_ms too big", 1, "reclaim_ms = 60001\n", 2, "not a valid reclaim_ms"},
+    {"max_clients 0", 1, "max_clients = 0\n", 2, "not a valid max_clients"},
+    {"socket_mode not octal", 1, "socket_mode = 0999\n", 2, "not a valid socket_mode"},
+    {"device", 1, "device = -1\n", 2, "not a valid device"},
+    {"backend", 1, "backend = opencl\n", 2, "not a valid backend"},
+    {"no such user", 1, "[tenant a]\nusers = no-such-user-here\n", 3, "no user named 'no-such-user-here'"},
+    {"no such group", 1, "[tenant a]\ngroups = no-such-group-here\n", 3, "no group named 'no-such-group-here'"},
+    {"relative cgroup", 1, "[tenant a]\ncgroup = system.slice\n", 3, "cgroup is a path"},
+    {"guaranteed none", 1, "[tenant a]\nguaranteed = none\n", 3, "not a valid guaranteed"},
+    {"capacity none", 1, "capacity = none\n", 2, "not a valid capacity"},
+};
+
+/* A config with mistake m: exit 2, stderr naming "b.conf:LINE: " and
+ * saying m->says. */
+static void bad_config(const mistake_t *m)
 {
     char text[4096];
-    snprintf(text, sizeof text, "%s%s%s", with_socket ? "socket = " : "",
-             with_socket ? g_b.sock : "", with_socket ? "\n" : "");
-    strncat(text, body, sizeof text - strlen(text) - 1);
+    snprintf(text, sizeof text, "%s%s%s", m->with_socket ? "socket = " : "",
+             m->with_socket ? g_b.sock : "", m->with_socket ? "\n" : "");
+    strncat(text, m->body, sizeof text - strlen(text) - 1);
     write_file(g_b.config, text);
     char *args[] = {"broker", "--config", g_b.config, NULL};
     int rc = cli(args);
     char where[160];
-    snprintf(where, sizeof where, "b.conf:%d: ", line);
-    int named = line ? tb_file_has(g_err, where) : 1;
-    int said = tb_file_has(g_err, says);
+    snprintf(where, sizeof where, "b.conf:%d: ", m->line);
+    int named = m->line ? tb_file_has(g_err, where) : 1;
+    int said = tb_file_has(g_err, m->says);
     if (rc != 2 || !named || !said) {
-        fprintf(stderr, "%s: exit %d, want 2, with '%s' and '%s'; stderr:\n", what, rc,
-                line ? where : "", says);
+        fprintf(stderr, "%s: exit %d, want 2, with '%s' and '%s'; stderr:\n", m->what, rc,
+                m->line ? where : "", m->says);
         char cmd[300];
         snprintf(cmd, sizeof cmd, "cat '%s' >&2", g_err);
         if (system(cmd)) {}
@@ -102,44 +138,14 @@ int main(void)
     }
 
     /* Config mistakes: exit 2, naming the line. */
-    bad_config("unknown key", 1, "backend = sim\nfrobnicate = 3\n", 3, "unknown key 'frobnicate'");
-    bad_config("bad size", 1, "capacity = 12XB\n", 2, "'12XB' is not a valid capacity");
-    bad_config("negative size", 1, "\n# a comment\ndefault_quota = -5MiB\n", 4,
-               "is not a valid default_quota");
-    bad_config("no socket", 0, "backend = sim\ncapacity = 1GiB\n", 0, "no socket");
-    bad_config("relative socket", 0, "socket = b.sock\n", 1, "socket is an absolute path");
-    bad_config("tenant twice", 1, "[tenant a]\nquota = 1GiB\n\n[tenant b]\n[tenant a]\n", 6,
-               "tenant 'a' twice");
-    bad_config("section", 1, "[tenants a]\n", 2, "a section is [tenant NAME]");
-    bad_config("section without a name", 1, "[tenant]\n", 2, "a section is [tenant NAME]");
-    bad_config("section not closed", 1, "[tenant a\n", 2, "a section is [tenant NAME]");
-    bad_config("tenant named uid:N", 1, "[tenant uid:5]\n", 2, "not uid:N");
-    bad_config("tenant name characters", 1, "[tenant a/b]\n", 2, "letters, digits");
-    bad_config("unknown tenant key", 1, "[tenant a]\nusers = 0\nsize = 3\n", 4,
-               "unknown tenant key 'size'");
-    bad_config("a top key in a tenant", 1, "[tenant a]\ncapacity = 1GiB\n", 3,
-               "unknown tenant key 'capacity'");
-    bad_config("no '='", 1, "capacity 1GiB\n", 2, "expected KEY = VALUE");
-    bad_config("reclaim_ms too big", 1, "reclaim_ms = 60001\n", 2, "not a valid reclaim_ms");
-    bad_config("max_clients 0", 1, "max_clients = 0\n", 2, "not a valid max_clients");
-    bad_config("socket_mode not octal", 1, "socket_mode = 0999\n", 2, "not a valid socket_mode");
-    bad_config("device", 1, "device = -1\n", 2, "not a valid device");
-    bad_config("backend", 1, "backend = opencl\n", 2, "not a valid backend");
-    bad_config("no such user", 1, "[tenant a]\nusers = no-such-user-here\n", 3,
-               "no user named 'no-such-user-here'");
-    bad_config("no such group", 1, "[tenant a]\ngroups = no-such-group-here\n", 3,
-               "no group named 'no-such-group-here'");
-    bad_config("relative cgroup", 1, "[tenant a]\ncgroup = system.slice\n", 3, "cgroup is a path");
-    bad_config("guaranteed none", 1, "[tenant a]\nguaranteed = none\n", 3,
-               "not a valid guaranteed");
-    bad_config("capacity none", 1, "capacity = none\n", 2, "not a valid capacity");
+    for (size_t i = 0; i < sizeof mistakes / sizeof mistakes[0]; i++) bad_config(&mistakes[i]);
     {
         char body[2100];
         memset(body, 'x', sizeof body);
         memcpy(body, "stats_file = /tmp/", 18);
         body[sizeof body - 2] = '\n';
         body[sizeof body - 1] = '\0';
-        bad_config("an overlong line", 1, body, 2, "line longer than");
+        bad_config(&(mistake_t){"an overlong line", 1, body, 2, "line longer than"});
     }
 
     /* Bad options: exit 2. */
