@@ -23,6 +23,7 @@
 
 #include "gpumem.h"
 #include "../test.h"
+#include "multigpu_util.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -146,10 +147,7 @@ int main(void)
     CHECK_OK(gm_free(p0, a0, NULL));
     CHECK_OK(gm_free(p0, b0, NULL));
     CHECK_OK(gm_free(p1, a1, NULL));
-    CHECK_OK(gm_pool_check(p0));
-    CHECK_OK(gm_pool_check(p1));
-    gm_pool_destroy(p0);
-    gm_pool_destroy(p1);
+    check_and_destroy_pools(p0, p1);
 
     /* Every other device. */
     gm_pool_t *pa = pool_on(1, GM_PEERS_ALL, 0, &rc);

@@ -29,6 +29,7 @@
 
 #include "gpumem.h"
 #include "../test.h"
+#include "multigpu_util.h"
 
 #define MiB ((size_t)1 << 20)
 #define CAP ((size_t)1 << 30)
@@ -72,13 +73,21 @@ static gm_device_info_t info_of(gm_pool_t *pool)
     return di;
 }
 
+/* The device info of a new pool on `device` granting `peers`, with `flags`,
+ * destroyed once read: 1; 0, with a failed CHECK, when it cannot be made. */
+static int new_pool_info(int device, uint64_t peers, unsigned flags, gm_device_info_t *di)
+{
+    gm_pool_t *p = mk(device, peers, flags);
+    CHECK(p != NULL);
+    if (!p) return 0;
+    *di = info_of(p);
+    gm_pool_destroy(p);
+    return 1;
+}
+
 static void fill_pattern(unsigned char *p, size_t n, unsigned seed)
 {
-    uint32_t x = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) {
-        x = x * 1664525u + 1013904223u;
-        p[i] = (unsigned char)(x >> 24);
-    }
+    lcg_bytes(p, n, seed * 2654435761u + 1);
 }
 
 static int same_pattern(const unsigned char *p, size_t n, unsigned seed)
@@ -144,10 +153,7 @@ out:
     CHECK_OK(gm_free(p0, a, NULL));
     CHECK_OK(gm_free(p0, a2, NULL));
     CHECK_OK(gm_free(p1, b, NULL));
-    CHECK_OK(gm_pool_check(p0));
-    CHECK_OK(gm_pool_check(p1));
-    gm_pool_destroy(p1);
-    gm_pool_destroy(p0);
+    check_and_destroy_pools(p1, p0);
 }
 
 /* (b) peers = bit 1: device 1 in both directions, later pages included;
@@ -259,44 +265,28 @@ out:
 /* (c) What gm_pool_device_info reports. */
 static void test_info(void)
 {
-    gm_pool_t *p = mk(0, GM_PEERS_ALL, 0);
-    if (p) {
-        gm_device_info_t di = info_of(p);
+    gm_device_info_t di;
+    if (new_pool_info(0, GM_PEERS_ALL, 0, &di)) {
         CHECK(di.version == GM_DEVICE_INFO_VERSION);
         CHECK(di.device == 0 && di.device_count == 4);
         CHECK(di.peers == 0xe);
-        gm_pool_destroy(p);
-    } else CHECK(0);
-    p = mk(2, GM_PEERS_ALL, 0);
-    if (p) {
-        gm_device_info_t di = info_of(p);
+    }
+    if (new_pool_info(2, GM_PEERS_ALL, 0, &di)) {
         CHECK(di.device == 2 && di.device_count == 4 && di.peers == 0xb);
-        gm_pool_destroy(p);
-    } else CHECK(0);
+    }
     /* The pool's own bit is ignored. */
-    p = mk(0, 0x3, 0);
-    if (p) {
-        CHECK(info_of(p).peers == 0x2);
-        gm_pool_destroy(p);
-    } else CHECK(0);
-    p = mk(3, 0x9, 0);
-    if (p) {
-        gm_device_info_t di = info_of(p);
+    if (new_pool_info(0, 0x3, 0, &di)) CHECK(di.peers == 0x2);
+    if (new_pool_info(3, 0x9, 0, &di)) {
         CHECK(di.device == 3 && di.peers == 0x1);
-        gm_pool_destroy(p);
-    } else CHECK(0);
-    p = mk(1, 0, 0);
-    if (p) {
-        gm_device_info_t di = info_of(p);
+    }
+    if (new_pool_info(1, 0, 0, &di)) {
         CHECK(di.peers == 0 && di.device_count == 4 && di.compressible == 0);
         /* No GM_POOL_NCCL: the sim still makes fd-shareable pages, not RDMA ones. */
         CHECK(di.rdma_capable == 0);
-        gm_pool_destroy(p);
-    } else CHECK(0);
+    }
     /* An older, version-1-sized struct gets only its own fields. */
-    p = mk(0, GM_PEERS_ALL, 0);
+    gm_pool_t *p = mk(0, GM_PEERS_ALL, 0);
     if (p) {
-        gm_device_info_t di;
         memset(&di, 0xab, sizeof di);
         di.size = offsetof(gm_device_info_t, device_count);
         di.version = 1;
@@ -312,6 +302,7 @@ static void test_info(void)
  * the machine. */
 static void test_unreachable(void)
 {
+    gm_device_info_t di;
     gm_pool_t *p = (gm_pool_t *)&p;
     CHECK_RC(create(0, (uint64_t)1 << 7, 0, &p), GM_NO_DEVICE);
     CHECK(p == NULL);
@@ -336,30 +327,15 @@ static void test_unreachable(void)
     CHECK_RC(create(3, 0x1, 0, &p), GM_NOT_SUPPORTED);
     CHECK(says("device 0", "device 3"));
     CHECK_RC(create(0, GM_PEERS_ALL, 0, &p), GM_NOT_SUPPORTED);
-    p = mk(0, (uint64_t)1 << 1, 0);
-    CHECK(p != NULL);
-    if (p) {
-        CHECK(info_of(p).peers == 0x2);
-        gm_pool_destroy(p);
-    }
-    p = mk(3, (uint64_t)1 << 2, 0);
-    CHECK(p != NULL);
-    if (p) {
-        CHECK(info_of(p).peers == 0x4);
-        gm_pool_destroy(p);
-    }
+    if (new_pool_info(0, (uint64_t)1 << 1, 0, &di)) CHECK(di.peers == 0x2);
+    if (new_pool_info(3, (uint64_t)1 << 2, 0, &di)) CHECK(di.peers == 0x4);
     /* No peers asked: groups do not matter. */
     p = mk(2, 0, 0);
     CHECK(p != NULL);
     gm_pool_destroy(p);
     /* A group larger than the machine: everyone reaches everyone. */
     setenv("GPUMEM_SIM_PEER_GROUP", "8", 1);
-    p = mk(0, GM_PEERS_ALL, 0);
-    CHECK(p != NULL);
-    if (p) {
-        CHECK(info_of(p).peers == 0xe);
-        gm_pool_destroy(p);
-    }
+    if (new_pool_info(0, GM_PEERS_ALL, 0, &di)) CHECK(di.peers == 0xe);
     /* A malformed value fails the creation. */
     setenv("GPUMEM_SIM_PEER_GROUP", "two", 1);
     CHECK_RC(create(0, 0, 0, &p), GM_INVALID_ARGUMENT);
@@ -373,12 +349,9 @@ static void test_unreachable(void)
     setenv("GPUMEM_SIM_DEVICES", "2", 1);
     CHECK_RC(create(2, 0, 0, &p), GM_NO_DEVICE);
     CHECK_RC(create(0, (uint64_t)1 << 2, 0, &p), GM_NO_DEVICE);
-    p = mk(0, GM_PEERS_ALL, 0);
-    if (p) {
-        gm_device_info_t di = info_of(p);
+    if (new_pool_info(0, GM_PEERS_ALL, 0, &di)) {
         CHECK(di.device_count == 2 && di.peers == 0x2);
-        gm_pool_destroy(p);
-    } else CHECK(0);
+    }
     /* (GPUMEM_SIM_DEVICES=0 is taken as "unset", 32 devices: not checked.) */
     setenv("GPUMEM_SIM_DEVICES", "33", 1);
     CHECK_RC(create(0, 0, 0, &p), GM_INVALID_ARGUMENT);
@@ -484,44 +457,34 @@ static void test_page_kinds(void)
         CHECK_OK(gm_free(p, a, NULL));
         gm_pool_destroy(p);
     } else CHECK(0);
-    p = mk(1, 0, 0);
-    if (p) {
-        gm_device_info_t di = info_of(p);
+    gm_device_info_t di;
+    if (new_pool_info(1, 0, 0, &di)) {
         CHECK(di.compressible == 0 && di.compression_supported == 1);
-        gm_pool_destroy(p);
-    } else CHECK(0);
+    }
 
     setenv("GPUMEM_SIM_COMPRESSION", "0", 1);
     p = (gm_pool_t *)&p;
     CHECK_RC(create(1, 0, GM_POOL_COMPRESSIBLE, &p), GM_NOT_SUPPORTED);
     CHECK(p == NULL);
     CHECK(says("compress", "device 1"));
-    p = mk(1, 0, 0); /* a device that cannot compress still makes plain pages */
-    if (p) {
-        gm_device_info_t di = info_of(p);
+    /* A device that cannot compress still makes plain pages. */
+    if (new_pool_info(1, 0, 0, &di)) {
         CHECK(di.compression_supported == 0 && di.compressible == 0);
-        gm_pool_destroy(p);
-    } else CHECK(0);
+    }
     unsetenv("GPUMEM_SIM_COMPRESSION");
     p = mk(1, 0, GM_POOL_COMPRESSIBLE);
     CHECK(p != NULL);
     gm_pool_destroy(p);
 
-    p = mk(0, GM_PEERS_ALL, GM_POOL_NCCL);
-    if (p) {
-        gm_device_info_t di = info_of(p);
+    if (new_pool_info(0, GM_PEERS_ALL, GM_POOL_NCCL, &di)) {
         CHECK((di.handle_types & GM_HANDLE_POSIX_FD) != 0);
         CHECK(di.rdma_capable == 1);
         CHECK(di.compressible == 0);
         CHECK(di.peers == 0xe);
-        gm_pool_destroy(p);
-    } else CHECK(0);
-    p = mk(0, 0, GM_POOL_NCCL | GM_POOL_COMPRESSIBLE);
-    if (p) {
-        gm_device_info_t di = info_of(p);
+    }
+    if (new_pool_info(0, 0, GM_POOL_NCCL | GM_POOL_COMPRESSIBLE, &di)) {
         CHECK(di.rdma_capable == 1 && di.compressible == 1);
-        gm_pool_destroy(p);
-    } else CHECK(0);
+    }
     /* Unknown flags are still refused. */
     CHECK_RC(create(0, 0, 0x100, &p), GM_INVALID_ARGUMENT);
 }

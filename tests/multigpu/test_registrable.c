@@ -50,6 +50,8 @@
 
 #include "gpumem.h"
 #include "../test.h"
+#include "../lib/checks.h"
+#include "multigpu_util.h"
 
 #define MiB ((size_t)1 << 20)
 #define CAP (256 * MiB)
@@ -130,12 +132,21 @@ static gm_register_hooks_t hooks_for(book_t *b)
 
 static gm_pool_t *mk(int device, uint64_t peers)
 {
-    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = GM_BACKEND_SIM;
-    cfg.sim_capacity = CAP;
+    gm_pool_config_t cfg = sim_config(CAP);
     cfg.device = device;
     cfg.peers = peers;
     return pool_from(&cfg);
+}
+
+/* A pool on device 0 with hooks that keep their books in *h; NULL, with a
+ * failed CHECK, when it cannot be made. */
+static gm_pool_t *booked_pool(book_t *h)
+{
+    gm_pool_t *pool = mk(0, 0);
+    if (!pool) { CHECK(0); return NULL; }
+    gm_register_hooks_t k = hooks_for(h);
+    CHECK_OK(gm_pool_set_register_hooks(pool, &k));
+    return pool;
 }
 
 static size_t dev_free(gm_pool_t *pool)
@@ -155,11 +166,7 @@ static int says(const char *w)
 
 static void fill_pattern(unsigned char *p, size_t n, unsigned seed)
 {
-    uint32_t x = seed * 2654435761u + 7;
-    for (size_t i = 0; i < n; i++) {
-        x = x * 1664525u + 1013904223u;
-        p[i] = (unsigned char)(x >> 24);
-    }
+    lcg_bytes(p, n, seed * 2654435761u + 7);
 }
 
 /* Write a pattern into the device range through `via`. */
@@ -538,11 +545,9 @@ static void test_bad_input(void)
 
 static void test_limit(void)
 {
-    gm_pool_t *pool = mk(0, 0);
-    if (!pool) { CHECK(0); return; }
     static book_t h;
-    gm_register_hooks_t k = hooks_for(&h);
-    CHECK_OK(gm_pool_set_register_hooks(pool, &k));
+    gm_pool_t *pool = booked_pool(&h);
+    if (!pool) return;
     CHECK_OK(gm_pool_set_limit(pool, 8 * MiB));
     void *p = (void *)&p;
     uint64_t ooms = pool_stats_of(pool).oom_count;
@@ -654,9 +659,7 @@ static void *heap_thread(void *arg)
 
 static void test_heaps(void)
 {
-    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
-    cfg.backend = GM_BACKEND_SIM;
-    cfg.sim_capacity = CAP;
+    gm_pool_config_t cfg = sim_config(CAP);
     cfg.heaps = HT;
     hpool = pool_from(&cfg);
     if (!hpool) { CHECK(0); return; }
@@ -792,11 +795,9 @@ static void test_make_faults(void)
 {
     static const int kinds[] = {GM_CALL_va_reserve, GM_CALL_phys_create, GM_CALL_map,
                                 GM_CALL_set_access};
-    gm_pool_t *pool = mk(0, 0);
-    if (!pool) { CHECK(0); return; }
     static book_t h;
-    gm_register_hooks_t k = hooks_for(&h);
-    CHECK_OK(gm_pool_set_register_hooks(pool, &k));
+    gm_pool_t *pool = booked_pool(&h);
+    if (!pool) return;
     void *keep = NULL;
     CHECK_OK(gm_alloc_registrable(pool, 3 * MiB, NULL, &keep));
     CHECK_OK(put(pool, keep, 3 * MiB, 41));
@@ -852,12 +853,10 @@ static void test_trim_faults(void)
                                 GM_CALL_va_free};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         int kind = kinds[i];
-        gm_pool_t *pool = mk(0, 0);
-        if (!pool) { CHECK(0); return; }
         static book_t h;
         memset(&h, 0, sizeof h);
-        gm_register_hooks_t k = hooks_for(&h);
-        CHECK_OK(gm_pool_set_register_hooks(pool, &k));
+        gm_pool_t *pool = booked_pool(&h);
+        if (!pool) return;
         void *a = NULL, *b = NULL, *live = NULL;
         CHECK_OK(gm_alloc_registrable(pool, 3 * MiB, NULL, &a));
         CHECK_OK(gm_alloc_registrable(pool, 7 * MiB, NULL, &b));
@@ -929,11 +928,9 @@ static void test_trim_faults(void)
 
 static void test_streams(void)
 {
-    gm_pool_t *pool = mk(0, 0);
-    if (!pool) { CHECK(0); return; }
     static book_t h;
-    gm_register_hooks_t k = hooks_for(&h);
-    CHECK_OK(gm_pool_set_register_hooks(pool, &k));
+    gm_pool_t *pool = booked_pool(&h);
+    if (!pool) return;
     gm_stream_t s1 = NULL, s2 = NULL, s3 = NULL;
     CHECK_OK(gm_stream_create(pool, &s1));
     CHECK_OK(gm_stream_create(pool, &s2));
