@@ -154,6 +154,17 @@ static inline int bp_become(long uid)
     return 0;
 }
 
+/* In a child: a pool of broker b (bp_pool), or NULL with the failure
+ * counted. */
+static inline gm_pool_t *bp_kid_pool(const test_broker_t *b, size_t lease,
+                                     size_t release_threshold)
+{
+    gm_pool_t *pool = NULL;
+    int rc = bp_pool(b, lease, release_threshold, &pool);
+    KCHECK_RC(rc, GM_OK);
+    return rc == GM_OK ? pool : NULL;
+}
+
 /* In a child: a pool of broker b (bp_pool); BP_READY sent when it is made.
  * GM_OK, or the failure (counted). */
 static inline int bp_child_pool(tp_link_t *l, const test_broker_t *b, size_t lease,

@@ -65,6 +65,21 @@ static void calls_of(gm_pool_t *pool, uint64_t *imports, uint64_t *releases)
     *releases = st.backend_calls[GM_CALL_phys_release];
 }
 
+/* A client's pool once it has freed every block: trimmed, it holds
+ * nothing, and each page its backend imported it released once. */
+static void check_emptied(gm_pool_t *pool)
+{
+    KCHECK_RC(gm_trim(pool, 0, NULL), GM_OK);
+    KCHECK(reserved_of(pool) == 0);
+    KCHECK_RC(gm_pool_check(pool), GM_OK);
+    uint64_t imports, releases;
+    calls_of(pool, &imports, &releases);
+    if (imports != releases)
+        fprintf(stderr, "pid %d: %llu pages imported, %llu releases\n", (int)getpid(),
+                (unsigned long long)imports, (unsigned long long)releases);
+    KCHECK(imports == releases);
+}
+
 static int says_gone(const char *e) { return strstr(e, "broker") && strstr(e, "gone"); }
 
 static uint64_t get_or_fail(tp_link_t *l)
@@ -82,10 +97,8 @@ static uint64_t get_or_fail(tp_link_t *l)
 static void one_client(tp_link_t *l, void *argp)
 {
     (void)argp;
-    gm_pool_t *pool = NULL;
-    int rc = bp_pool(&g_b, 4 * PAGE, SIZE_MAX, &pool);
-    KCHECK_RC(rc, GM_OK);
-    if (rc != GM_OK) return;
+    gm_pool_t *pool = bp_kid_pool(&g_b, 4 * PAGE, SIZE_MAX);
+    if (!pool) return;
     void *a = NULL, *b = NULL, *c = NULL;
     KCHECK_RC(gm_alloc(pool, 16 * MiB, NULL, &a), GM_OK);
     KCHECK_RC(gm_alloc(pool, 6 * MiB, NULL, &b), GM_OK);
@@ -111,7 +124,7 @@ static void one_client(tp_link_t *l, void *argp)
     /* A page is needed: no broker to lease it. */
     void *d = NULL;
     double t0 = now_ms();
-    rc = gm_alloc(pool, 4 * MiB, NULL, &d);
+    int rc = gm_alloc(pool, 4 * MiB, NULL, &d);
     double ms1 = now_ms() - t0;
     KCHECK_RC(rc, GM_IO);
     if (rc == GM_IO) {
@@ -153,15 +166,7 @@ static void one_client(tp_link_t *l, void *argp)
     KCHECK(bp_same(pool, d, 4 * MiB, 0xd1));
     KCHECK_RC(gm_free(pool, b, NULL), GM_OK);
     KCHECK_RC(gm_free(pool, d, NULL), GM_OK);
-    KCHECK_RC(gm_trim(pool, 0, NULL), GM_OK);
-    KCHECK(reserved_of(pool) == 0);
-    KCHECK_RC(gm_pool_check(pool), GM_OK);
-    uint64_t imports, releases;
-    calls_of(pool, &imports, &releases);
-    if (imports != releases)
-        fprintf(stderr, "pid %d: %llu pages imported, %llu releases\n", (int)getpid(),
-                (unsigned long long)imports, (unsigned long long)releases);
-    KCHECK(imports == releases);
+    check_emptied(pool);
     tp_put(l->out, BP_ACK);
     if (get_or_fail(l) != BP_STOP) return;
     gm_pool_destroy(pool);
@@ -294,15 +299,7 @@ static void chaos_client(tp_link_t *l, void *argp)
     uint64_t v = 0;
     KCHECK(tp_get(l->in, &v, 0) == 0 && v == BP_STOP);
     bp_drop_all(pool, blk, sz, tag, n);
-    KCHECK_RC(gm_trim(pool, 0, NULL), GM_OK);
-    KCHECK(reserved_of(pool) == 0);
-    KCHECK_RC(gm_pool_check(pool), GM_OK);
-    uint64_t imports, releases;
-    calls_of(pool, &imports, &releases);
-    if (imports != releases)
-        fprintf(stderr, "pid %d: %llu pages imported, %llu releases\n", (int)getpid(),
-                (unsigned long long)imports, (unsigned long long)releases);
-    KCHECK(imports == releases);
+    check_emptied(pool);
     tp_put(l->out, BP_ACK);
     tp_put(l->out, allocs);
     tp_put(l->out, ios);
@@ -403,10 +400,8 @@ static void role_chaos(int restarts, uint64_t *rs)
 static void d_holder(tp_link_t *l, void *argp)
 {
     (void)argp;
-    gm_pool_t *pool = NULL;
-    int rc = bp_pool(&g_b, 8 * PAGE, SIZE_MAX, &pool);
-    KCHECK_RC(rc, GM_OK);
-    if (rc != GM_OK) return;
+    gm_pool_t *pool = bp_kid_pool(&g_b, 8 * PAGE, SIZE_MAX);
+    if (!pool) return;
     void *a = NULL;
     KCHECK_RC(gm_alloc(pool, PAGE, NULL, &a), GM_OK); /* one page used, 7 in the stock */
     if (!a) return;
@@ -433,15 +428,13 @@ static void d_holder(tp_link_t *l, void *argp)
 static void d_asker(tp_link_t *l, void *argp)
 {
     (void)argp;
-    gm_pool_t *pool = NULL;
-    int rc = bp_pool(&g_b, PAGE, SIZE_MAX, &pool);
-    KCHECK_RC(rc, GM_OK);
-    if (rc != GM_OK) return;
+    gm_pool_t *pool = bp_kid_pool(&g_b, PAGE, SIZE_MAX);
+    if (!pool) return;
     tp_put(l->out, BP_READY);
     if (get_or_fail(l) != BP_NEXT) return;
     void *p = NULL;
     double t0 = now_ms();
-    rc = gm_alloc(pool, 10 * PAGE, NULL, &p); /* more than is free: a RECLAIM to the holder */
+    int rc = gm_alloc(pool, 10 * PAGE, NULL, &p); /* more than is free: a RECLAIM to the holder */
     double ms = now_ms() - t0;
     /* The broker died while the lease waited. */
     KCHECK_RC(rc, GM_IO);
