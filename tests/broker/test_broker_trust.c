@@ -173,19 +173,32 @@ static void run_kid(void (*fn)(tp_link_t *, void *), void *arg)
     tp_kid_close(&k);
 }
 
-static void part_a(void)
+/* BP_STOP to two children waiting for it, then each must exit 0 within 30 s. */
+static void stop_two(tp_kid_t *a, tp_kid_t *b)
+{
+    tp_put(a->to, BP_STOP);
+    tp_put(b->to, BP_STOP);
+    CHECK(tp_exited_ok(tp_wait(a->pid, 30000)));
+    CHECK(tp_exited_ok(tp_wait(b->pid, 30000)));
+    tp_kid_close(a);
+    tp_kid_close(b);
+}
+
+/* An impostor broker in g_b, started by hand (tb_start's query would,
+ * rightly, refuse it), its log unbuffered when asked: 1 once its socket
+ * takes connections, 0 (counted) when it never did. */
+static int start_impostor(int unbuffered_log)
 {
     tb_init(&g_b);
     CHECK(chmod(g_b.dir, 01777) == 0); /* the impostor makes its socket and files there */
     tb_config(&g_b, "256MiB", "");
-    /* Started by hand: tb_start's query would (rightly) refuse it. */
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
         impostor_prep();
         FILE *l = freopen(g_b.log, "a", stderr);
         (void)l;
-        setvbuf(stderr, NULL, _IONBF, 0);
+        if (unbuffered_log) setvbuf(stderr, NULL, _IONBF, 0);
         char *argv[] = {"broker", "--config", g_b.config, NULL};
         _exit(gm_cli_broker(3, argv));
     }
@@ -201,7 +214,12 @@ static void part_a(void)
         }
     }
     CHECK(up);
-    if (!up) {
+    return up;
+}
+
+static void part_a(void)
+{
+    if (!start_impostor(1)) {
         bp_log_dump(&g_b);
         tb_cleanup(&g_b);
         return;
@@ -222,30 +240,7 @@ static void part_a(void)
     tb_cleanup(&g_b);
 
     /* An impostor no one ever trusted: its table stays empty. */
-    tb_init(&g_b);
-    CHECK(chmod(g_b.dir, 01777) == 0);
-    tb_config(&g_b, "256MiB", "");
-    fflush(NULL);
-    pid = fork();
-    if (pid == 0) {
-        impostor_prep();
-        FILE *l = freopen(g_b.log, "a", stderr);
-        (void)l;
-        char *argv[] = {"broker", "--config", g_b.config, NULL};
-        _exit(gm_cli_broker(3, argv));
-    }
-    g_b.pid = pid;
-    up = 0;
-    for (int i = 0; i < 5000 && !up; i++) {
-        int fd = tp_raw_connect(g_b.sock, 1000);
-        if (fd >= 0) {
-            close(fd);
-            up = 1;
-        } else {
-            sleep_ms(2);
-        }
-    }
-    CHECK(up);
+    start_impostor(0);
     for (int i = 0; i < 3; i++) run_kid(refused_kid, NULL);
     run_kid(count_kid, NULL);
     tb_cleanup(&g_b);
@@ -382,12 +377,7 @@ static void part_c(void)
     CHECK(bp_log_count(&g_b, "the lease record proves 0") == 2);
     /* A guaranteed tenant is served while they hold their claims. */
     run_kid(gold_kid, NULL);
-    tp_put(ks.to, BP_STOP);
-    tp_put(kh.to, BP_STOP);
-    CHECK(tp_exited_ok(tp_wait(ks.pid, 30000)));
-    CHECK(tp_exited_ok(tp_wait(kh.pid, 30000)));
-    tp_kid_close(&ks);
-    tp_kid_close(&kh);
+    stop_two(&ks, &kh);
 
     /* A lease the record holds is proven to the next run: this process
      * leases 3 pages, the broker is killed, a new one books 3 of a claim
@@ -516,12 +506,7 @@ static void part_d(void)
     CHECK(tp_expect(&kt, BP_VALUE) && tp_get(kt.from, &m, TP_WAIT_MS) == 0);
     printf("a third tenant then holds %llu connections\n", (unsigned long long)m);
     CHECK(m >= 1 && m <= 4);
-    tp_put(kh.to, BP_STOP);
-    tp_put(kt.to, BP_STOP);
-    CHECK(tp_exited_ok(tp_wait(kh.pid, 30000)));
-    CHECK(tp_exited_ok(tp_wait(kt.pid, 30000)));
-    tp_kid_close(&kh);
-    tp_kid_close(&kt);
+    stop_two(&kh, &kt);
     CHECK(bp_log_count(&g_b, "turned away: tenant 'uid:65534'") >= 2);
     CHECK(bp_log_count(&g_b, "broker full: max_clients 8") >= 2);
     tb_stop(&g_b, SIGTERM);
