@@ -24,6 +24,18 @@ sys.path.insert(0, os.path.dirname(SCRIPT))
 import floors  # noqa: E402
 
 
+def run_floors(args):
+    """floors.main(args): its exit status and what it printed."""
+    out = io.StringIO()
+    old = sys.stdout
+    sys.stdout = out
+    try:
+        rc = floors.main(args)
+    finally:
+        sys.stdout = old
+    return rc, out.getvalue()
+
+
 def nm_text(defined=(), undefined=()):
     return "".join(["0000000000000000 T %s\n" % s for s in defined] +
                    ["                 U %s\n" % s for s in undefined])
@@ -58,14 +70,7 @@ class FakeTree:
             f.write("%s: \\\n %s\n" % (obj, " \\\n ".join(deps)))
 
     def run(self, *args):
-        out = io.StringIO()
-        old = sys.stdout
-        sys.stdout = out
-        try:
-            rc = floors.main(["--root", self.root, "--nm", "cat", self.objdir] + list(args))
-        finally:
-            sys.stdout = old
-        return rc, out.getvalue()
+        return run_floors(["--root", self.root, "--nm", "cat", self.objdir] + list(args))
 
     def close(self):
         shutil.rmtree(self.dir)
@@ -97,37 +102,43 @@ def broken_tree():
 
 
 class TreeTest(unittest.TestCase):
-    def test_upward_edge_and_four_file_cycle_fail_strict(self):
-        t = broken_tree()
+    def cleaned(self, t):
+        """The FakeTree t, removed after the test."""
         self.addCleanup(t.close)
-        rc, out = t.run("--strict", "--max-file-cycle", "3")
-        self.assertEqual(rc, 1, out)
-        self.assertIn("low -> mid (up)", out)
-        self.assertIn("include  low/a.c:2  mid/m.h", out)
-        self.assertIn("calls    low/a.c -> mid/m.c: m\n", out)
-        self.assertIn("edges that go up: 1 between folders, 2 between files", out)
-        self.assertIn("file call cycles: 1; largest: 4 files", out)
-        self.assertIn("4 files: low/a low/b low/c low/d", out)
-        self.assertIn("a call cycle of 4 files (limit 3)", out)
-        # high/h.c includes ../mid/m.h (relative to its folder): down, fine
-        self.assertIn("high      (3) -> mid       (2)  includes   1  calls   1", out)
+        return t
+
+    def assert_run(self, t, args, rc, *lines):
+        """t.run(*args) exits with rc and prints each of `lines`; returns its output."""
+        got, out = t.run(*args)
+        self.assertEqual(got, rc, out)
+        for line in lines:
+            self.assertIn(line, out)
+        return out
+
+    def test_upward_edge_and_four_file_cycle_fail_strict(self):
+        t = self.cleaned(broken_tree())
+        out = self.assert_run(t, ["--strict", "--max-file-cycle", "3"], 1,
+                              "low -> mid (up)",
+                              "include  low/a.c:2  mid/m.h",
+                              "calls    low/a.c -> mid/m.c: m\n",
+                              "edges that go up: 1 between folders, 2 between files",
+                              "file call cycles: 1; largest: 4 files",
+                              "4 files: low/a low/b low/c low/d",
+                              "a call cycle of 4 files (limit 3)",
+                              # high/h.c includes ../mid/m.h (relative to its folder): down, fine
+                              "high      (3) -> mid       (2)  includes   1  calls   1")
         # the include compiled out (#ifdef NEVER) is no edge; printf is no file
         self.assertNotIn("low -> high", out)
         self.assertNotIn("printf", out)
 
     def test_report_mode_exits_zero_with_the_same_findings(self):
-        t = broken_tree()
-        self.addCleanup(t.close)
-        rc, out = t.run("--report", "--max-file-cycle", "3")
-        self.assertEqual(rc, 0, out)
-        self.assertIn("low -> mid (up)", out)
-        self.assertIn("floors broken: 1 folder edges go up", out)
-        rc, out = t.run()          # report is the default
-        self.assertEqual(rc, 0, out)
+        t = self.cleaned(broken_tree())
+        self.assert_run(t, ["--report", "--max-file-cycle", "3"], 0,
+                        "low -> mid (up)", "floors broken: 1 folder edges go up")
+        self.assert_run(t, [], 0)  # report is the default
 
     def test_objects_as_one_list(self):
-        t = broken_tree()
-        self.addCleanup(t.close)
+        t = self.cleaned(broken_tree())
         objs = [os.path.join(t.objdir, "src", f) for f in ("low/a.c.o", "mid/m.c.o")]
         rc = floors.main(["--root", t.root, "--nm", "cat", "--strict",
                           "--objects=" + os.pathsep.join(objs)])
@@ -136,61 +147,42 @@ class TreeTest(unittest.TestCase):
                                       "--objects=" + objs[1]]), 0)
 
     def test_without_dependency_file_every_include_line_counts(self):
-        t = broken_tree()
-        self.addCleanup(t.close)
+        t = self.cleaned(broken_tree())
         os.remove(os.path.join(t.objdir, "src", "low", "a.c.o.d"))
-        rc, out = t.run("--strict")
-        self.assertEqual(rc, 1, out)
-        self.assertIn("note: no dependency file for 1 objects (src/low/a.c...)", out)
-        self.assertIn("include  low/a.c:4  high/h.h", out)
+        self.assert_run(t, ["--strict"], 1,
+                        "note: no dependency file for 1 objects (src/low/a.c...)",
+                        "include  low/a.c:4  high/h.h")
 
     def test_file_cycle_limit_alone(self):
-        t = broken_tree()
-        self.addCleanup(t.close)
+        t = self.cleaned(broken_tree())
         # the same tree with mid put below low: no edge goes up any more
         t.write("src/FLOORS", "mid\nlow\nhigh\n")
-        rc, out = t.run("--strict", "--max-file-cycle", "4")
-        self.assertEqual(rc, 0, out)
-        self.assertIn("floors hold", out)
-        rc, out = t.run("--strict", "--max-file-cycle", "3")
-        self.assertEqual(rc, 1, out)
-        self.assertIn("floors broken: a call cycle of 4 files (limit 3)", out)
+        self.assert_run(t, ["--strict", "--max-file-cycle", "4"], 0, "floors hold")
+        self.assert_run(t, ["--strict", "--max-file-cycle", "3"], 1,
+                        "floors broken: a call cycle of 4 files (limit 3)")
 
     def test_folder_cycle_and_sideways(self):
-        t = FakeTree("base\nleft right\n")
-        self.addCleanup(t.close)
+        t = self.cleaned(FakeTree("base\nleft right\n"))
         t.unit("src/left/l.c", "", defined=["l"], undefined=["r"])
         t.unit("src/right/r.c", "", defined=["r"], undefined=["l"])
-        rc, out = t.run("--strict")
-        self.assertEqual(rc, 1, out)
-        self.assertIn("left -> right (sideways)", out)
-        self.assertIn("right -> left (sideways)", out)
-        self.assertIn("2 folders: left right", out)
-        self.assertIn("1 folder cycles", out)
+        self.assert_run(t, ["--strict"], 1, "left -> right (sideways)", "right -> left (sideways)",
+                        "2 folders: left right", "1 folder cycles")
         # allowed both ways: the cycle within the floor is no violation
         t.write("src/FLOORS", "base\nleft right\nallow left -> right\nallow right -> left\n")
-        rc, out = t.run("--strict")
-        self.assertEqual(rc, 0, out)
-        self.assertIn("allowed sideways: left -> right", out)
+        self.assert_run(t, ["--strict"], 0, "allowed sideways: left -> right")
         # one way allowed: the other still fails
         t.write("src/FLOORS", "base\nleft right\nallow left -> right\n")
-        rc, out = t.run("--strict")
-        self.assertEqual(rc, 1, out)
-        self.assertIn("right -> left (sideways)", out)
+        out = self.assert_run(t, ["--strict"], 1, "right -> left (sideways)")
         self.assertNotIn("left -> right (sideways)", out)
 
     def test_folder_on_no_floor_fails_strict(self):
-        t = FakeTree("low\n")
-        self.addCleanup(t.close)
+        t = self.cleaned(FakeTree("low\n"))
         t.unit("src/low/a.c", "", defined=["a"])
         t.unit("src/new/n.c", "", defined=["n"], undefined=["a"])
-        rc, out = t.run("--strict")
-        self.assertEqual(rc, 1, out)
-        self.assertIn("folders on no floor: new", out)
+        self.assert_run(t, ["--strict"], 1, "folders on no floor: new")
 
     def test_bad_inputs_exit_2(self):
-        t = FakeTree("low\nlow\n")
-        self.addCleanup(t.close)
+        t = self.cleaned(FakeTree("low\nlow\n"))
         t.unit("src/low/a.c", "", defined=["a"])
         self.assertEqual(t.run()[0], 2)
         t.write("src/FLOORS", "low\n")
@@ -256,15 +248,8 @@ class RealBuildTest(unittest.TestCase):
                                    "-I" + os.path.join(t.root, "src"),
                                    "-Wno-implicit-function-declaration",
                                    "-o", obj, os.path.join(t.root, src)])
-        out = io.StringIO()
-        old = sys.stdout
-        sys.stdout = out
-        try:
-            rc = floors.main(["--root", t.root, "--nm", os.environ.get("NM") or "nm",
+        rc, out = run_floors(["--root", t.root, "--nm", os.environ.get("NM") or "nm",
                               "--strict", "--max-file-cycle", "1", t.objdir])
-        finally:
-            sys.stdout = old
-        out = out.getvalue()
         self.assertEqual(rc, 1, out)
         self.assertIn("low -> high (up)", out)
         self.assertIn("include  low/a.c:2  high/h.h", out)

@@ -9,10 +9,7 @@
 set -u
 GPUMEM=$1
 for v in $(env | grep -o '^GPUMEM_[A-Z_]*'); do unset "$v"; done
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "${BASH_SOURCE[0]}")/cli_common.bash" # $tmp; fail MESSAGE, counted in $fails
 
 "$GPUMEM" info --options >"$tmp/plain" 2>&1 || fail "defaults: exit status $?"
 # Every row of the table is listed, once (names taken from the source).

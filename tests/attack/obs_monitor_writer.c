@@ -119,15 +119,26 @@ static int case_symlink(const char *dir)
     return use_pool(-1);
 }
 
-static int case_precreated(const char *dir)
+/* Make this process's monitor file dir/gpumem.PID before the library does,
+ * writable by all, holding `junk`: 0 and its descriptor, or the case's exit
+ * code (20: not created, 21: not written). */
+static int precreate(const char *dir, const char *junk, int *fd)
 {
     char name[512];
     snprintf(name, sizeof name, "%s/gpumem.%d", dir, (int)getpid());
-    int fd = open(name, O_RDWR | O_CREAT | O_EXCL, 0666);
-    if (fd < 0) return 20;
-    fchmod(fd, 0666);
-    if (write(fd, "junk-of-another", 15) != 15) return 21;
-    int rc = use_pool(fd); /* truncated while the pool is alive */
+    *fd = open(name, O_RDWR | O_CREAT | O_EXCL, 0666);
+    if (*fd < 0) return 20;
+    fchmod(*fd, 0666);
+    size_t n = strlen(junk);
+    if (write(*fd, junk, n) != (ssize_t)n) return 21;
+    return 0;
+}
+
+static int case_precreated(const char *dir)
+{
+    int fd, rc = precreate(dir, "junk-of-another", &fd);
+    if (rc) return rc;
+    rc = use_pool(fd); /* truncated while the pool is alive */
     /* Never opened with O_TRUNC: before the "owner" truncated it, its bytes
      * were its own (checked through its size: 0 now, by our truncate). */
     close(fd);
@@ -136,12 +147,8 @@ static int case_precreated(const char *dir)
 
 static int case_other_user(const char *dir)
 {
-    char name[512];
-    snprintf(name, sizeof name, "%s/gpumem.%d", dir, (int)getpid());
-    int fd = open(name, O_RDWR | O_CREAT | O_EXCL, 0666);
-    if (fd < 0) return 20;
-    fchmod(fd, 0666);
-    if (write(fd, "root's data", 11) != 11) return 21;
+    int fd, rc = precreate(dir, "root's data", &fd);
+    if (rc) return rc;
     close(fd);
     if (setgid(65534) != 0 || setuid(65534) != 0) return 22;
     return use_pool(-1);

@@ -9,10 +9,7 @@
 set -u
 GPUMEM=$1
 export GPUMEM_BACKEND=sim
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+. "$(dirname "${BASH_SOURCE[0]}")/cli_common.bash" # $tmp; fail MESSAGE, counted in $fails
 
 # Line numbers: the header is line 1.
 cat >"$tmp/bugs.csv" <<'EOF'

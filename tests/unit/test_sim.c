@@ -55,6 +55,17 @@ static int map_new(void *ctx, uintptr_t va, size_t size, gm__phys_t *h)
     return B->set_access(ctx, va, size, 0);
 }
 
+/* The forked child `pid` (what: its name in the message) exits with 0. */
+static void child_exits_0(pid_t pid, const char *what)
+{
+    CHECK(pid > 0);
+    int status = -1;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fprintf(stderr, "%s status %d\n", what, status);
+}
+
 static int last_error_has(const char *needle)
 {
     if (strstr(gm_last_error(), needle) != NULL) return 1;
@@ -687,12 +698,7 @@ static void test_fork_sharing(void)
         B->close(c);
         _exit(code); /* the parent's context stays reachable through parent_ctx */
     }
-    CHECK(pid > 0);
-    int status = -1;
-    CHECK(waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        fprintf(stderr, "child status %d\n", status);
+    child_exits_0(pid, "child");
     CHECK(strcmp((char *)va + 3 * MiB, "from child") == 0);
     close(fd);
     CHECK_OK(B->unmap(ctx, va, 4 * MiB));
@@ -727,12 +733,7 @@ static void test_fd_exhaustion(void)
         B->close(c);
         _exit(0);
     }
-    CHECK(pid > 0);
-    int status = -1;
-    CHECK(waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        fprintf(stderr, "fd exhaustion child status %d\n", status);
+    child_exits_0(pid, "fd exhaustion child");
 }
 
 static void test_modeled_time(void)
