@@ -233,6 +233,20 @@ static bool jtenant(json_t *j, char *name, size_t cap)
     return true;
 }
 
+/* After a member of an object or array (*ok: it was read): true when a
+ * ',' follows (taken: another member), else *ok becomes whether `close`
+ * follows (taken). */
+static bool jmore(json_t *j, bool *ok, char close)
+{
+    ws(j);
+    if (*ok && *j->p == ',') {
+        j->p++;
+        return true;
+    }
+    *ok = *ok && *j->p++ == close;
+    return false;
+}
+
 static void check_json(const char *text)
 {
     json_t j = {text};
@@ -253,24 +267,12 @@ static void check_json(const char *text)
             while (ok) {
                 ok = n < N && jtenant(&j, got[n], sizeof got[n]);
                 if (ok) n++;
-                ws(&j);
-                if (ok && *j.p == ',') {
-                    j.p++;
-                    continue;
-                }
-                ok = ok && *j.p++ == ']';
-                break;
+                if (!jmore(&j, &ok, ']')) break;
             }
         } else {
             ok = jvalue(&j, 1);
         }
-        ws(&j);
-        if (ok && *j.p == ',') {
-            j.p++;
-            continue;
-        }
-        ok = ok && *j.p++ == '}';
-        break;
+        if (!jmore(&j, &ok, '}')) break;
     }
     ws(&j);
     CHECK(ok);
@@ -419,6 +421,23 @@ static void check_metrics(const char *text)
     CHECK(strstr(text, "\ngpumem_evil") == NULL);
 }
 
+enum printer { TABLE, JSON, METRICS };
+
+/* What a printer of gpumem broker (the table, --json, --metrics) wrote of
+ * v, as a string to free; NULL when no memory stream could be opened. */
+static char *printed(enum printer how, const char *path, const gm_broker_view_t *v)
+{
+    char *buf;
+    size_t len;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return NULL;
+    if (how == TABLE) gm_broker_print_table(f, path, v);
+    else if (how == JSON) gm_broker_print_json(f, v);
+    else gm_broker_print_metrics(f, v);
+    fclose(f);
+    return buf;
+}
+
 int main(void)
 {
     char dir[] = "/tmp/gmbprint.XXXXXX", path[64];
@@ -438,28 +457,14 @@ int main(void)
     REQUIRE(v.n == N);
     for (size_t i = 0; i < N; i++) CHECK(strcmp(v.tenants[i].name, names[i]) == 0);
 
-    char *buf;
-    size_t len;
-    FILE *f = open_memstream(&buf, &len);
-    REQUIRE(f != NULL);
-    gm_broker_print_table(f, path, &v);
-    fclose(f);
-    check_table(buf);
-    free(buf);
-
-    f = open_memstream(&buf, &len);
-    REQUIRE(f != NULL);
-    gm_broker_print_json(f, &v);
-    fclose(f);
-    check_json(buf);
-    free(buf);
-
-    f = open_memstream(&buf, &len);
-    REQUIRE(f != NULL);
-    gm_broker_print_metrics(f, &v);
-    fclose(f);
-    check_metrics(buf);
-    free(buf);
+    static void (*const check[])(const char *) = {[TABLE] = check_table, [JSON] = check_json,
+                                                  [METRICS] = check_metrics};
+    for (enum printer how = TABLE; how <= METRICS; how++) {
+        char *buf = printed(how, path, &v);
+        REQUIRE(buf != NULL);
+        check[how](buf);
+        free(buf);
+    }
 
     /* An error quoting what a broker sent is printed safe too. */
     char safe[64];
