@@ -314,6 +314,30 @@ static inline void fmt_runs(char *buf, size_t cap, const double *v, int n, const
     if (n == 0) snprintf(buf, cap, "none");
 }
 
+/* before, the runs v[0..n) as fmt_runs writes them (each with fmt), after. */
+static inline void md_runs(FILE *f, const char *before, const double *v, int n, const char *fmt,
+                           const char *after)
+{
+    char runs[1200];
+    fmt_runs(runs, sizeof runs, v, n, fmt);
+    fprintf(f, "%s%s%s", before, runs, after);
+}
+
+/* A row of the figures' table, "| label | v[0]; v[1]… | goal | met |": each
+ * value with fmt ("—" for NAN); goal NULL: none (and no met). */
+static inline void md_row(FILE *f, const char *label, const double *v, int n, const char *fmt,
+                          const char *goal, const char *met)
+{
+    fprintf(f, "| %s | ", label);
+    for (int i = 0; i < n; i++) {
+        char a[64];
+        fmt_num(a, sizeof a, v[i], fmt);
+        fprintf(f, "%s%s", i ? "; " : "", a);
+    }
+    if (goal) fprintf(f, " | %s | %s |\n", goal, met);
+    else fputs(" | | |\n", f);
+}
+
 /* The failures as a list, when there were any. */
 static inline void md_failures(FILE *f)
 {

@@ -240,6 +240,31 @@ static gm_pool_t *child_pool(void)
     return pool;
 }
 
+/* A child's first steps: its pool (and a stream into *s, unless s is
+ * NULL), READY told, then the coordinator's GO read into *m (`go`: what the
+ * child waits for, for the errors). */
+static gm_pool_t *child_start(gm_stream_t *s, msg_t *m, const char *go)
+{
+    gm_pool_t *pool = child_pool();
+    if (s) CK(gm_stream_create(pool, s), "gm_stream_create");
+    child_tell(M_READY);
+    child_wait(M_GO, m, go);
+    return pool;
+}
+
+/* Poll done(arg) every POLL_US from t0 on, until it holds (true) or
+ * RECLAIM_WAIT_S have gone by (false); *t1: when the last poll ended. */
+static bool poll_until(bool (*done)(void *arg), void *arg, double t0, double *t1)
+{
+    for (;;) {
+        bool ok = done(arg);
+        *t1 = now();
+        if (ok) return true;
+        if (*t1 - t0 > RECLAIM_WAIT_S) return false;
+        sleep_us(POLL_US);
+    }
+}
+
 /* ---- the coordinator's side ------------------------------------------------- */
 
 typedef struct child {
@@ -373,6 +398,73 @@ static void sock_path(char *buf, size_t cap)
     snprintf(buf, cap, "%s/gm-share-bench-%d-%d.sock", bench_tmpdir(), (int)getpid(), g_sock_seq++);
 }
 
+/* What both children of a run are given: the socket and what the exporter
+ * shares on it, which the importer imports. */
+typedef struct share_arg {
+    char path[108];     /* the exporter's socket (pair_start names it) */
+    int nblocks;        /* blocks, each published under its own name "b<i>"
+                           (weights: one block, "weights") */
+    size_t block;       /* bytes per block (the importer checks each) */
+    int access;         /* GM_SHARE_READ_WRITE / GM_SHARE_READ_ONLY */
+    int tensors;        /* > 0: fill tensor i of the buffer(s) with tensor_byte(i);
+                           the importer checks one byte of each */
+    int fill_byte;      /* >= 0: fill every block with it (when tensors == 0) */
+    int grouped;        /* publish every block under one name, "group"
+                           (gm_share_publish_ranges), not one name each */
+    int device;         /* legacy IPC: the CUDA device */
+} share_arg_t;
+
+/* One run's exporter and importer, and the socket between them.
+ * pair_close kills what is left of them and removes the socket. */
+typedef struct pair {
+    const char *ctx, *path;
+    child_t e, i;
+} pair_t;
+
+/* Fork the exporter (efn) and the importer (ifn) of a run, both given a
+ * (its socket named first), and wait until both are READY (the exporter's
+ * message in *m; e_ready: what the exporter does until then).  -1
+ * (recorded) on failure; pair_close either way. */
+static int pair_start(pair_t *p, const char *ctx, share_arg_t *a, child_fn efn, const char *e_ready,
+                      child_fn ifn, msg_t *m)
+{
+    msg_t im;
+    sock_path(a->path, sizeof a->path);
+    *p = (pair_t){.ctx = ctx, .path = a->path};
+    p->e = p->i = (child_t){.pid = 0, .to = -1, .from = -1};
+    if (spawn(&p->e, "exporter", efn, a, ctx)) return -1;
+    if (spawn(&p->i, "importer", ifn, a, ctx)) return -1;
+    if (expect(&p->e, M_READY, m, ctx, e_ready)) return -1;
+    return expect(&p->i, M_READY, &im, ctx, "the importer's setup");
+}
+
+/* Tell the child `type`, then read its answer, which must be `reply`,
+ * into *m (step: what the child does in between).  -1 (recorded, the child
+ * killed) on failure. */
+static int ask(child_t *c, int type, int reply, msg_t *m, const char *ctx, const char *step)
+{
+    if (tell_type(c, type, ctx)) return -1;
+    return expect(c, reply, m, ctx, step);
+}
+
+/* The importer's exit, then the exporter told DONE (with `result`: its
+ * M_RESULT read into *m, `result` being what it reports) and its exit. */
+static int pair_finish(pair_t *p, msg_t *m, const char *result)
+{
+    if (finish(&p->i, p->ctx)) return -1;
+    if (result ? ask(&p->e, M_DONE, M_RESULT, m, p->ctx, result) : tell_type(&p->e, M_DONE, p->ctx))
+        return -1;
+    return finish(&p->e, p->ctx);
+}
+
+static int pair_close(pair_t *p, int rc)
+{
+    kill_kid(&p->e);
+    kill_kid(&p->i);
+    unlink(p->path); /* legacy IPC: never made (ENOENT) */
+    return rc;
+}
+
 /* ---- the info child ----------------------------------------------------------- */
 
 static void info_main(const void *arg)
@@ -416,17 +508,6 @@ static int run_info(info_t *out)
 
 /* ---- exporters ------------------------------------------------------------------ */
 
-typedef struct exp_arg {
-    const char *path;
-    int nblocks;        /* blocks, each published under its own name "b<i>" */
-    size_t block;       /* bytes per block */
-    int access;         /* GM_SHARE_READ_WRITE / GM_SHARE_READ_ONLY */
-    int tensors;        /* > 0: fill tensor i of the buffer(s) with tensor_byte(i) */
-    int fill_byte;      /* >= 0: fill every block with it (when tensors == 0) */
-    int grouped;        /* publish every block under one name, "group"
-                           (gm_share_publish_ranges), not one name each */
-} exp_arg_t;
-
 typedef struct exporter {
     gm_pool_t *pool;
     gm_stream_t stream;
@@ -435,7 +516,7 @@ typedef struct exporter {
 } exporter_t;
 
 /* Pool, stream, server, blocks (filled, the stream synchronized). */
-static void exporter_setup(const exp_arg_t *a, exporter_t *x)
+static void exporter_setup(const share_arg_t *a, exporter_t *x)
 {
     x->pool = child_pool();
     CK(gm_stream_create(x->pool, &x->stream), "gm_stream_create");
@@ -464,7 +545,7 @@ static void exporter_setup(const exp_arg_t *a, exporter_t *x)
     CK(gm_share_listen(x->pool, a->path, NULL, &x->srv), "gm_share_listen");
 }
 
-static void exporter_publish_all(const exp_arg_t *a, exporter_t *x)
+static void exporter_publish_all(const share_arg_t *a, exporter_t *x)
 {
     if (a->grouped) {
         gm_share_range_t *rs = calloc((size_t)a->nblocks, sizeof *rs);
@@ -483,10 +564,27 @@ static void exporter_publish_all(const exp_arg_t *a, exporter_t *x)
     }
 }
 
-static void exporter_teardown(const exp_arg_t *a, exporter_t *x)
+/* exporter_setup, every block published (when `publish`), READY told,
+ * then the coordinator's next message, of `type`, read into *m (`what`:
+ * what it waits for, for the errors).  Returns the run's share_arg_t. */
+static const share_arg_t *exporter_start(const void *arg, exporter_t *x, bool publish, int type,
+                                         msg_t *m, const char *what)
+{
+    const share_arg_t *a = arg;
+    exporter_setup(a, x);
+    if (publish) exporter_publish_all(a, x);
+    child_tell(M_READY);
+    child_wait(type, m, what);
+    return a;
+}
+
+/* The server closed, the blocks not freed yet (NULL: freed) freed, the
+ * stream and the pool destroyed. */
+static void exporter_teardown(const share_arg_t *a, exporter_t *x)
 {
     CK(gm_share_close(x->srv), "gm_share_close");
-    for (int i = 0; i < a->nblocks; i++) CK(gm_free(x->pool, x->blocks[i], x->stream), "gm_free");
+    for (int i = 0; i < a->nblocks; i++)
+        if (x->blocks[i]) CK(gm_free(x->pool, x->blocks[i], x->stream), "gm_free");
     CK(gm_stream_destroy(x->pool, x->stream), "gm_stream_destroy");
     gm_pool_destroy(x->pool);
     free(x->blocks);
@@ -496,7 +594,7 @@ static void exporter_teardown(const exp_arg_t *a, exporter_t *x)
  * server spent meanwhile (export_fd for the importer's pages). */
 static void exporter_serve_main(const void *arg)
 {
-    const exp_arg_t *a = arg;
+    const share_arg_t *a = arg;
     exporter_t x;
     msg_t m;
     exporter_setup(a, &x);
@@ -516,12 +614,9 @@ static void exporter_serve_main(const void *arg)
  * until DONE. */
 static void exporter_weights_main(const void *arg)
 {
-    const exp_arg_t *a = arg;
     exporter_t x;
     msg_t m;
-    exporter_setup(a, &x);
-    child_tell(M_READY);
-    child_wait(M_GO, &m, "the start");
+    const share_arg_t *a = exporter_start(arg, &x, false, M_GO, &m, "the start");
     double t0 = now();
     if (a->nblocks == 1) {
         CK(gm_share_publish(x.srv, "weights", x.blocks[0], a->block, a->access, NULL, x.stream),
@@ -546,17 +641,29 @@ static void stats_now(gm_pool_t *pool, gm_share_stats_t *ss, gm_stats_t *ps)
     CK(gm_pool_stats(pool, ps), "gm_pool_stats");
 }
 
+/* The dead importer's block, freed by the exporter while the importer
+ * held it: its pool let it go (the figures read into *ss, *ps). */
+typedef struct held {
+    gm_pool_t *pool;
+    gm_share_stats_t *ss;
+    gm_stats_t *ps;
+    uint64_t live_before;
+} held_t;
+
+static bool held_released(void *arg)
+{
+    held_t *h = arg;
+    stats_now(h->pool, h->ss, h->ps);
+    return h->ss->held_for_peers_bytes == 0 && h->ps->live_blocks < h->live_before;
+}
+
 /* Dead importer: publish; at FREE unpublish and gm_free (the block is held
  * for the peer); at KILLED time until the pool let it go. */
 static void exporter_dead_importer_main(const void *arg)
 {
-    const exp_arg_t *a = arg;
     exporter_t x;
     msg_t m;
-    exporter_setup(a, &x);
-    exporter_publish_all(a, &x);
-    child_tell(M_READY);
-    child_wait(M_FREE, &m, "the free");
+    const share_arg_t *a = exporter_start(arg, &x, true, M_FREE, &m, "the free");
     gm_share_stats_t ss;
     gm_stats_t ps;
     stats_now(x.pool, &ss, &ps);
@@ -564,6 +671,7 @@ static void exporter_dead_importer_main(const void *arg)
     /* Unpublished first: a published block stays held by its publication. */
     CK(gm_share_unpublish(x.srv, "b0"), "gm_share_unpublish");
     CK(gm_free(x.pool, x.blocks[0], x.stream), "gm_free (of the imported block)");
+    x.blocks[0] = NULL;
     stats_now(x.pool, &ss, &ps);
     if (ss.held_for_peers_bytes < a->block)
         child_fail("after gm_free of the imported block: held_for_peers_bytes %llu, expected "
@@ -580,17 +688,8 @@ static void exporter_dead_importer_main(const void *arg)
     child_send(&m);
     child_wait(M_KILLED, &m, "the kill");
     double t0 = now(), t_kill = m.t, t1 = t0;
-    bool reached = false;
-    for (;;) {
-        stats_now(x.pool, &ss, &ps);
-        t1 = now();
-        if (ss.held_for_peers_bytes == 0 && ps.live_blocks < live_before) {
-            reached = true;
-            break;
-        }
-        if (t1 - t0 > RECLAIM_WAIT_S) break;
-        sleep_us(POLL_US);
-    }
+    held_t held = {x.pool, &ss, &ps, live_before};
+    bool reached = poll_until(held_released, &held, t0, &t1);
     msg_init(&m, M_RESULT);
     m.v[0] = (t1 - t0) * 1e3;
     m.v[1] = (t1 - t_kill) * 1e3;
@@ -600,23 +699,17 @@ static void exporter_dead_importer_main(const void *arg)
     m.u[2] = ss.peers;
     child_send(&m);
     child_wait(M_DONE, &m, "the end");
-    CK(gm_share_close(x.srv), "gm_share_close");
-    CK(gm_stream_destroy(x.pool, x.stream), "gm_stream_destroy");
-    gm_pool_destroy(x.pool);
-    free(x.blocks);
+    exporter_teardown(a, &x);
 }
 
 /* Dead exporter: at GO read the free memory, allocate and publish; then
  * wait to be killed. */
 static void exporter_dead_main(const void *arg)
 {
-    const exp_arg_t *a = arg;
+    const share_arg_t *a = arg;
     msg_t m;
-    gm_pool_t *pool = child_pool();
     gm_stream_t s;
-    CK(gm_stream_create(pool, &s), "gm_stream_create");
-    child_tell(M_READY);
-    child_wait(M_GO, &m, "the start");
+    gm_pool_t *pool = child_start(&s, &m, "the start");
     gm_device_info_t di = GM_DEVICE_INFO_INIT;
     CK(gm_pool_device_info(pool, &di), "gm_pool_device_info (baseline)");
     size_t baseline = di.free_memory;
@@ -640,13 +733,9 @@ static void exporter_dead_main(const void *arg)
 /* Read-only: publish a filled block read-only; at CHECK read it back. */
 static void exporter_readonly_main(const void *arg)
 {
-    const exp_arg_t *a = arg;
     exporter_t x;
     msg_t m;
-    exporter_setup(a, &x);
-    exporter_publish_all(a, &x);
-    child_tell(M_READY);
-    child_wait(M_CHECK, &m, "the check");
+    const share_arg_t *a = exporter_start(arg, &x, true, M_CHECK, &m, "the check");
     unsigned char buf[4096];
     CK(gm_memcpy(x.pool, buf, x.blocks[0], sizeof buf, x.stream), "gm_memcpy (read back)");
     CK(gm_stream_synchronize(x.pool, x.stream), "gm_stream_synchronize (read back)");
@@ -662,25 +751,17 @@ static void exporter_readonly_main(const void *arg)
 
 /* ---- importers ------------------------------------------------------------------ */
 
-typedef struct imp_arg {
-    const char *path;
-    int nnames;         /* names "b0".."b<n-1>" (weights: 1 -> "weights") */
-    size_t block;       /* expected size of each */
-    int tensors;        /* weights: tensors to check */
-    int grouped;        /* one name, "group", of nnames ranges */
-} imp_arg_t;
-
-/* Import the blocks of a: ptrs[0..nnames), each checked to be a->block long. */
-static void import_all(const imp_arg_t *a, gm_share_client_t *cli, void **ptrs)
+/* Import the blocks of a: ptrs[0..nblocks), each checked to be a->block long. */
+static void import_all(const share_arg_t *a, gm_share_client_t *cli, void **ptrs)
 {
     if (a->grouped) {
-        gm_share_range_t *rs = calloc((size_t)a->nnames, sizeof *rs);
+        gm_share_range_t *rs = calloc((size_t)a->nblocks, sizeof *rs);
         size_t n = 0;
         if (!rs) child_fail("calloc: out of host memory");
-        CK(gm_share_import_ranges(cli, "group", NULL, rs, (size_t)a->nnames, &n, NULL),
+        CK(gm_share_import_ranges(cli, "group", NULL, rs, (size_t)a->nblocks, &n, NULL),
            "gm_share_import_ranges('group')");
-        if (n != (size_t)a->nnames) child_fail("'group': %zu ranges, expected %d", n, a->nnames);
-        for (int i = 0; i < a->nnames; i++) {
+        if (n != (size_t)a->nblocks) child_fail("'group': %zu ranges, expected %d", n, a->nblocks);
+        for (int i = 0; i < a->nblocks; i++) {
             if (rs[i].size != a->block)
                 child_fail("'group' range %d: size %zu, expected %zu", i, rs[i].size, a->block);
             ptrs[i] = rs[i].ptr;
@@ -688,14 +769,14 @@ static void import_all(const imp_arg_t *a, gm_share_client_t *cli, void **ptrs)
         free(rs);
         return;
     }
-    for (int i = 0; i < a->nnames; i++) {
+    for (int i = 0; i < a->nblocks; i++) {
         char name[32];
         size_t size = 0;
-        if (a->nnames == 1 && a->tensors > 0) snprintf(name, sizeof name, "weights");
+        if (a->nblocks == 1 && a->tensors > 0) snprintf(name, sizeof name, "weights");
         else snprintf(name, sizeof name, "b%d", i);
         int rc = gm_share_import(cli, name, NULL, &ptrs[i], &size, NULL);
         if (rc != GM_OK)
-            child_fail("gm_share_import('%s', %d of %d): %s (%s)", name, i + 1, a->nnames,
+            child_fail("gm_share_import('%s', %d of %d): %s (%s)", name, i + 1, a->nblocks,
                         gm_errname(rc), gm_last_error());
         if (size != a->block)
             child_fail("gm_share_import('%s'): size %zu, expected %zu", name, size, a->block);
@@ -703,22 +784,40 @@ static void import_all(const imp_arg_t *a, gm_share_client_t *cli, void **ptrs)
 }
 
 /* Release what import_all imported (a group: its first range releases all). */
-static void release_all(const imp_arg_t *a, gm_share_client_t *cli, void **ptrs)
+static void release_all(const share_arg_t *a, gm_share_client_t *cli, void **ptrs, gm_stream_t s)
 {
-    for (int i = 0; i < (a->grouped ? 1 : a->nnames); i++)
-        CK(gm_share_release(cli, ptrs[i], NULL), "gm_share_release");
+    for (int i = 0; i < (a->grouped ? 1 : a->nblocks); i++)
+        CK(gm_share_release(cli, ptrs[i], s), "gm_share_release");
+}
+
+/* Connect to a->path and import "b0", checked to be a->block long (its
+ * access into *access unless that is NULL). */
+static gm_share_client_t *import_b0(gm_pool_t *pool, const share_arg_t *a, void **p, int *access)
+{
+    gm_share_client_t *cli;
+    size_t size = 0;
+    CK(gm_share_connect(pool, a->path, &cli), "gm_share_connect");
+    CK(gm_share_import(cli, "b0", NULL, p, &size, access), "gm_share_import('b0')");
+    if (size != a->block) child_fail("gm_share_import('b0'): size %zu, expected %zu", size, a->block);
+    return cli;
+}
+
+/* The importer's end: disconnected, its stream (unless NULL) and pool destroyed. */
+static void importer_close(gm_pool_t *pool, gm_share_client_t *cli, gm_stream_t s)
+{
+    CK(gm_share_disconnect(cli), "gm_share_disconnect");
+    if (s) CK(gm_stream_destroy(pool, s), "gm_stream_destroy");
+    gm_pool_destroy(pool);
 }
 
 /* Connect + import every name, timed (until the last import returns). */
 static void importer_import_main(const void *arg)
 {
-    const imp_arg_t *a = arg;
+    const share_arg_t *a = arg;
     msg_t m;
-    gm_pool_t *pool = child_pool();
-    void **ptrs = calloc((size_t)a->nnames, sizeof *ptrs);
+    void **ptrs = calloc((size_t)a->nblocks, sizeof *ptrs);
     if (!ptrs) child_fail("calloc: out of host memory");
-    child_tell(M_READY);
-    child_wait(M_GO, &m, "the start");
+    gm_pool_t *pool = child_start(NULL, &m, "the start");
     gm_share_client_t *cli;
     gm_stats_t s0 = pool_stats(pool);
     double t0 = now();
@@ -736,9 +835,8 @@ static void importer_import_main(const void *arg)
     m.v[4] = (double)(s1.backend_calls[GM_CALL_map] - s0.backend_calls[GM_CALL_map]);
     m.v[5] = (double)(s1.backend_calls[GM_CALL_set_access] - s0.backend_calls[GM_CALL_set_access]);
     child_send(&m);
-    release_all(a, cli, ptrs);
-    CK(gm_share_disconnect(cli), "gm_share_disconnect");
-    gm_pool_destroy(pool);
+    release_all(a, cli, ptrs, NULL);
+    importer_close(pool, cli, NULL);
     free(ptrs);
 }
 
@@ -746,22 +844,19 @@ static void importer_import_main(const void *arg)
  * read one byte (the last) of every tensor back, check them. */
 static void importer_weights_main(const void *arg)
 {
-    const imp_arg_t *a = arg;
+    const share_arg_t *a = arg;
     msg_t m;
-    gm_pool_t *pool = child_pool();
-    gm_stream_t s;
-    CK(gm_stream_create(pool, &s), "gm_stream_create");
-    void **ptrs = calloc((size_t)a->nnames, sizeof *ptrs);
+    void **ptrs = calloc((size_t)a->nblocks, sizeof *ptrs);
     unsigned char *got = calloc((size_t)a->tensors, 1);
     if (!ptrs || !got) child_fail("calloc: out of host memory");
-    child_tell(M_READY);
-    child_wait(M_GO, &m, "the publish");
+    gm_stream_t s;
+    gm_pool_t *pool = child_start(&s, &m, "the publish");
     double t_pub = m.t, t_told = now();
     gm_share_client_t *cli;
     CK(gm_share_connect(pool, a->path, &cli), "gm_share_connect");
     import_all(a, cli, ptrs);
     double t_imported = now();
-    size_t total = a->block * (size_t)a->nnames, tsz = total / (size_t)a->tensors;
+    size_t total = a->block * (size_t)a->nblocks, tsz = total / (size_t)a->tensors;
     for (int t = 0; t < a->tensors; t++) {
         size_t off = (size_t)t * tsz + tsz - 1;
         const char *p = (const char *)ptrs[off / a->block] + off % a->block;
@@ -779,11 +874,8 @@ static void importer_weights_main(const void *arg)
     m.v[2] = t_end - t_imported;    /* the byte checks */
     m.v[3] = t_told - t_pub;        /* publish + the message's way here */
     child_send(&m);
-    for (int i = 0; i < (a->grouped ? 1 : a->nnames); i++)
-        CK(gm_share_release(cli, ptrs[i], s), "gm_share_release");
-    CK(gm_share_disconnect(cli), "gm_share_disconnect");
-    CK(gm_stream_destroy(pool, s), "gm_stream_destroy");
-    gm_pool_destroy(pool);
+    release_all(a, cli, ptrs, s);
+    importer_close(pool, cli, s);
     free(ptrs);
     free(got);
 }
@@ -791,39 +883,41 @@ static void importer_weights_main(const void *arg)
 /* Dead importer: import, say so, wait to be killed. */
 static void importer_hold_main(const void *arg)
 {
-    const imp_arg_t *a = arg;
+    const share_arg_t *a = arg;
     msg_t m;
-    gm_pool_t *pool = child_pool();
-    child_tell(M_READY);
-    child_wait(M_GO, &m, "the start");
-    gm_share_client_t *cli;
     void *p;
-    size_t size = 0;
-    CK(gm_share_connect(pool, a->path, &cli), "gm_share_connect");
-    CK(gm_share_import(cli, "b0", NULL, &p, &size, NULL), "gm_share_import('b0')");
-    if (size != a->block) child_fail("gm_share_import('b0'): size %zu, expected %zu", size, a->block);
+    import_b0(child_start(NULL, &m, "the start"), a, &p, NULL);
     child_tell(M_IMPORTED);
     child_wait(M_DONE, &m, "the kill"); /* never comes: killed */
     _exit(0);
+}
+
+/* The dead exporter's memory: the device's free memory (read into
+ * free_now) is back to `want`. */
+typedef struct free_back {
+    gm_pool_t *pool;
+    size_t want, free_now;
+} free_back_t;
+
+static bool free_is_back(void *arg)
+{
+    free_back_t *b = arg;
+    gm_device_info_t d = GM_DEVICE_INFO_INIT;
+    CK(gm_pool_device_info(b->pool, &d), "gm_pool_device_info (poll)");
+    b->free_now = d.free_memory;
+    return b->free_now >= b->want;
 }
 
 /* Dead exporter: import; at KILLED (t = kill(), u[0] = the free memory
  * before the exporter allocated) release and poll the free memory. */
 static void importer_dead_exporter_main(const void *arg)
 {
-    const imp_arg_t *a = arg;
+    const share_arg_t *a = arg;
     msg_t m;
-    gm_pool_t *pool = child_pool();
     gm_stream_t s;
-    CK(gm_stream_create(pool, &s), "gm_stream_create");
-    child_tell(M_READY);
-    child_wait(M_GO, &m, "the start");
-    gm_share_client_t *cli;
+    gm_pool_t *pool = child_start(&s, &m, "the start");
     void *p;
-    size_t size = 0;
-    CK(gm_share_connect(pool, a->path, &cli), "gm_share_connect");
-    CK(gm_share_import(cli, "b0", NULL, &p, &size, NULL), "gm_share_import('b0')");
-    if (size != a->block) child_fail("gm_share_import('b0'): size %zu, expected %zu", size, a->block);
+    gm_share_client_t *cli = import_b0(pool, a, &p, NULL);
     gm_device_info_t di = GM_DEVICE_INFO_INIT;
     CK(gm_pool_device_info(pool, &di), "gm_pool_device_info (imported)");
     msg_init(&m, M_IMPORTED);
@@ -834,20 +928,9 @@ static void importer_dead_exporter_main(const void *arg)
     size_t baseline = m.u[0], want = baseline > SLACK_BYTES ? baseline - SLACK_BYTES : 0;
     CK(gm_share_release(cli, p, s), "gm_share_release (after the exporter died)");
     double t_released = now(), t1 = t_released;
-    bool reached = false;
-    size_t free_now = 0;
-    for (;;) {
-        gm_device_info_t d = GM_DEVICE_INFO_INIT;
-        CK(gm_pool_device_info(pool, &d), "gm_pool_device_info (poll)");
-        free_now = d.free_memory;
-        t1 = now();
-        if (free_now >= want) {
-            reached = true;
-            break;
-        }
-        if (t1 - t_released > RECLAIM_WAIT_S) break;
-        sleep_us(POLL_US);
-    }
+    free_back_t back = {pool, want, 0};
+    bool reached = poll_until(free_is_back, &back, t_released, &t1);
+    size_t free_now = back.free_now;
     msg_init(&m, M_RESULT);
     m.v[0] = (t1 - t_kill) * 1e3;
     m.v[1] = (t_released - t_told) * 1e3; /* gm_share_release */
@@ -858,30 +941,23 @@ static void importer_dead_exporter_main(const void *arg)
     child_send(&m);
     /* The connection is dead: a new import must fail with GM_IO. */
     void *q;
+    size_t size = 0;
     int rc = gm_share_import(cli, "b0", NULL, &q, &size, NULL);
     if (rc == GM_OK) child_fail("gm_share_import after the exporter died returned GM_OK");
-    CK(gm_share_disconnect(cli), "gm_share_disconnect");
-    CK(gm_stream_destroy(pool, s), "gm_stream_destroy");
-    gm_pool_destroy(pool);
+    importer_close(pool, cli, s);
 }
 
 /* Read-only: read the import back, then try to write it. */
 static void importer_readonly_main(const void *arg)
 {
-    const imp_arg_t *a = arg;
+    const share_arg_t *a = arg;
     msg_t m;
-    gm_pool_t *pool = child_pool();
     gm_stream_t s;
-    CK(gm_stream_create(pool, &s), "gm_stream_create");
-    child_tell(M_READY);
-    child_wait(M_GO, &m, "the start");
+    gm_pool_t *pool = child_start(&s, &m, "the start");
     int fill = (int)m.u[0];
-    gm_share_client_t *cli;
     void *p;
-    size_t size = 0;
     int access = -1;
-    CK(gm_share_connect(pool, a->path, &cli), "gm_share_connect");
-    CK(gm_share_import(cli, "b0", NULL, &p, &size, &access), "gm_share_import('b0')");
+    import_b0(pool, a, &p, &access);
     unsigned char buf[4096];
     int rc = gm_memcpy(pool, buf, p, sizeof buf, s);
     if (rc == GM_OK) rc = gm_stream_synchronize(pool, s);
@@ -979,20 +1055,15 @@ static void cu_open(cu_t *cu, int device)
     CU_CK(cu, cu->CtxSetCurrent(ctx), "cuCtxSetCurrent");
 }
 
-typedef struct legacy_arg {
-    int device;
-    size_t bytes;
-} legacy_arg_t;
-
 static void legacy_exporter_main(const void *arg)
 {
-    const legacy_arg_t *a = arg;
+    const share_arg_t *a = arg;
     cu_t cu;
     msg_t m;
     cu_open(&cu, a->device);
     CUdeviceptr d;
     CUipcMemHandle h;
-    CU_CK(&cu, cu.MemAlloc(&d, a->bytes), "cuMemAlloc_v2 (1 GiB)");
+    CU_CK(&cu, cu.MemAlloc(&d, a->block), "cuMemAlloc_v2 (1 GiB)");
     CU_CK(&cu, cu.IpcGetMemHandle(&h, d), "cuIpcGetMemHandle");
     msg_init(&m, M_READY);
     memcpy(m.blob, &h, sizeof h);
@@ -1003,7 +1074,7 @@ static void legacy_exporter_main(const void *arg)
 
 static void legacy_importer_main(const void *arg)
 {
-    const legacy_arg_t *a = arg;
+    const share_arg_t *a = arg;
     cu_t cu;
     msg_t m;
     cu_open(&cu, a->device);
@@ -1025,6 +1096,19 @@ static void legacy_importer_main(const void *arg)
 
 /* ---- the measurements (coordinator) -------------------------------------------- */
 
+/* The parts of a weight sync, in seconds: the whole; the importer's connect
+ * and imports; its byte checks; from the publish's start until the importer
+ * was told; the publish call(s). */
+enum { WS_TOTAL, WS_IMPORT, WS_CHECK, WS_PUBLISH, WS_PUBLISH_CALL, WS_PARTS };
+
+/* Their JSON keys: one name, per tensor (the totals head the results). */
+static const char *const k_ws_keys[2][WS_PARTS] = {
+    {"weight_sync_s", "weight_sync_import_s", "weight_sync_check_s",
+     "weight_sync_publish_to_importer_s", "weight_sync_publish_call_s"},
+    {"weight_sync_per_tensor_s", "weight_sync_per_tensor_import_s", "weight_sync_per_tensor_check_s",
+     "weight_sync_per_tensor_publish_to_importer_s", "weight_sync_per_tensor_publish_calls_s"},
+};
+
 typedef struct results {
     info_t info;
     double import_runs[IMPORT_RUNS], import_connect_runs[IMPORT_RUNS];
@@ -1037,8 +1121,7 @@ typedef struct results {
     int n_import64n;
     double wsn;                           /* weight sync, per tensor, a name each */
     size_t weight_bytes, tensor_bytes;
-    double ws, ws_import, ws_check, ws_publish, ws_publish_call;
-    double wst, wst_import, wst_check, wst_publish, wst_publish_call;
+    double ws[WS_PARTS], wst[WS_PARTS];  /* weight sync: one name; per tensor */
     double di_runs[DEAD_IMPORTER_RUNS], di_from_kill[DEAD_IMPORTER_RUNS];
     int n_di, di_timeouts;
     double de_runs[DEAD_EXPORTER_RUNS], de_release[DEAD_EXPORTER_RUNS], de_wait[DEAD_EXPORTER_RUNS];
@@ -1060,99 +1143,69 @@ typedef struct results {
 static int run_import(const char *ctx, int nblocks, size_t block, int grouped, double *us,
                       double *connect_us, double bd[6])
 {
-    char path[108];
-    sock_path(path, sizeof path);
-    exp_arg_t ea = {.path = path, .nblocks = nblocks, .block = block,
-                    .access = GM_SHARE_READ_WRITE, .fill_byte = -1, .grouped = grouped};
-    imp_arg_t ia = {.path = path, .nnames = nblocks, .block = block, .grouped = grouped};
-    child_t e = {.pid = 0, .to = -1, .from = -1}, i = e;
+    pair_t p;
     msg_t m;
     int rc = -1;
-    if (spawn(&e, "exporter", exporter_serve_main, &ea, ctx)) goto out;
-    if (spawn(&i, "importer", importer_import_main, &ia, ctx)) goto out;
-    if (expect(&e, M_READY, &m, ctx, "the exporter's publish")) goto out;
-    if (expect(&i, M_READY, &m, ctx, "the importer's pool")) goto out;
-    if (tell_type(&i, M_GO, ctx)) goto out;
-    if (expect(&i, M_RESULT, &m, ctx, "the import")) goto out;
+    share_arg_t a = {.nblocks = nblocks, .block = block, .access = GM_SHARE_READ_WRITE,
+                     .fill_byte = -1, .grouped = grouped};
+    if (pair_start(&p, ctx, &a, exporter_serve_main, "the exporter's publish", importer_import_main, &m) ||
+        ask(&p.i, M_GO, M_RESULT, &m, ctx, "the import"))
+        goto out;
     *us = m.v[0];
     if (connect_us) *connect_us = m.v[1];
     if (bd) for (int k = 0; k < 4; k++) bd[k] = m.v[2 + k];
-    if (finish(&i, ctx)) goto out;
-    if (tell_type(&e, M_DONE, ctx)) goto out;
-    if (expect(&e, M_RESULT, &m, ctx, "the exporter's figures")) goto out;
+    if (pair_finish(&p, &m, "the exporter's figures")) goto out;
     if (bd) bd[4] = m.v[0], bd[5] = m.v[1];
-    if (finish(&e, ctx)) goto out;
     rc = 0;
 out:
-    kill_kid(&e);
-    kill_kid(&i);
-    unlink(path);
-    return rc;
+    return pair_close(&p, rc);
 }
 
 /* weight_sync: one buffer (per_tensor false) or TENSORS blocks, these under
- * one name (grouped) or one name each. */
-static int run_weights(const char *ctx, bool per_tensor, int grouped, size_t bytes, double out[5])
+ * one name (grouped) or one name each; out: its parts. */
+static int run_weights(const char *ctx, bool per_tensor, int grouped, size_t bytes,
+                       double out[WS_PARTS])
 {
-    char path[108];
-    sock_path(path, sizeof path);
     int nb = per_tensor ? TENSORS : 1;
-    size_t block = bytes / (size_t)nb;
-    exp_arg_t ea = {.path = path, .nblocks = nb, .block = block, .access = GM_SHARE_READ_ONLY,
-                    .tensors = TENSORS, .fill_byte = -1, .grouped = grouped};
-    imp_arg_t ia = {.path = path, .nnames = nb, .block = block, .tensors = TENSORS,
-                    .grouped = grouped};
-    child_t e = {.pid = 0, .to = -1, .from = -1}, i = e;
+    pair_t p;
     msg_t m;
     int rc = -1;
-    if (spawn(&e, "exporter", exporter_weights_main, &ea, ctx)) goto out;
-    if (spawn(&i, "importer", importer_weights_main, &ia, ctx)) goto out;
-    if (expect(&e, M_READY, &m, ctx, "the exporter's allocation and fill")) goto out;
-    if (expect(&i, M_READY, &m, ctx, "the importer's pool")) goto out;
-    if (tell_type(&e, M_GO, ctx)) goto out;
-    if (expect(&e, M_PUBLISHED, &m, ctx, "the publish")) goto out;
-    out[4] = m.v[0]; /* the publish call(s) */
+    share_arg_t a = {.nblocks = nb, .block = bytes / (size_t)nb, .access = GM_SHARE_READ_ONLY,
+                     .tensors = TENSORS, .fill_byte = -1, .grouped = grouped};
+    if (pair_start(&p, ctx, &a, exporter_weights_main, "the exporter's allocation and fill",
+                   importer_weights_main, &m) ||
+        ask(&p.e, M_GO, M_PUBLISHED, &m, ctx, "the publish"))
+        goto out;
+    out[WS_PUBLISH_CALL] = m.v[0];
     double t_pub = m.t;
     msg_init(&m, M_GO);
     m.t = t_pub;
-    if (tell(&i, &m, ctx)) goto out;
-    if (expect(&i, M_RESULT, &m, ctx, "the import and the checks")) goto out;
-    for (int k = 0; k < 4; k++) out[k] = m.v[k];
-    if (finish(&i, ctx)) goto out;
-    if (tell_type(&e, M_DONE, ctx)) goto out;
-    if (finish(&e, ctx)) goto out;
+    if (tell(&p.i, &m, ctx)) goto out;
+    if (expect(&p.i, M_RESULT, &m, ctx, "the import and the checks")) goto out;
+    for (int k = 0; k < WS_PUBLISH_CALL; k++) out[k] = m.v[k];
+    if (pair_finish(&p, &m, NULL)) goto out;
     rc = 0;
 out:
-    kill_kid(&e);
-    kill_kid(&i);
-    unlink(path);
-    return rc;
+    return pair_close(&p, rc);
 }
 
 static int run_dead_importer(const char *ctx, double *ms, double *from_kill, bool *reached)
 {
-    char path[108];
-    sock_path(path, sizeof path);
-    exp_arg_t ea = {.path = path, .nblocks = 1, .block = GiB, .access = GM_SHARE_READ_WRITE,
-                    .fill_byte = -1};
-    imp_arg_t ia = {.path = path, .nnames = 1, .block = GiB};
-    child_t e = {.pid = 0, .to = -1, .from = -1}, i = e;
+    pair_t p;
     msg_t m;
     int rc = -1;
-    if (spawn(&e, "exporter", exporter_dead_importer_main, &ea, ctx)) goto out;
-    if (spawn(&i, "importer", importer_hold_main, &ia, ctx)) goto out;
-    if (expect(&e, M_READY, &m, ctx, "the exporter's publish")) goto out;
-    if (expect(&i, M_READY, &m, ctx, "the importer's pool")) goto out;
-    if (tell_type(&i, M_GO, ctx)) goto out;
-    if (expect(&i, M_IMPORTED, &m, ctx, "the import")) goto out;
-    if (tell_type(&e, M_FREE, ctx)) goto out;
-    if (expect(&e, M_FREED, &m, ctx, "the unpublish and gm_free")) goto out;
+    share_arg_t a = {.nblocks = 1, .block = GiB, .access = GM_SHARE_READ_WRITE, .fill_byte = -1};
+    if (pair_start(&p, ctx, &a, exporter_dead_importer_main, "the exporter's publish",
+                   importer_hold_main, &m) ||
+        ask(&p.i, M_GO, M_IMPORTED, &m, ctx, "the import") ||
+        ask(&p.e, M_FREE, M_FREED, &m, ctx, "the unpublish and gm_free"))
+        goto out;
     msg_init(&m, M_KILLED);
     m.t = now();
-    kill(i.pid, SIGKILL);
-    if (tell(&e, &m, ctx)) goto out;
-    kill_kid(&i); /* reaps it */
-    if (expect(&e, M_RESULT, &m, ctx, "the reclaim")) goto out;
+    kill(p.i.pid, SIGKILL);
+    if (tell(&p.e, &m, ctx)) goto out;
+    kill_kid(&p.i); /* reaps it */
+    if (expect(&p.e, M_RESULT, &m, ctx, "the reclaim")) goto out;
     *ms = m.v[0];
     *from_kill = m.v[1];
     *reached = m.v[2] != 0;
@@ -1160,123 +1213,97 @@ static int run_dead_importer(const char *ctx, double *ms, double *from_kill, boo
         fprintf(stderr, "share_bench: %s: not reclaimed in %.0f s: held_for_peers_bytes %llu, "
                 "live_blocks %llu, peers %llu\n", ctx, RECLAIM_WAIT_S,
                 (unsigned long long)m.u[0], (unsigned long long)m.u[1], (unsigned long long)m.u[2]);
-    if (tell_type(&e, M_DONE, ctx)) goto out;
-    if (finish(&e, ctx)) goto out;
+    if (pair_finish(&p, &m, NULL)) goto out; /* the importer is reaped already */
     rc = 0;
 out:
-    kill_kid(&e);
-    kill_kid(&i);
-    unlink(path);
-    return rc;
+    return pair_close(&p, rc);
 }
 
 /* out: ms, release ms, baseline, free after alloc, free imported, final
  * free, reached, kill() to the importer told (waitpid + the pipe) ms */
 static int run_dead_exporter(const char *ctx, double out[8])
 {
-    char path[108];
-    sock_path(path, sizeof path);
-    exp_arg_t ea = {.path = path, .nblocks = 1, .block = GiB};
-    imp_arg_t ia = {.path = path, .nnames = 1, .block = GiB};
-    child_t e = {.pid = 0, .to = -1, .from = -1}, i = e;
+    pair_t p;
     msg_t m;
     int rc = -1;
-    if (spawn(&e, "exporter", exporter_dead_main, &ea, ctx)) goto out;
-    if (spawn(&i, "importer", importer_dead_exporter_main, &ia, ctx)) goto out;
-    if (expect(&e, M_READY, &m, ctx, "the exporter's pool")) goto out;
-    if (expect(&i, M_READY, &m, ctx, "the importer's pool")) goto out;
-    if (tell_type(&e, M_GO, ctx)) goto out;
-    if (expect(&e, M_PUBLISHED, &m, ctx, "the allocation and publish")) goto out;
+    share_arg_t a = {.nblocks = 1, .block = GiB};
+    if (pair_start(&p, ctx, &a, exporter_dead_main, "the exporter's pool",
+                   importer_dead_exporter_main, &m) ||
+        ask(&p.e, M_GO, M_PUBLISHED, &m, ctx, "the allocation and publish"))
+        goto out;
     uint64_t baseline = m.u[0];
     out[2] = (double)baseline;
     out[3] = (double)m.u[1];
-    if (tell_type(&i, M_GO, ctx)) goto out;
-    if (expect(&i, M_IMPORTED, &m, ctx, "the import")) goto out;
+    if (ask(&p.i, M_GO, M_IMPORTED, &m, ctx, "the import")) goto out;
     out[4] = (double)m.u[0];
     msg_init(&m, M_KILLED);
     m.u[0] = baseline;
     m.t = now();
-    kill(e.pid, SIGKILL);
-    kill_kid(&e); /* waitpid */
-    if (tell(&i, &m, ctx)) goto out;
-    if (expect(&i, M_RESULT, &m, ctx, "the release and the reclaim")) goto out;
+    kill(p.e.pid, SIGKILL);
+    kill_kid(&p.e); /* waitpid */
+    if (tell(&p.i, &m, ctx)) goto out;
+    if (expect(&p.i, M_RESULT, &m, ctx, "the release and the reclaim")) goto out;
     out[0] = m.v[0];
     out[1] = m.v[1];
     out[5] = (double)m.u[0];
     out[6] = m.v[3];
     out[7] = m.v[2];
-    if (finish(&i, ctx)) goto out;
+    if (finish(&p.i, ctx)) goto out;
     rc = 0;
 out:
-    kill_kid(&e);
-    kill_kid(&i);
-    unlink(path);
-    return rc;
+    return pair_close(&p, rc);
 }
 
 static int run_readonly(results_t *r)
 {
     const char *ctx = "readonly";
-    char path[108];
-    sock_path(path, sizeof path);
     const int fill = 0x5a;
-    exp_arg_t ea = {.path = path, .nblocks = 1, .block = 4 * MiB, .access = GM_SHARE_READ_ONLY,
-                    .fill_byte = fill};
-    imp_arg_t ia = {.path = path, .nnames = 1, .block = 4 * MiB};
-    child_t e = {.pid = 0, .to = -1, .from = -1}, i = e;
+    pair_t p;
     msg_t m;
     int rc = -1;
-    if (spawn(&e, "exporter", exporter_readonly_main, &ea, ctx)) goto out;
-    if (spawn(&i, "importer", importer_readonly_main, &ia, ctx)) goto out;
-    if (expect(&e, M_READY, &m, ctx, "the exporter's publish")) goto out;
-    if (expect(&i, M_READY, &m, ctx, "the importer's pool")) goto out;
+    share_arg_t a = {.nblocks = 1, .block = 4 * MiB, .access = GM_SHARE_READ_ONLY, .fill_byte = fill};
+    if (pair_start(&p, ctx, &a, exporter_readonly_main, "the exporter's publish",
+                   importer_readonly_main, &m))
+        goto out;
     msg_init(&m, M_GO);
     m.u[0] = (uint64_t)fill;
-    if (tell(&i, &m, ctx)) goto out;
-    if (expect(&i, M_RESULT, &m, ctx, "the write attempt")) goto out;
+    if (tell(&p.i, &m, ctx)) goto out;
+    if (expect(&p.i, M_RESULT, &m, ctx, "the write attempt")) goto out;
     r->ro_enforced = m.v[0] != 0;
     r->ro_read_ok = m.v[1] != 0;
     r->ro_access = (int)m.v[2];
     copy_str(r->ro_error, sizeof r->ro_error, m.text, sizeof m.text);
     copy_str(r->ro_read_error, sizeof r->ro_read_error, (const char *)m.blob, sizeof m.blob);
-    if (finish(&i, ctx)) goto out;
-    if (tell_type(&e, M_CHECK, ctx)) goto out;
-    if (expect(&e, M_RESULT, &m, ctx, "the exporter's read back")) goto out;
+    if (finish(&p.i, ctx)) goto out;
+    if (ask(&p.e, M_CHECK, M_RESULT, &m, ctx, "the exporter's read back")) goto out;
     r->ro_intact = m.v[0] != 0;
-    if (tell_type(&e, M_DONE, ctx)) goto out;
-    if (finish(&e, ctx)) goto out;
+    if (pair_finish(&p, &m, NULL)) goto out; /* the importer has exited already */
     rc = 0;
 out:
-    kill_kid(&e);
-    kill_kid(&i);
-    unlink(path);
-    return rc;
+    return pair_close(&p, rc);
 }
 
+/* The same pair of processes, without gpumem: the exporter's handle (its
+ * READY) goes to the importer with GO. */
 static int run_legacy(results_t *r)
 {
     const char *ctx = "legacy_ipc";
-    legacy_arg_t a = {.device = r->info.device, .bytes = GiB};
-    child_t e = {.pid = 0, .to = -1, .from = -1}, i = e;
+    pair_t p;
     msg_t m, h;
     int rc = -1;
-    if (spawn(&e, "legacy exporter", legacy_exporter_main, &a, ctx)) goto out;
-    if (spawn(&i, "legacy importer", legacy_importer_main, &a, ctx)) goto out;
-    if (expect(&e, M_READY, &h, ctx, "cuMemAlloc + cuIpcGetMemHandle")) goto out;
-    if (expect(&i, M_READY, &m, ctx, "the importer's context")) goto out;
+    share_arg_t a = {.device = r->info.device, .block = GiB};
+    if (pair_start(&p, ctx, &a, legacy_exporter_main, "cuMemAlloc + cuIpcGetMemHandle",
+                   legacy_importer_main, &h))
+        goto out;
     h.type = M_GO;
-    if (tell(&i, &h, ctx)) goto out;
-    if (expect(&i, M_RESULT, &m, ctx, "the opens")) goto out;
+    if (tell(&p.i, &h, ctx)) goto out;
+    if (expect(&p.i, M_RESULT, &m, ctx, "the opens")) goto out;
     for (int k = 0; k < LEGACY_PAIRS; k++) r->legacy_runs[k] = m.v[k];
     r->n_legacy = LEGACY_PAIRS;
-    if (finish(&i, ctx)) goto out;
-    if (tell_type(&e, M_DONE, ctx)) goto out;
-    if (finish(&e, ctx)) goto out;
+    if (pair_finish(&p, &m, NULL)) goto out;
     rc = 0;
 out:
-    kill_kid(&e);
-    kill_kid(&i);
-    return rc;
+    return pair_close(&p, rc);
 }
 
 /* ---- output ----------------------------------------------------------------------- */
@@ -1329,14 +1356,8 @@ static void write_json(FILE *f, const results_t *r, const headline_t *h, const c
     fputs("}", f);
     jfield_arr(f, "import_64_runs_us", r->import64_runs, r->n_import64);
     jfield(f, "weight_sync_tensor_bytes", (double)r->tensor_bytes);
-    jfield(f, "weight_sync_import_s", r->ws_import);
-    jfield(f, "weight_sync_check_s", r->ws_check);
-    jfield(f, "weight_sync_publish_to_importer_s", r->ws_publish);
-    jfield(f, "weight_sync_publish_call_s", r->ws_publish_call);
-    jfield(f, "weight_sync_per_tensor_import_s", r->wst_import);
-    jfield(f, "weight_sync_per_tensor_check_s", r->wst_check);
-    jfield(f, "weight_sync_per_tensor_publish_to_importer_s", r->wst_publish);
-    jfield(f, "weight_sync_per_tensor_publish_calls_s", r->wst_publish_call);
+    for (int k = WS_IMPORT; k < WS_PARTS; k++) jfield(f, k_ws_keys[0][k], r->ws[k]);
+    for (int k = WS_IMPORT; k < WS_PARTS; k++) jfield(f, k_ws_keys[1][k], r->wst[k]);
     jfield_arr(f, "dead_importer_runs_ms", r->di_runs, r->n_di);
     jfield_arr(f, "dead_importer_from_kill_runs_ms", r->di_from_kill, r->n_di);
     jfield(f, "dead_importer_timeouts", r->di_timeouts);
@@ -1373,10 +1394,23 @@ static void human_bytes(char *buf, size_t cap, double b)
     else snprintf(buf, cap, "%.3g MiB", b / (double)MiB);
 }
 
+/* A row for what must hold: true, false, or "—" (v < 0: not measured). */
+static void md_check_row(FILE *f, const char *label, int v)
+{
+    fprintf(f, "| %s | %s | true | %s |\n", label, v < 0 ? "—" : v ? "true" : "false",
+            v < 0 ? "—" : v ? "yes" : "NO");
+}
+
+/* The parts of a weight sync (ws[WS_PARTS]) in ms, "%.3f" each. */
+static void ws_ms(char ms[WS_PARTS][32], const double *ws)
+{
+    for (int k = 0; k < WS_PARTS; k++) fmt_num(ms[k], sizeof ms[k], ws[k] * 1e3, "%.3f");
+}
+
 static void write_md(FILE *f, const results_t *r, const headline_t *h, const char *date,
                      const char *command, const char *commit)
 {
-    char a[64], b[64], wb[32], tb[32], runs[600];
+    char a[64], label[96], wb[32], tb[32];
     human_bytes(wb, sizeof wb, (double)r->weight_bytes);
     human_bytes(tb, sizeof tb, (double)r->tensor_bytes);
     fprintf(f, "# Sharing between processes — %s, %s\n\n", r->info.ok ? r->info.device_name : "unknown device", date);
@@ -1420,74 +1454,54 @@ static void write_md(FILE *f, const results_t *r, const headline_t *h, const cha
                "import)\n\n", LEGACY_PAIRS);
 
     fprintf(f, "| figure | value | goal | met |\n|---|---:|---:|:---:|\n");
-    fmt_num(a, sizeof a, h->import_us, "%.0f");
-    fprintf(f, "| import_us (1 GiB) | %s | | |\n", a);
-    fmt_num(a, sizeof a, h->import_p90_us, "%.0f");
-    fprintf(f, "| import_p90_us | %s | | |\n", a);
-    fmt_num(a, sizeof a, h->import_64_us, "%.0f");
-    fprintf(f, "| import_64_us (64 × 16 MiB under one name, one request) | %s | | |\n", a);
-    fmt_num(a, sizeof a, h->import_64_names_us, "%.0f");
-    fprintf(f, "| import_64_names_us (the same 64 blocks, a name each) | %s | | |\n", a);
-    fmt_num(a, sizeof a, h->weight_sync_s, "%.4f");
-    fprintf(f, "| weight_sync_s (%s, one name) | %s | 0.5 | %s |\n", wb, a, met(h->weight_sync_s, 0.5));
-    fmt_num(a, sizeof a, h->weight_sync_per_tensor_s, "%.4f");
-    fprintf(f, "| weight_sync_per_tensor_s (%d blocks under one name) | %s | | |\n", TENSORS, a);
-    fmt_num(a, sizeof a, h->weight_sync_per_name_s, "%.4f");
-    fprintf(f, "| weight_sync_per_name_s (%d blocks, a name each) | %s | | |\n", TENSORS, a);
-    fmt_num(a, sizeof a, h->di_ms, "%.2f");
-    fprintf(f, "| dead_importer_reclaim_ms | %s | 1000 | %s |\n", a, met(h->di_ms, 1000));
+    md_row(f, "import_us (1 GiB)", &h->import_us, 1, "%.0f", NULL, NULL);
+    md_row(f, "import_p90_us", &h->import_p90_us, 1, "%.0f", NULL, NULL);
+    md_row(f, "import_64_us (64 × 16 MiB under one name, one request)", &h->import_64_us, 1, "%.0f",
+           NULL, NULL);
+    md_row(f, "import_64_names_us (the same 64 blocks, a name each)", &h->import_64_names_us, 1,
+           "%.0f", NULL, NULL);
+    snprintf(label, sizeof label, "weight_sync_s (%s, one name)", wb);
+    md_row(f, label, &h->weight_sync_s, 1, "%.4f", "0.5", met(h->weight_sync_s, 0.5));
+    snprintf(label, sizeof label, "weight_sync_per_tensor_s (%d blocks under one name)", TENSORS);
+    md_row(f, label, &h->weight_sync_per_tensor_s, 1, "%.4f", NULL, NULL);
+    snprintf(label, sizeof label, "weight_sync_per_name_s (%d blocks, a name each)", TENSORS);
+    md_row(f, label, &h->weight_sync_per_name_s, 1, "%.4f", NULL, NULL);
+    md_row(f, "dead_importer_reclaim_ms", &h->di_ms, 1, "%.2f", "1000", met(h->di_ms, 1000));
     fmt_num(a, sizeof a, h->de_ms, "%.2f");
     fprintf(f, "| dead_exporter_reclaim_ms | %s%s | 1000 | %s |\n", a, *r->de_note ? " (see note)" : "",
             met(h->de_ms, 1000));
-    fprintf(f, "| readonly_enforced | %s | true | %s |\n",
-            r->ro_enforced < 0 ? "—" : r->ro_enforced ? "true" : "false",
-            r->ro_enforced < 0 ? "—" : r->ro_enforced ? "yes" : "NO");
-    fprintf(f, "| readonly_read_ok | %s | true | %s |\n",
-            r->ro_read_ok < 0 ? "—" : r->ro_read_ok ? "true" : "false",
-            r->ro_read_ok < 0 ? "—" : r->ro_read_ok ? "yes" : "NO");
-    fmt_num(a, sizeof a, h->legacy_us, "%.0f");
-    fmt_num(b, sizeof b, h->legacy_first_us, "%.0f");
-    fprintf(f, "| legacy_ipc_open_us (median; first) | %s; %s | | |\n\n", a, b);
+    md_check_row(f, "readonly_enforced", r->ro_enforced);
+    md_check_row(f, "readonly_read_ok", r->ro_read_ok);
+    md_row(f, "legacy_ipc_open_us (median; first)", (const double[]){h->legacy_us, h->legacy_first_us},
+           2, "%.0f", NULL, NULL);
+    fputc('\n', f);
 
-    fmt_runs(runs, sizeof runs, r->import_runs, r->n_import, "%.0f");
-    fprintf(f, "Runs — import µs: %s", runs);
-    fmt_runs(runs, sizeof runs, r->import_connect_runs, r->n_import, "%.0f");
-    fprintf(f, " (of which gm_share_connect: %s", runs);
-    fmt_runs(runs, sizeof runs, r->import_bk_imp, r->n_import, "%.0f");
-    fprintf(f, "; driver calls in the importer: %s", runs);
-    fmt_runs(runs, sizeof runs, r->import_bk_exp, r->n_import, "%.0f");
-    fprintf(f, "; in the exporter's server: %s", runs);
+    md_runs(f, "Runs — import µs: ", r->import_runs, r->n_import, "%.0f", "");
+    md_runs(f, " (of which gm_share_connect: ", r->import_connect_runs, r->n_import, "%.0f", "");
+    md_runs(f, "; driver calls in the importer: ", r->import_bk_imp, r->n_import, "%.0f", "");
+    md_runs(f, "; in the exporter's server: ", r->import_bk_exp, r->n_import, "%.0f", "");
     if (r->n_import)
         fprintf(f, "; per run %.0f import_fd + %.0f map + %.0f set_access in the importer, %.0f "
                    "export_fd in the exporter", r->import_calls[0], r->import_calls[1],
                 r->import_calls[2], r->import_calls[3]);
     fputc(')', f);
-    fmt_runs(runs, sizeof runs, r->import64_runs, r->n_import64, "%.0f");
-    fprintf(f, "; import 64 µs: %s", runs);
-    fmt_runs(runs, sizeof runs, r->di_runs, r->n_di, "%.2f");
-    fprintf(f, "; dead importer ms: %s", runs);
-    fmt_runs(runs, sizeof runs, r->di_from_kill, r->n_di, "%.2f");
-    fprintf(f, " (from kill(): %s)", runs);
-    fmt_runs(runs, sizeof runs, r->de_runs, r->n_de, "%.2f");
-    fprintf(f, "; dead exporter ms: %s", runs);
-    fmt_runs(runs, sizeof runs, r->de_wait, r->n_de, "%.2f");
-    fprintf(f, " (of which kill() to the importer told, waitpid included: %s", runs);
-    fmt_runs(runs, sizeof runs, r->de_release, r->n_de, "%.2f");
-    fprintf(f, "; gm_share_release: %s)", runs);
-    fmt_runs(runs, sizeof runs, r->legacy_runs, r->n_legacy, "%.0f");
-    fprintf(f, "; legacy opens µs: %s.\n\n", runs);
-    fmt_num(a, sizeof a, r->ws_publish_call * 1e3, "%.3f");
-    fmt_num(b, sizeof b, r->ws_publish * 1e3, "%.3f");
-    fprintf(f, "Weight sync, one name (ms): the publish call %s (publish start to the importer told: %s)", a, b);
-    fmt_num(a, sizeof a, r->ws_import * 1e3, "%.3f");
-    fmt_num(b, sizeof b, r->ws_check * 1e3, "%.3f");
-    fprintf(f, ", connect + import %s, the %d byte checks %s. ", a, TENSORS, b);
-    fmt_num(a, sizeof a, r->wst_publish_call * 1e3, "%.3f");
-    fmt_num(b, sizeof b, r->wst_publish * 1e3, "%.3f");
-    fprintf(f, "Per tensor (ms): the %d publish calls %s (to the importer told: %s)", TENSORS, a, b);
-    fmt_num(a, sizeof a, r->wst_import * 1e3, "%.3f");
-    fmt_num(b, sizeof b, r->wst_check * 1e3, "%.3f");
-    fprintf(f, ", connect + %d imports %s, checks %s.\n\n", TENSORS, a, b);
+    md_runs(f, "; import 64 µs: ", r->import64_runs, r->n_import64, "%.0f", "");
+    md_runs(f, "; dead importer ms: ", r->di_runs, r->n_di, "%.2f", "");
+    md_runs(f, " (from kill(): ", r->di_from_kill, r->n_di, "%.2f", ")");
+    md_runs(f, "; dead exporter ms: ", r->de_runs, r->n_de, "%.2f", "");
+    md_runs(f, " (of which kill() to the importer told, waitpid included: ", r->de_wait, r->n_de,
+            "%.2f", "");
+    md_runs(f, "; gm_share_release: ", r->de_release, r->n_de, "%.2f", ")");
+    md_runs(f, "; legacy opens µs: ", r->legacy_runs, r->n_legacy, "%.0f", ".\n\n");
+    char one[WS_PARTS][32], per[WS_PARTS][32];
+    ws_ms(one, r->ws);
+    ws_ms(per, r->wst);
+    fprintf(f, "Weight sync, one name (ms): the publish call %s (publish start to the importer told: "
+               "%s), connect + import %s, the %d byte checks %s. ", one[WS_PUBLISH_CALL],
+            one[WS_PUBLISH], one[WS_IMPORT], TENSORS, one[WS_CHECK]);
+    fprintf(f, "Per tensor (ms): the %d publish calls %s (to the importer told: %s), connect + %d "
+               "imports %s, checks %s.\n\n", TENSORS, per[WS_PUBLISH_CALL], per[WS_PUBLISH], TENSORS,
+            per[WS_IMPORT], per[WS_CHECK]);
     if (r->ro_enforced >= 0)
         fprintf(f, "Read-only: import access %d (GM_SHARE_READ_ONLY = %d); write attempt: %s; exporter's "
                    "bytes %s afterwards.%s%s\n\n", r->ro_access, GM_SHARE_READ_ONLY,
@@ -1535,8 +1549,7 @@ int main(int argc, char **argv)
     static results_t r;
     memset(&r, 0, sizeof r);
     r.ro_enforced = r.ro_read_ok = r.ro_intact = r.ro_access = -1;
-    r.ws = r.ws_import = r.ws_check = r.ws_publish = r.ws_publish_call = NAN;
-    r.wst = r.wst_import = r.wst_check = r.wst_publish = r.wst_publish_call = NAN;
+    for (int k = 0; k < WS_PARTS; k++) r.ws[k] = r.wst[k] = NAN;
     r.wsn = NAN;
     r.weight_bytes = quick() ? GiB : 8 * GiB;
     r.tensor_bytes = r.weight_bytes / TENSORS;
@@ -1578,14 +1591,14 @@ int main(int argc, char **argv)
                 fprintf(stderr, "share_bench: %s (64 names): %.0f µs\n", ctx, us);
             }
         }
-        double w[5];
+        double w[WS_PARTS];
         if (run_weights("weight_sync (one name)", false, 0, r.weight_bytes, w) == 0) {
-            r.ws = w[0], r.ws_import = w[1], r.ws_check = w[2], r.ws_publish = w[3], r.ws_publish_call = w[4];
+            memcpy(r.ws, w, sizeof w);
             fprintf(stderr, "share_bench: weight_sync %zu MiB, one name: %.4f s (import %.4f s, checks %.4f s)\n",
                     r.weight_bytes / MiB, w[0], w[1], w[2]);
         }
         if (run_weights("weight_sync (per tensor)", true, 1, r.weight_bytes, w) == 0) {
-            r.wst = w[0], r.wst_import = w[1], r.wst_check = w[2], r.wst_publish = w[3], r.wst_publish_call = w[4];
+            memcpy(r.wst, w, sizeof w);
             fprintf(stderr, "share_bench: weight_sync %zu MiB, %d blocks under one name: %.4f s (import %.4f s, checks %.4f s)\n",
                     r.weight_bytes / MiB, TENSORS, w[0], w[1], w[2]);
         }
@@ -1660,8 +1673,8 @@ int main(int argc, char **argv)
         .import_us = median_of(r.import_runs, r.n_import),
         .import_p90_us = quantile_of(r.import_runs, r.n_import, 0.9),
         .import_64_us = median_of(r.import64_runs, r.n_import64),
-        .weight_sync_s = r.ws,
-        .weight_sync_per_tensor_s = r.wst,
+        .weight_sync_s = r.ws[WS_TOTAL],
+        .weight_sync_per_tensor_s = r.wst[WS_TOTAL],
         .import_64_names_us = median_of(r.import64n_runs, r.n_import64n),
         .weight_sync_per_name_s = r.wsn,
         .di_ms = median_of(r.di_runs, r.n_di),
