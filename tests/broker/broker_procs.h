@@ -256,6 +256,41 @@ static inline int bp_same(gm_pool_t *pool, const void *p, size_t n, uint64_t tag
     return ok;
 }
 
+/* The first empty one of a child's n slots of blocks (blk), n when every
+ * one is taken. */
+static inline size_t bp_free_slot(void *const *blk, size_t n)
+{
+    size_t s = 0;
+    while (s < n && blk[s]) s++;
+    return s;
+}
+
+/* Write tag t's pattern into a child's new block p of n bytes (bp_fill)
+ * and keep the block in slot s of its blocks (blk, sz, tag). */
+static inline void bp_keep(gm_pool_t *pool, void **blk, size_t *sz, uint64_t *tag, size_t s,
+                           void *p, size_t n, uint64_t t)
+{
+    KCHECK_RC(bp_fill(pool, p, n, t), GM_OK);
+    blk[s] = p;
+    sz[s] = n;
+    tag[s] = t;
+}
+
+/* Is there a block in slot x of a child's n slots, with its pattern?  1 or
+ * 0 (counted).  With drop the block, when there, is freed and its slot
+ * emptied. */
+static inline int bp_slot_check(gm_pool_t *pool, void **blk, const size_t *sz, const uint64_t *tag,
+                                size_t n, uint64_t x, int drop)
+{
+    int ok = x < n && blk[x] && bp_same(pool, blk[x], sz[x], tag[x]);
+    KCHECK(ok);
+    if (drop && x < n && blk[x]) {
+        KCHECK_RC(gm_free(pool, blk[x], NULL), GM_OK);
+        blk[x] = NULL;
+    }
+    return ok;
+}
+
 /* Free block i of a child's blocks (blk, sz, tag) once its pattern is
  * checked, and move the last of the *n into its place. */
 static inline void bp_drop(gm_pool_t *pool, void **blk, size_t *sz, uint64_t *tag, size_t *n,
@@ -288,6 +323,16 @@ static inline void bp_child_done(tp_link_t *l, gm_pool_t *pool, void **blk, cons
     KCHECK_RC(gm_pool_check(pool), GM_OK);
     gm_pool_destroy(pool);
     tp_put(l->out, BP_DONE);
+}
+
+/* A child's op that is none of its own steps: its exit (is_exit: its
+ * blocks checked and freed, the pool too, BP_DONE sent: bp_child_done), or
+ * an op it does not know (a failure).  Either one ends the child. */
+static inline void bp_child_last(tp_link_t *l, gm_pool_t *pool, void **blk, const size_t *sz,
+                                 const uint64_t *tag, size_t n, int is_exit)
+{
+    if (is_exit) bp_child_done(l, pool, blk, sz, tag, n);
+    else KCHECK(!"an unknown op");
 }
 
 /* ---- the kernel's count of the sim's pages --------------------------------------- */

@@ -6,6 +6,7 @@
  */
 #include "test.h"
 #include "broker_util.h"
+#include "broker_checks.h"
 
 static char g_tenant[64];
 static int g_go[2], g_ready[2];
@@ -35,10 +36,8 @@ static void forking_client(const test_broker_t *b)
 int main(void)
 {
     test_broker_t b;
-    tb_init(&b);
-    snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());
-    tb_config(&b, "1GiB", "default_quota = 256MiB\nkeep_free = 64MiB\n");
-    tb_start(&b);
+    bc_start_mine(&b, "1GiB", "default_quota = 256MiB\nkeep_free = 64MiB\n", g_tenant,
+                  sizeof g_tenant);
     if (pipe(g_go) != 0 || pipe(g_ready) != 0) return 1;
     fflush(NULL);
     g_client = fork();

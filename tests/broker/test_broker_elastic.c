@@ -39,6 +39,7 @@
 #include "test.h"
 #include "broker_util.h"
 #include "broker_procs.h"
+#include "broker_checks.h"
 
 #define PAGE (2 * MiB)
 #define SLOTS 64
@@ -62,10 +63,8 @@ static void client(tp_link_t *l, void *argp)
 {
     ekid_t *a = argp;
     if (bp_become(a->uid) != 0) return;
-    gm_pool_t *pool = NULL;
-    int rc = bp_pool(&g_b, a->lease, a->release_threshold, &pool);
-    KCHECK_RC(rc, GM_OK);
-    if (rc != GM_OK) return;
+    gm_pool_t *pool = bp_kid_pool(&g_b, a->lease, a->release_threshold);
+    if (!pool) return;
     char tenant[80];
     if (a->uid >= 0) snprintf(tenant, sizeof tenant, "'uid:%ld'", a->uid);
     else snprintf(tenant, sizeof tenant, "'%.60s'", g_tenant);
@@ -79,11 +78,10 @@ static void client(tp_link_t *l, void *argp)
             tp_get(l->in, &y, TP_WAIT_MS) || tp_get(l->in, &z, TP_WAIT_MS))
             return;
         if (op == OP_ALLOC) { /* x size, y tag, z a tag to look for first */
-            int s = 0;
-            while (s < SLOTS && blk[s]) s++;
+            size_t s = bp_free_slot(blk, SLOTS);
             void *p = NULL;
             double t0 = now_ms();
-            rc = s < SLOTS ? gm_alloc(pool, x, NULL, &p) : GM_LIMIT;
+            int rc = s < SLOTS ? gm_alloc(pool, x, NULL, &p) : GM_LIMIT;
             uint64_t us = (uint64_t)((now_ms() - t0) * 1000), flags = 0, left = 0;
             if (rc != GM_OK) {
                 const char *e = gm_last_error();
@@ -107,10 +105,7 @@ static void client(tp_link_t *l, void *argp)
                             }
                     }
                 }
-                KCHECK_RC(bp_fill(pool, p, x, y), GM_OK);
-                blk[s] = p;
-                sz[s] = x;
-                tag[s] = y;
+                bp_keep(pool, blk, sz, tag, s, p, x, y);
             }
             tp_put(l->out, (uint64_t)rc);
             tp_put(l->out, us);
@@ -118,24 +113,15 @@ static void client(tp_link_t *l, void *argp)
             tp_put(l->out, flags);
             tp_put(l->out, left);
         } else if (op == OP_FREE || op == OP_CHECK) {
-            int ok = x < SLOTS && blk[x] && bp_same(pool, blk[x], sz[x], tag[x]);
-            KCHECK(ok);
-            if (op == OP_FREE && x < SLOTS && blk[x]) {
-                KCHECK_RC(gm_free(pool, blk[x], NULL), GM_OK);
-                blk[x] = NULL;
-            }
-            tp_put(l->out, (uint64_t)ok);
+            tp_put(l->out, (uint64_t)bp_slot_check(pool, blk, sz, tag, SLOTS, x, op == OP_FREE));
         } else if (op == OP_TRIM) {
             tp_put(l->out, (uint64_t)gm_trim(pool, 0, NULL));
         } else if (op == OP_RESERVED) {
             gm_stats_t st = GM_STATS_INIT;
             KCHECK_RC(gm_pool_stats(pool, &st), GM_OK);
             tp_put(l->out, st.reserved);
-        } else if (op == OP_EXIT) {
-            bp_child_done(l, pool, blk, sz, tag, SLOTS);
-            return;
-        } else {
-            KCHECK(!"an unknown op");
+        } else { /* OP_EXIT, or an op it does not know */
+            bp_child_last(l, pool, blk, sz, tag, SLOTS, op == OP_EXIT);
             return;
         }
     }
@@ -144,16 +130,6 @@ static void client(tp_link_t *l, void *argp)
 /* ---- the coordinator's side ---------------------------------------------------------- */
 
 typedef struct areply { int rc; double ms; uint64_t slot, flags, left; } areply_t;
-
-/* A child's status is what it is (gm_last_error here says nothing of it). */
-#define CHECK_KID_RC(rc, want)                                                 \
-    do {                                                                       \
-        int krc_ = (rc);                                                       \
-        if (krc_ != (want))                                                    \
-            fprintf(stderr, "%s:%d: the child's allocation: %s, want %s\n",    \
-                    __FILE__, __LINE__, gm_strerror(krc_), gm_strerror(want)); \
-        CHECK(krc_ == (want));                                                 \
-    } while (0)
 
 /* The child's next answer (a lease may wait): at most 60 s. */
 static uint64_t get1(tp_kid_t *k) { return tp_answer(k, 60000); }
@@ -199,6 +175,17 @@ static void finish(tp_kid_t *k)
 static void write_config(const char *capacity, const char *extra)
 {
     tb_config(&g_b, capacity, extra);
+}
+
+/* The end of a part: the broker stopped (its log shown when a check has
+ * failed) and its directory gone; the part's time printed. */
+static void stop_broker(const char *part, double t0)
+{
+    CHECK(tb_stop(&g_b, SIGTERM) == 0);
+    if (test_failed_) bp_log_dump(&g_b);
+    tb_cleanup(&g_b);
+    printf("%s: %.2f s\n", part, (now_ms() - t0) / 1e3);
+    fflush(stdout);
 }
 
 /* SIGHUP, then wait until the log has one more line with `says`. */
@@ -355,11 +342,7 @@ static void role_elastic(int rd)
     WAIT_FOR(tb_tenant(&g_b, "elastic").clients == 0, 2000);
     t = tb_tenant(&g_b, "elastic");
     CHECK(t.used == 0 && t.clients == 0);
-    CHECK(tb_stop(&g_b, SIGTERM) == 0);
-    if (test_failed_) bp_log_dump(&g_b);
-    tb_cleanup(&g_b);
-    printf("a-c: %.2f s\n", (now_ms() - t0) / 1e3);
-    fflush(stdout);
+    stop_broker("a-c", t0);
 }
 
 /* ---- d: guaranteed ------------------------------------------------------------------ */
@@ -410,11 +393,7 @@ static void role_guaranteed(int rd)
     tp_results_drain(rd);
     WAIT_FOR(tb_tenant(&g_b, "gold").clients == 0 && tb_tenant(&g_b, "uid:61012").clients == 0, 2000);
     CHECK(tb_tenant(&g_b, "gold").used == 0 && tb_tenant(&g_b, "uid:61012").used == 0);
-    CHECK(tb_stop(&g_b, SIGTERM) == 0);
-    if (test_failed_) bp_log_dump(&g_b);
-    tb_cleanup(&g_b);
-    printf("d: %.2f s\n", (now_ms() - t0) / 1e3);
-    fflush(stdout);
+    stop_broker("d", t0);
 }
 
 /* ---- e: a lease that waits longer than the client's receive timeout ---------- */
@@ -471,11 +450,7 @@ static void role_long_wait(int rd)
     tp_results_drain(rd);
     WAIT_FOR(tb_tenant(&g_b, g_tenant).clients == 0, 2000);
     CHECK(tb_tenant(&g_b, g_tenant).used == 0);
-    CHECK(tb_stop(&g_b, SIGTERM) == 0);
-    if (test_failed_) bp_log_dump(&g_b);
-    tb_cleanup(&g_b);
-    printf("e: %.2f s\n", (now_ms() - t0) / 1e3);
-    fflush(stdout);
+    stop_broker("e", t0);
 }
 
 int main(int argc, char **argv)

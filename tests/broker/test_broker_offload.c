@@ -9,6 +9,7 @@
  */
 #include "test.h"
 #include "broker_util.h"
+#include "broker_checks.h"
 
 static char g_tenant[64];
 
@@ -33,10 +34,7 @@ static int holds(gm_pool_t *pool, const void *p, size_t n, unsigned char v)
 int main(void)
 {
     test_broker_t b;
-    tb_init(&b);
-    snprintf(g_tenant, sizeof g_tenant, "uid:%u", (unsigned)geteuid());
-    tb_config(&b, "512MiB", "default_quota = 64MiB\n");
-    tb_start(&b);
+    bc_start_mine(&b, "512MiB", "default_quota = 64MiB\n", g_tenant, sizeof g_tenant);
 
     gm_pool_t *pool = NULL;
     CHECK_OK(tb_pool(&b, 8 * MiB, &pool));

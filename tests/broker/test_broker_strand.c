@@ -23,6 +23,7 @@
 #include "test.h"
 #include "broker_util.h"
 #include "broker_procs.h"
+#include "broker_checks.h"
 
 #define PAGE (2 * MiB)
 #define QUOTA (512 * MiB)
@@ -43,10 +44,8 @@ typedef struct skid {
 static void client(tp_link_t *l, void *argp)
 {
     skid_t *a = argp;
-    gm_pool_t *pool = NULL;
-    int rc = bp_pool(&g_b, a->lease, a->release_threshold, &pool);
-    KCHECK_RC(rc, GM_OK);
-    if (rc != GM_OK) return;
+    gm_pool_t *pool = bp_kid_pool(&g_b, a->lease, a->release_threshold);
+    if (!pool) return;
     void *blk[SLOTS] = {0};
     size_t sz[SLOTS] = {0};
     uint64_t tag[SLOTS] = {0};
@@ -57,43 +56,30 @@ static void client(tp_link_t *l, void *argp)
             tp_get(l->in, &y, TP_WAIT_MS))
             return;
         if (op == OP_ALLOC) { /* x size, y tag; replies rc, slot, 1 when the error names the quota */
-            int s = 0;
-            while (s < SLOTS && blk[s]) s++;
+            size_t s = bp_free_slot(blk, SLOTS);
             void *p = NULL;
-            rc = s < SLOTS ? gm_alloc(pool, x, NULL, &p) : GM_LIMIT;
+            int rc = s < SLOTS ? gm_alloc(pool, x, NULL, &p) : GM_LIMIT;
             uint64_t quota = 0;
             if (rc != GM_OK) {
                 const char *e = gm_last_error();
                 quota = strstr(e, "over its quota") != NULL;
                 if (getenv("GM_TEST_VERBOSE")) fprintf(stderr, "pid %d: %s\n", (int)getpid(), e);
             } else {
-                KCHECK_RC(bp_fill(pool, p, x, y), GM_OK);
-                blk[s] = p;
-                sz[s] = x;
-                tag[s] = y;
+                bp_keep(pool, blk, sz, tag, s, p, x, y);
             }
             tp_put(l->out, (uint64_t)rc);
             tp_put(l->out, rc == GM_OK ? (uint64_t)s : 0);
             tp_put(l->out, quota);
         } else if (op == OP_FREE || op == OP_CHECK) {
-            int ok = x < SLOTS && blk[x] && bp_same(pool, blk[x], sz[x], tag[x]);
-            KCHECK(ok);
-            if (op == OP_FREE && x < SLOTS && blk[x]) {
-                KCHECK_RC(gm_free(pool, blk[x], NULL), GM_OK);
-                blk[x] = NULL;
-            }
-            tp_put(l->out, (uint64_t)ok);
+            tp_put(l->out, (uint64_t)bp_slot_check(pool, blk, sz, tag, SLOTS, x, op == OP_FREE));
         } else if (op == OP_STATS) { /* reserved, active */
             gm_stats_t st = GM_STATS_INIT;
             KCHECK_RC(gm_pool_stats(pool, &st), GM_OK);
             KCHECK_RC(gm_pool_check(pool), GM_OK);
             tp_put(l->out, st.reserved);
             tp_put(l->out, st.active);
-        } else if (op == OP_EXIT) {
-            bp_child_done(l, pool, blk, sz, tag, SLOTS);
-            return;
-        } else {
-            KCHECK(!"an unknown op");
+        } else { /* OP_EXIT, or an op it does not know */
+            bp_child_last(l, pool, blk, sz, tag, SLOTS, op == OP_EXIT);
             return;
         }
     }
@@ -141,15 +127,6 @@ static void finish(tp_kid_t *k)
     send_op(k, OP_EXIT, 0, 0);
     tp_finish(k, BP_DONE, 60000);
 }
-
-#define CHECK_KID_RC(rc, want)                                                 \
-    do {                                                                       \
-        int krc_ = (rc);                                                       \
-        if (krc_ != (want))                                                    \
-            fprintf(stderr, "%s:%d: the child's allocation: %s, want %s\n",    \
-                    __FILE__, __LINE__, gm_strerror(krc_), gm_strerror(want)); \
-        CHECK(krc_ == (want));                                                 \
-    } while (0)
 
 static void round_(const char *what, size_t lease, size_t release_threshold, uint64_t *rs)
 {
