@@ -34,13 +34,6 @@
 #define PAGE ((size_t)2 << 20)
 #define BIG (64 * MiB + 4097) /* 33 pages, at least 31 wholly inside */
 
-static gm_tag_t new_tag(const char *name)
-{
-    gm_tag_t t = GM_TAG_NONE;
-    CHECK_OK(gm_tag_get(name, 0, &t));
-    return t;
-}
-
 /* A pool of 1 GiB; NULL, with a failed CHECK, when it cannot be made. */
 static gm_pool_t *extents_pool(void)
 {
@@ -54,9 +47,12 @@ static uint64_t calls(gm_pool_t *pool, int kind)
     return pool_stats_of(pool).backend_calls[kind];
 }
 
-/* Three blocks: untagged, tagged BIG, untagged; filled. */
-static void layout(gm_pool_t *pool, gm_tag_t t, tblock_t b[3], uint64_t seed)
+/* Three blocks: untagged, tagged BIG with the tag called `tag` (the same
+ * tag for the same name), untagged; filled.  Returns the tag. */
+static gm_tag_t layout(gm_pool_t *pool, const char *tag, tblock_t b[3], uint64_t seed)
 {
+    gm_tag_t t = GM_TAG_NONE;
+    CHECK_OK(gm_tag_get(tag, 0, &t));
     b[0] = (tblock_t){NULL, MiB, GM_TAG_NONE, seed, NULL};
     b[1] = (tblock_t){NULL, BIG, t, seed + 1, NULL};
     b[2] = (tblock_t){NULL, MiB + 17, GM_TAG_NONE, seed + 2, NULL};
@@ -64,6 +60,25 @@ static void layout(gm_pool_t *pool, gm_tag_t t, tblock_t b[3], uint64_t seed)
         CHECK_OK(gm_alloc_tagged(pool, b[i].n, NULL, b[i].tag, &b[i].p));
         CHECK_OK(dev_fill(pool, b[i].p, b[i].n, b[i].seed, NULL));
     }
+    return t;
+}
+
+/* Free the tagged block of a layout (b[1].p is NULL after): where it was. */
+static void *free_tagged(gm_pool_t *pool, tblock_t b[3])
+{
+    void *where = b[1].p;
+    CHECK_OK(gm_free(pool, b[1].p, NULL));
+    b[1].p = NULL;
+    return where;
+}
+
+/* Offload and restore tag t, so that the layout's tagged block lies on
+ * extents, then free that block: where it was. */
+static void *free_restored(gm_pool_t *pool, gm_tag_t t, tblock_t b[3])
+{
+    CHECK_OK(gm_offload(pool, t, 0, NULL));
+    CHECK_OK(gm_restore(pool, t, NULL));
+    return free_tagged(pool, b);
 }
 
 static void free_all(gm_pool_t *pool, tblock_t *b, size_t n)
@@ -81,12 +96,11 @@ static void test_few_calls(void)
 {
     gm_pool_t *pool = extents_pool();
     if (!pool) return;
-    gm_tag_t t = new_tag("extents.few");
     tblock_t b[3];
     /* A tagged block is made of extents at its allocation too: the two
      * small untagged blocks take a page or two, the tagged one a handful. */
     uint64_t f0 = calls(pool, GM_CALL_phys_create);
-    layout(pool, t, b, 100);
+    gm_tag_t t = layout(pool, "extents.few", b, 100);
     uint64_t fresh = calls(pool, GM_CALL_phys_create) - f0;
     CHECK(fresh >= 3 && fresh <= 7);
     if (fresh > 7) fprintf(stderr, "  allocation: %" PRIu64 " phys_create (want 3..7)\n", fresh);
@@ -152,14 +166,9 @@ static void test_freed(void)
 {
     gm_pool_t *pool = extents_pool();
     if (!pool) return;
-    gm_tag_t t = new_tag("extents.freed");
     tblock_t b[3];
-    layout(pool, t, b, 200);
-    CHECK_OK(gm_offload(pool, t, 0, NULL));
-    CHECK_OK(gm_restore(pool, t, NULL));
-    void *where = b[1].p;
-    CHECK_OK(gm_free(pool, b[1].p, NULL));
-    b[1].p = NULL;
+    gm_tag_t t = layout(pool, "extents.freed", b, 200);
+    void *where = free_restored(pool, t, b);
     CHECK_OK(gm_pool_check(pool));
     /* The same size again, untagged: best fit puts it where it was, on the
      * extents' own mappings, with no backend call. */
@@ -188,11 +197,8 @@ static void test_freed(void)
     /* Under a tight limit: idle extents go back before an allocation fails. */
     CHECK_OK(gm_restore(pool, t, NULL)); /* nothing offloaded: a no-op */
     tblock_t c[3];
-    layout(pool, t, c, 300);
-    CHECK_OK(gm_offload(pool, t, 0, NULL));
-    CHECK_OK(gm_restore(pool, t, NULL));
-    CHECK_OK(gm_free(pool, c[1].p, NULL));
-    c[1].p = NULL;
+    layout(pool, "extents.freed", c, 300);
+    free_restored(pool, t, c);
     st = pool_stats_of(pool);
     /* Elsewhere in the address space, 48 MiB must come from the extents'
      * memory: a limit that leaves no room to grow. */
@@ -218,32 +224,37 @@ static void test_freed(void)
     gm_pool_destroy(pool);
 }
 
+/* A share server and the path of its socket. */
+typedef struct server {
+    gm_share_server_t *srv;
+    char path[108];
+} server_t;
+
 /* A pool and a share server of its own (socket in TMPDIR named by `what`);
- * false, with a failed CHECK, when either cannot be made. */
-static bool pool_and_server(const char *what, gm_pool_t **pool, gm_share_server_t **srv,
-                            char path[108])
+ * NULL, with a failed CHECK, when either cannot be made. */
+static gm_pool_t *pool_and_server(const char *what, server_t *s)
 {
-    *pool = extents_pool();
-    *srv = NULL;
-    if (!*pool) return false;
-    snprintf(path, 108, "%s/gm-offload-extents-%s-%d.sock",
+    gm_pool_t *pool = extents_pool();
+    s->srv = NULL;
+    if (!pool) return NULL;
+    snprintf(s->path, sizeof s->path, "%s/gm-offload-extents-%s-%d.sock",
              getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", what, (int)getpid());
-    unlink(path);
-    int rc = gm_share_listen(*pool, path, NULL, srv);
+    unlink(s->path);
+    int rc = gm_share_listen(pool, s->path, NULL, &s->srv);
     CHECK_OK(rc);
     if (rc != GM_OK) {
-        gm_pool_destroy(*pool);
-        return false;
+        gm_pool_destroy(pool);
+        return NULL;
     }
-    return true;
+    return pool;
 }
 
 /* Close the server, free what is left, check that every page went back. */
-static void server_and_pool_done(gm_pool_t *pool, gm_share_server_t *srv, const char *path,
-                                 void **ptrs, size_t n_ptrs, tblock_t *b, size_t nb)
+static void server_and_pool_done(gm_pool_t *pool, server_t *s, void **ptrs, size_t n_ptrs,
+                                 tblock_t *b, size_t nb)
 {
-    CHECK_OK(gm_share_close(srv));
-    unlink(path);
+    CHECK_OK(gm_share_close(s->srv));
+    unlink(s->path);
     for (size_t i = 0; i < n_ptrs; i++) CHECK_OK(gm_free(pool, ptrs[i], NULL));
     free_all(pool, b, nb);
     CHECK_OK(gm_trim(pool, 0, NULL));
@@ -252,26 +263,32 @@ static void server_and_pool_done(gm_pool_t *pool, gm_share_server_t *srv, const 
     gm_pool_destroy(pool);
 }
 
+/* A note (not a failure: best fit decides) when the block p, named `what`,
+ * lies outside the freed BIG block at `where`. */
+static void note_if_outside(const char *what, const void *p, const void *where)
+{
+    if ((uintptr_t)p < (uintptr_t)where || (uintptr_t)p >= (uintptr_t)where + BIG)
+        fprintf(stderr, "  note: the %s lies at %p, outside the freed block %p\n", what, p, where);
+}
+
 /* ---- shareable memory never lies on an extent ------------------------------ */
 
 static void test_shareable(void)
 {
-    gm_pool_t *pool;
-    gm_share_server_t *srv;
-    char path[108];
-    if (!pool_and_server("idle", &pool, &srv, path)) return;
-    gm_tag_t t = new_tag("extents.share");
+    server_t s;
+    gm_pool_t *pool = pool_and_server("idle", &s);
+    if (!pool) return;
     tblock_t b[3];
-    layout(pool, t, b, 400);
+    gm_tag_t t = layout(pool, "extents.share", b, 400);
     /* Pages of the tagged block, fresh and then restored: one physical
      * allocation for many pages, which a peer could not map page by page. */
     uintptr_t in = ((uintptr_t)b[1].p + 4 * PAGE) & ~(PAGE - 1);
-    CHECK_RC(gm_share_publish(srv, "ext.fresh", (void *)in, 2 * PAGE, GM_SHARE_READ_WRITE, NULL,
+    CHECK_RC(gm_share_publish(s.srv, "ext.fresh", (void *)in, 2 * PAGE, GM_SHARE_READ_WRITE, NULL,
                               NULL), GM_NOT_SUPPORTED);
     CHECK(strstr(gm_last_error(), "tagged block") != NULL);
     CHECK_OK(gm_offload(pool, t, 0, NULL));
     CHECK_OK(gm_restore(pool, t, NULL));
-    CHECK_RC(gm_share_publish(srv, "ext.refused", (void *)in, 2 * PAGE, GM_SHARE_READ_WRITE, NULL,
+    CHECK_RC(gm_share_publish(s.srv, "ext.refused", (void *)in, 2 * PAGE, GM_SHARE_READ_WRITE, NULL,
                               NULL), GM_NOT_SUPPORTED);
     CHECK(strstr(gm_last_error(), "tagged block") != NULL);
     CHECK(check_all(pool, b, 3, "publish refused"));
@@ -279,19 +296,15 @@ static void test_shareable(void)
 
     /* Freed, the same range serves shareable memory: the extents go back
      * first and every page gets a handle of its own. */
-    void *where = b[1].p;
-    CHECK_OK(gm_free(pool, b[1].p, NULL));
-    b[1].p = NULL;
+    void *where = free_tagged(pool, b);
     void *sh = NULL;
     CHECK_OK(gm_alloc_shareable(pool, 32 * MiB, NULL, &sh));
-    if ((uintptr_t)sh < (uintptr_t)where || (uintptr_t)sh >= (uintptr_t)where + BIG)
-        fprintf(stderr, "  note: the shareable block lies at %p, outside the freed block %p\n", sh,
-                where);
+    note_if_outside("shareable block", sh, where);
     CHECK_OK(gm_memset(pool, sh, 0x77, 32 * MiB, NULL));
-    CHECK_OK(gm_share_publish(srv, "ext.sh1", sh, 32 * MiB, GM_SHARE_READ_WRITE, NULL, NULL));
+    CHECK_OK(gm_share_publish(s.srv, "ext.sh1", sh, 32 * MiB, GM_SHARE_READ_WRITE, NULL, NULL));
     CHECK_OK(gm_pool_check(pool));
 
-    server_and_pool_done(pool, srv, path, &sh, 1, b, 3);
+    server_and_pool_done(pool, &s, &sh, 1, b, 3);
 }
 
 /* An extent partly in use by another block: a shareable block never lies
@@ -299,18 +312,12 @@ static void test_shareable(void)
  * taken). */
 static void test_shareable_partial(void)
 {
-    gm_pool_t *pool;
-    gm_share_server_t *srv;
-    char path[108];
-    if (!pool_and_server("partial", &pool, &srv, path)) return;
-    gm_tag_t t = new_tag("extents.share.partial");
+    server_t s;
+    gm_pool_t *pool = pool_and_server("partial", &s);
+    if (!pool) return;
     tblock_t c[3];
-    layout(pool, t, c, 500);
-    CHECK_OK(gm_offload(pool, t, 0, NULL));
-    CHECK_OK(gm_restore(pool, t, NULL));
-    void *where = c[1].p;
-    CHECK_OK(gm_free(pool, c[1].p, NULL));
-    c[1].p = NULL;
+    gm_tag_t t = layout(pool, "extents.share.partial", c, 500);
+    void *where = free_restored(pool, t, c);
     /* Best fit puts both in the freed range (the only free space but the
      * arena's untouched end): the small block on the first extent's first
      * pages, the shareable one after it, on the rest of that extent. */
@@ -318,17 +325,15 @@ static void test_shareable_partial(void)
     CHECK_OK(gm_alloc(pool, 3 * MiB, NULL, &small));
     CHECK_OK(gm_memset(pool, small, 0x33, 3 * MiB, NULL));
     CHECK_OK(gm_alloc_shareable(pool, 24 * MiB, NULL, &sh2));
-    if ((uintptr_t)small < (uintptr_t)where || (uintptr_t)small >= (uintptr_t)where + BIG)
-        fprintf(stderr, "  note: the small block lies at %p, outside the freed block %p\n", small,
-                where);
+    note_if_outside("small block", small, where);
     CHECK_OK(gm_memset(pool, sh2, 0x44, 24 * MiB, NULL));
-    CHECK_OK(gm_share_publish(srv, "ext.sh2", sh2, 24 * MiB, GM_SHARE_READ_WRITE, NULL, NULL));
+    CHECK_OK(gm_share_publish(s.srv, "ext.sh2", sh2, 24 * MiB, GM_SHARE_READ_WRITE, NULL, NULL));
     CHECK(dev_check_byte(pool, small, 3 * MiB, 0x33, NULL, "small block on the extent"));
     CHECK(dev_check_byte(pool, sh2, 24 * MiB, 0x44, NULL, "shareable block"));
     CHECK(check_all(pool, c, 3, "neighbours"));
     CHECK_OK(gm_pool_check(pool));
     void *left[2] = {sh2, small};
-    server_and_pool_done(pool, srv, path, left, 2, c, 3);
+    server_and_pool_done(pool, &s, left, 2, c, 3);
 }
 
 /* ---- a failing call while an extent is made or given back --------------------- */
@@ -342,9 +347,8 @@ static void one_fault(int kind, unsigned long nth, bool at_offload, uint64_t see
     if (!pool) return;
     char name[64];
     snprintf(name, sizeof name, "extents.fault.%s.%d", at_offload ? "o" : "r", kind);
-    gm_tag_t t = new_tag(name);
     tblock_t b[3];
-    layout(pool, t, b, seed);
+    gm_tag_t t = layout(pool, name, b, seed);
     CHECK_OK(gm_offload(pool, t, 0, NULL));
     gm_stats_t off = pool_stats_of(pool);
     if (at_offload) CHECK_OK(gm_restore(pool, t, NULL));
