@@ -205,15 +205,24 @@ static void settle(const char *what, uint64_t dropped0, int want_drop)
     CHECK(fd_count() == g_fd_base);
 }
 
+/* A raw connection to the server, checked; the peers the server has
+ * dropped so far, read just before, in *d0 (where settle starts). */
+static int raw_peer(uint64_t *d0)
+{
+    *d0 = sstats(sp).peers_dropped;
+    int st;
+    int fd = raw_connect(g_path, &st);
+    CHECK(fd >= 0 && st == GM_OK);
+    return fd;
+}
+
 /* One hostile connection: send buf (with descriptors), the server must
  * hang up; then settle. */
 static void one_raw(const char *what, const void *buf, size_t len, const int *fds, int nfds,
                     int want_drop)
 {
-    uint64_t d0 = sstats(sp).peers_dropped;
-    int st;
-    int fd = raw_connect(g_path, &st);
-    CHECK(fd >= 0 && st == GM_OK);
+    uint64_t d0;
+    int fd = raw_peer(&d0);
     if (fd < 0) return;
     CHECK(send_raw(fd, buf, len, fds, nfds) == 0);
     int closed = wait_closed(fd, 2000);
@@ -232,10 +241,8 @@ static void one_msg(const char *what, const gm__share_msg_t *m)
  * (m->id is set to the import's id when m->id == 1). */
 static void after_import(const char *what, gm__share_msg_t m, int want_drop)
 {
-    uint64_t d0 = sstats(sp).peers_dropped;
-    int st;
-    int fd = raw_connect(g_path, &st);
-    CHECK(fd >= 0 && st == GM_OK);
+    uint64_t d0;
+    int fd = raw_peer(&d0);
     if (fd < 0) return;
     gm__share_msg_t r;
     memset(&r, 0, sizeof r);
@@ -262,10 +269,8 @@ static void with_fds(const char *what, const gm__share_msg_t *m, int nfds)
     CHECK(pipe2(pp, O_CLOEXEC) == 0);
     int fds[253];
     for (int i = 0; i < nfds; i++) fds[i] = pp[1];
-    uint64_t d0 = sstats(sp).peers_dropped;
-    int st;
-    int fd = raw_connect(g_path, &st);
-    CHECK(fd >= 0 && st == GM_OK);
+    uint64_t d0;
+    int fd = raw_peer(&d0);
     CHECK(send_raw(fd, m, sizeof *m, fds, nfds) == 0);
     close(pp[1]);
     int closed = wait_closed(fd, 2000);
@@ -550,10 +555,8 @@ static void test_malformed(void)
     {
         /* An empty message reads like the end of the connection: the peer
          * goes; whether it is counted as dropped is not asked. */
-        uint64_t d0 = sstats(sp).peers_dropped;
-        int st;
-        int fd = raw_connect(g_path, &st);
-        CHECK(fd >= 0 && st == GM_OK);
+        uint64_t d0;
+        int fd = raw_peer(&d0);
         CHECK(send_raw(fd, &m, 0, NULL, 0) == 0);
         CHECK(wait_closed(fd, 2000));
         close(fd);
@@ -666,10 +669,8 @@ static void test_malformed(void)
     }
     /* A RELEASE twice: the second one is of nothing. */
     {
-        uint64_t d0 = sstats(sp).peers_dropped;
-        int st;
-        int fd = raw_connect(g_path, &st);
-        CHECK(fd >= 0 && st == GM_OK);
+        uint64_t d0;
+        int fd = raw_peer(&d0);
         uint64_t id = raw_import(fd, "good", NULL, NULL);
         CHECK(id != 0);
         msg_init(&m, GM__SHARE_RELEASE);
@@ -684,10 +685,8 @@ static void test_malformed(void)
     }
     /* Several imports held, then garbage: every one of them is let go. */
     {
-        uint64_t d0 = sstats(sp).peers_dropped;
-        int st;
-        int fd = raw_connect(g_path, &st);
-        CHECK(fd >= 0 && st == GM_OK);
+        uint64_t d0;
+        int fd = raw_peer(&d0);
         for (int i = 0; i < 3; i++) CHECK(raw_import(fd, "good", NULL, NULL) != 0);
         CHECK(raw_import(fd, "tok", "t0k3n", NULL) != 0);
         WAIT_FOR(sstats(sp).exported_bytes == 3 * G_SIZE + 2 * g_page, SERVER_MS);
@@ -706,10 +705,8 @@ static void test_well_formed_raw(void)
     gm__share_msg_t m;
     /* A whole import by hand: the descriptors come, one per page. */
     {
-        uint64_t d0 = sstats(sp).peers_dropped;
-        int st;
-        int fd = raw_connect(g_path, &st);
-        CHECK(fd >= 0 && st == GM_OK);
+        uint64_t d0;
+        int fd = raw_peer(&d0);
         gm__share_msg_t r;
         uint64_t id = raw_import(fd, "good", NULL, &r);
         CHECK(id != 0 && r.page_size == g_page && r.npages == G_SIZE / g_page);
@@ -761,10 +758,8 @@ static void test_well_formed_raw(void)
     /* Mid-import: IMPORT, then the peer goes without a PAGES. */
     {
         msg_init(&m, GM__SHARE_IMPORT); /* after_import sends m: nothing here */
-        uint64_t d0 = sstats(sp).peers_dropped;
-        int st;
-        int fd = raw_connect(g_path, &st);
-        CHECK(fd >= 0 && st == GM_OK);
+        uint64_t d0;
+        int fd = raw_peer(&d0);
         for (int i = 0; i < 5; i++) CHECK(raw_import(fd, "good", NULL, NULL) != 0);
         WAIT_FOR(sstats(sp).exported_bytes == 5 * G_SIZE, SERVER_MS);
         CHECK(sstats(sp).exported_bytes == 5 * G_SIZE && sstats(sp).peers == 1);
@@ -773,10 +768,8 @@ static void test_well_formed_raw(void)
     }
     /* Mid-PAGES: half the pages taken, then gone (shutdown, then close). */
     {
-        uint64_t d0 = sstats(sp).peers_dropped;
-        int st;
-        int fd = raw_connect(g_path, &st);
-        CHECK(fd >= 0 && st == GM_OK);
+        uint64_t d0;
+        int fd = raw_peer(&d0);
         uint64_t id = raw_import(fd, "good", NULL, NULL);
         msg_init(&m, GM__SHARE_PAGES);
         m.id = id;
@@ -861,6 +854,27 @@ static int wait_progress_u64(uint64_t (*value)(void), uint64_t want)
     return 1;
 }
 
+/* Send m over fd up to want times without reading a reply; sending stops
+ * only once the server has taken no request for SERVER_MS (how fast it
+ * reads is the machine's business).  How many were sent. */
+static int send_unread(int fd, const gm__share_msg_t *m, int want)
+{
+    int sent = 0;
+    double end = now_ms() + SERVER_MS;
+    while (fd >= 0 && sent < want && now_ms() < end) {
+        ssize_t n = send(fd, m, sizeof *m, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n == (ssize_t)sizeof *m) {
+            sent++;
+            end = now_ms() + SERVER_MS;
+            continue;
+        }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) break;
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        poll(&p, 1, 100);
+    }
+    return sent;
+}
+
 /* Requests without reading the replies: the server must not block on us. */
 static void test_flood(void)
 {
@@ -872,21 +886,7 @@ static void test_flood(void)
     enum { NIMP = 3000, NPAGES = 2000 };
     gm__share_msg_t m;
     msg_import(&m, "good", NULL);
-    int sent = 0;
-    /* Sending stops only once the server has taken no request for
-     * SERVER_MS: how fast it reads is the machine's business. */
-    double end = now_ms() + SERVER_MS;
-    while (fa >= 0 && sent < NIMP && now_ms() < end) {
-        ssize_t n = send(fa, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n == (ssize_t)sizeof m) {
-            sent++;
-            end = now_ms() + SERVER_MS;
-            continue;
-        }
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) break;
-        struct pollfd p = {.fd = fa, .events = POLLOUT};
-        poll(&p, 1, 100);
-    }
+    int sent = send_unread(fa, &m, NIMP);
     CHECK(sent == NIMP);
     wait_progress_u64(&exported_now, (uint64_t)sent * G_SIZE);
     CHECK(sstats(sp).exported_bytes == (uint64_t)sent * G_SIZE);
@@ -899,19 +899,7 @@ static void test_flood(void)
     msg_init(&m, GM__SHARE_PAGES);
     m.id = id;
     m.count = G_SIZE / g_page;
-    int sentb = 0;
-    end = now_ms() + SERVER_MS;
-    while (fb >= 0 && sentb < NPAGES && now_ms() < end) {
-        ssize_t n = send(fb, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n == (ssize_t)sizeof m) {
-            sentb++;
-            end = now_ms() + SERVER_MS;
-            continue;
-        }
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) break;
-        struct pollfd p = {.fd = fb, .events = POLLOUT};
-        poll(&p, 1, 100);
-    }
+    int sentb = send_unread(fb, &m, NPAGES);
     CHECK(sentb == NPAGES);
     /* Until the server has read every request we sent (as long as it gets
      * on with them). */
