@@ -207,11 +207,7 @@ static void test_print_throughput(void)
 
 int main(void)
 {
-    if (!run_or_skip(sim_asked(), "test_copy: needs the sim backend; skipped"))
-        return 77; /* skipped (ctest SKIP_RETURN_CODE) */
-    test_round_trips();
-    test_held_stream();
-    test_faults();
-    test_print_throughput();
-    return test_summary();
+    static void (*const tests[])(void) = {test_round_trips, test_held_stream, test_faults,
+                                          test_print_throughput};
+    return sim_tests_main("test_copy", tests, sizeof tests / sizeof tests[0]);
 }

@@ -216,11 +216,6 @@ static void test_cost_model(void)
 
 int main(void)
 {
-    if (!run_or_skip(sim_asked(), "test_host: needs the sim backend; skipped"))
-        return 77; /* skipped (ctest SKIP_RETURN_CODE) */
-    test_basic();
-    test_stream_rule();
-    test_faults();
-    test_cost_model();
-    return test_summary();
+    static void (*const tests[])(void) = {test_basic, test_stream_rule, test_faults, test_cost_model};
+    return sim_tests_main("test_host", tests, sizeof tests / sizeof tests[0]);
 }

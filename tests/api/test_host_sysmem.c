@@ -111,10 +111,6 @@ static void test_env(void)
 
 int main(void)
 {
-    if (!run_or_skip(sim_asked(), "test_host_sysmem: needs the sim backend; skipped"))
-        return 77; /* skipped (ctest SKIP_RETURN_CODE) */
-    test_off();
-    test_on();
-    test_env();
-    return test_summary();
+    static void (*const tests[])(void) = {test_off, test_on, test_env};
+    return sim_tests_main("test_host_sysmem", tests, sizeof tests / sizeof tests[0]);
 }

@@ -53,6 +53,18 @@ static inline int run_or_skip(int run, const char *skip_line)
     return run;
 }
 
+/* The main of a test program that needs the sim: runs tests[0..n) in turn
+ * and returns test_summary(); on another backend says "NAME: needs the sim
+ * backend; skipped" and returns 77 (ctest's SKIP_RETURN_CODE). */
+static inline int sim_tests_main(const char *name, void (*const tests[])(void), size_t n)
+{
+    char line[160];
+    snprintf(line, sizeof line, "%s: needs the sim backend; skipped", name);
+    if (!run_or_skip(sim_asked(), line)) return 77;
+    for (size_t i = 0; i < n; i++) tests[i]();
+    return test_summary();
+}
+
 /* The stream rule's first half, for device and host blocks alike: a block
  * of n bytes allocated on S and freed there while S is held (its work not
  * done) comes back at once to the next request on S.  Returns that block,
