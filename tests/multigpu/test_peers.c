@@ -85,6 +85,13 @@ static int new_pool_info(int device, uint64_t peers, unsigned flags, gm_device_i
     return 1;
 }
 
+/* gm_config_from_env(cfg) with `var` set to `value` (left set). */
+static int config_with(const char *var, const char *value, gm_pool_config_t *cfg)
+{
+    setenv(var, value, 1);
+    return gm_config_from_env(cfg);
+}
+
 static void fill_pattern(unsigned char *p, size_t n, unsigned seed)
 {
     lcg_bytes(p, n, seed * 2654435761u + 1);
@@ -98,6 +105,15 @@ static int same_pattern(const unsigned char *p, size_t n, unsigned seed)
     int ok = memcmp(p, want, n) == 0;
     free(want);
     return ok;
+}
+
+/* Read n bytes at src through `via` into r (cleared first): do they hold
+ * pattern `seed`?  The copy is a CHECK of its own. */
+static int read_holds(gm_pool_t *via, unsigned char *r, const void *src, size_t n, unsigned seed)
+{
+    memset(r, 0, n);
+    CHECK_OK(gm_memcpy(via, r, src, n, NULL));
+    return same_pattern(r, n, seed);
 }
 
 /* (a) No grant: refused both ways, nothing changed; own copies work. */
@@ -143,9 +159,7 @@ static void test_refused(void)
 
     /* Device 0's own copy works, and the bytes are right. */
     CHECK_OK(gm_memcpy(p0, a2, a, n, NULL));
-    memset(r, 0, n);
-    CHECK_OK(gm_memcpy(p0, r, a2, n, NULL));
-    CHECK(same_pattern(r, n, 1));
+    CHECK(read_holds(p0, r, a2, n, 1));
     CHECK(info_of(p0).peers == 0 && info_of(p1).peers == 0);
     free(h);
     free(r);
@@ -180,22 +194,16 @@ static void test_granted(void)
     fill_pattern(h, n, 3);
     CHECK_OK(gm_memcpy(p0, a, h, n, NULL));
     CHECK_OK(gm_memcpy(p1, b, a, n, NULL));
-    memset(r, 0, n);
-    CHECK_OK(gm_memcpy(p1, r, b, n, NULL));
-    CHECK(same_pattern(r, n, 3));
+    CHECK(read_holds(p1, r, b, n, 3));
     /* Device 1 reads straight into host memory too. */
-    memset(r, 0, n);
-    CHECK_OK(gm_memcpy(p1, r, a, n, NULL));
-    CHECK(same_pattern(r, n, 3));
+    CHECK(read_holds(p1, r, a, n, 3));
 
     /* Device 1 writes pool0's memory (from its own and from the host); read
      * back through pool0. */
     fill_pattern(h, n, 4);
     CHECK_OK(gm_memcpy(p1, b, h, n, NULL));
     CHECK_OK(gm_memcpy(p1, a, b, n, NULL));
-    memset(r, 0, n);
-    CHECK_OK(gm_memcpy(p0, r, a, n, NULL));
-    CHECK(same_pattern(r, n, 4));
+    CHECK(read_holds(p0, r, a, n, 4));
     CHECK_OK(gm_memset(p1, (char *)a + 100, 0x3c, 1000, NULL));
     CHECK_OK(gm_memcpy(p0, r, a, 2000, NULL));
     int ok = 1;
@@ -410,26 +418,20 @@ static void test_env(void)
     unsetenv("GPUMEM_BACKEND");
     unsetenv("GPUMEM_SIM_CAPACITY");
 
-    setenv("GPUMEM_NCCL", "1", 1);
-    CHECK_OK(gm_config_from_env(&cfg));
+    CHECK_OK(config_with("GPUMEM_NCCL", "1", &cfg));
     CHECK((cfg.flags & GM_POOL_NCCL) && !(cfg.flags & GM_POOL_COMPRESSIBLE));
-    setenv("GPUMEM_NCCL", "0", 1);
-    CHECK_OK(gm_config_from_env(&cfg));
+    CHECK_OK(config_with("GPUMEM_NCCL", "0", &cfg));
     CHECK(!(cfg.flags & GM_POOL_NCCL));
-    setenv("GPUMEM_NCCL", "yes", 1);
-    CHECK_RC(gm_config_from_env(&cfg), GM_INVALID_ARGUMENT);
+    CHECK_RC(config_with("GPUMEM_NCCL", "yes", &cfg), GM_INVALID_ARGUMENT);
     CHECK(says("GPUMEM_NCCL", NULL));
     unsetenv("GPUMEM_NCCL");
 
-    setenv("GPUMEM_COMPRESSIBLE", "1", 1);
-    CHECK_OK(gm_config_from_env(&cfg));
+    CHECK_OK(config_with("GPUMEM_COMPRESSIBLE", "1", &cfg));
     CHECK((cfg.flags & GM_POOL_COMPRESSIBLE) && !(cfg.flags & GM_POOL_NCCL));
-    setenv("GPUMEM_NCCL", "1", 1);
-    CHECK_OK(gm_config_from_env(&cfg));
+    CHECK_OK(config_with("GPUMEM_NCCL", "1", &cfg));
     CHECK((cfg.flags & (GM_POOL_COMPRESSIBLE | GM_POOL_NCCL)) ==
           (GM_POOL_COMPRESSIBLE | GM_POOL_NCCL));
-    setenv("GPUMEM_COMPRESSIBLE", "2", 1);
-    CHECK_RC(gm_config_from_env(&cfg), GM_INVALID_ARGUMENT);
+    CHECK_RC(config_with("GPUMEM_COMPRESSIBLE", "2", &cfg), GM_INVALID_ARGUMENT);
     unsetenv("GPUMEM_COMPRESSIBLE");
     unsetenv("GPUMEM_NCCL");
     CHECK_OK(gm_config_from_env(&cfg));
@@ -510,9 +512,7 @@ static void test_destroy_one(void)
     void *c = NULL;
     CHECK_OK(gm_alloc(p1, 20 * MiB, NULL, &c));
     CHECK_OK(gm_memcpy(p1, (char *)c + 19 * MiB, b, MiB, NULL));
-    memset(r, 0, MiB);
-    CHECK_OK(gm_memcpy(p1, r, (char *)c + 19 * MiB, MiB, NULL));
-    CHECK(same_pattern(r, MiB, 77));
+    CHECK(read_holds(p1, r, (char *)c + 19 * MiB, MiB, 77));
     unsigned char one = 0;
     CHECK_OK(gm_memcpy(p1, &one, (char *)b + 2 * MiB, 1, NULL));
     CHECK(one == 0x11);
@@ -527,9 +527,7 @@ static void test_destroy_one(void)
         void *x = NULL;
         CHECK_OK(gm_alloc(q0, MiB, NULL, &x));
         CHECK_OK(gm_memcpy(p1, x, h, MiB, NULL));
-        memset(r, 0, MiB);
-        CHECK_OK(gm_memcpy(q0, r, x, MiB, NULL));
-        CHECK(same_pattern(r, MiB, 77));
+        CHECK(read_holds(q0, r, x, MiB, 77));
         CHECK_OK(gm_free(q0, x, NULL));
         gm_pool_destroy(q0);
     } else CHECK(0);
