@@ -260,6 +260,20 @@ static inline void jfield_arr(FILE *f, const char *key, const double *v, int n)
     jarr(f, v, n);
 }
 
+/* < 0: null (not measured) */
+static inline void jfield_bool(FILE *f, const char *key, int v)
+{
+    jkey(f, key);
+    jbool(f, v);
+}
+
+/* NULL: null */
+static inline void jfield_str(FILE *f, const char *key, const char *s)
+{
+    jkey(f, key);
+    if (s) jstr(f, s); else fputs("null", f);
+}
+
 /* The first fields of every result: {"date", "command", "gpu", "backend",
  * "driver_version" (the last three null when no pool was made: !ok),
  * "commit"; the bench's fields follow. */
@@ -325,7 +339,7 @@ static inline void md_runs(FILE *f, const char *before, const double *v, int n, 
 
 /* A row of the figures' table, "| label | v[0]; v[1]… | goal | met |": each
  * value with fmt ("—" for NAN); goal NULL: none (and no met). */
-static inline void md_row(FILE *f, const char *label, const double *v, int n, const char *fmt,
+static inline void md_figure(FILE *f, const char *label, const double *v, int n, const char *fmt,
                           const char *goal, const char *met)
 {
     fprintf(f, "| %s | ", label);
@@ -397,6 +411,28 @@ static inline FILE *bench_open(const char *path, int *status)
 static inline void bench_close(FILE *f, int *status)
 {
     if (f != stdout && fclose(f) != 0) *status = 1;
+}
+
+/* A bench's writer of one result file: f, its results, their label. */
+typedef void (*bench_writer_fn)(FILE *f, const void *results, const bench_label_t *l);
+
+/* The result files: json(f, results, l) into json_path (stdout without one,
+ * or when it cannot be written), then md(...) into md_path when there is
+ * one.  The exit status: 1 after failures or a file not all written, else 0. */
+static inline int bench_write(const char *json_path, const char *md_path, bench_writer_fn json,
+                              bench_writer_fn md, const void *results, const bench_label_t *l)
+{
+    int status = g_nerrors ? 1 : 0;
+    FILE *jf = json_path ? bench_open(json_path, &status) : stdout;
+    if (!jf) jf = stdout;
+    json(jf, results, l);
+    bench_close(jf, &status);
+    FILE *mf = md_path ? bench_open(md_path, &status) : NULL;
+    if (mf) {
+        md(mf, results, l);
+        bench_close(mf, &status);
+    }
+    return status;
 }
 
 #endif /* GM_BENCH_UTIL_H */

@@ -248,6 +248,18 @@ typedef struct kid {
     bool reaped;
 } kid_t;
 
+/* fork(), the output flushed first: in the coordinator the child's pid,
+ * tracked (tests/lib/procs kills it at exit), or -1 (recorded: `what`
+ * could not fork); 0 in the child. */
+static pid_t fork_tracked(const char *what)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) add_error("%s: fork: %s", what, strerror(errno));
+    if (pid > 0) tp_track(pid);
+    return pid;
+}
+
 /* Fork a child that runs fn(arg) in slot `slot` and exits.  -1 (recorded)
  * on failure. */
 static int spawn(kid_t *k, int slot, child_fn fn, const void *arg, const char *ctx)
@@ -255,12 +267,8 @@ static int spawn(kid_t *k, int slot, child_fn fn, const void *arg, const char *c
     memset(k, 0, sizeof *k);
     k->slot = slot;
     slot_reset(slot);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) {
-        add_error("%s: fork: %s", ctx, strerror(errno));
-        return -1;
-    }
+    pid_t pid = fork_tracked(ctx);
+    if (pid < 0) return -1;
     if (pid == 0) {
         g_slot = slot;
         signal(SIGPIPE, SIG_DFL);
@@ -269,7 +277,6 @@ static int spawn(kid_t *k, int slot, child_fn fn, const void *arg, const char *c
         _exit(0);
     }
     k->pid = pid;
-    tp_track(pid);
     return 0;
 }
 
@@ -292,6 +299,35 @@ static void kill_kid(kid_t *k)
     mark_reaped(k, st);
 }
 
+/* Reap the child if it has exited, without waiting: 1 when it had, 0 when
+ * it runs, -1 when waitpid failed (errno). */
+static int reap_if_exited(kid_t *k)
+{
+    int st = 0;
+    pid_t r = waitpid(k->pid, &st, WNOHANG);
+    if (r != k->pid) return r < 0 ? -1 : 0;
+    mark_reaped(k, st);
+    return 1;
+}
+
+/* After `end`: the child killed, and recorded as not having done `what` in
+ * timeout_s; true.  Before it: false. */
+static bool overdue(kid_t *k, double end, double timeout_s, const char *ctx, const char *what)
+{
+    if (now() <= end) return false;
+    add_error("%s: child %d (pid %d) %s in %.0f s (killed)", ctx, k->slot, (int)k->pid, what,
+              timeout_s);
+    kill_kid(k);
+    return true;
+}
+
+/* How the child ended, in words ("is gone" when it was not reaped here). */
+static void how_it_ended(const kid_t *k, char *how, size_t cap)
+{
+    snprintf(how, cap, "is gone");
+    if (k->reaped) describe_status(k->status, how, cap);
+}
+
 /* Wait until the child's slot reaches `want`.  0, or -1 (recorded, the
  * child killed) when it failed, exited or did not get there in time. */
 static int wait_state(kid_t *k, int want, double timeout_s, const char *ctx)
@@ -306,26 +342,14 @@ static int wait_state(kid_t *k, int want, double timeout_s, const char *ctx)
             kill_kid(k);
             return -1;
         }
-        if (k->pid > 0) {
-            int ws = 0;
-            pid_t r = waitpid(k->pid, &ws, WNOHANG);
-            if (r == k->pid) {
-                mark_reaped(k, ws);
-                continue; /* its last word may be in the slot */
-            }
-        }
+        if (k->pid > 0 && reap_if_exited(k) == 1) continue; /* its last word may be in the slot */
         if (k->pid <= 0) {
-            char how[128] = "is gone";
-            if (k->reaped) describe_status(k->status, how, sizeof how);
+            char how[128];
+            how_it_ended(k, how, sizeof how);
             add_error("%s: child %d %s while the coordinator waited for it", ctx, k->slot, how);
             return -1;
         }
-        if (now() > end) {
-            add_error("%s: child %d (pid %d) did not get there in %.0f s (killed)", ctx, k->slot,
-                      (int)k->pid, timeout_s);
-            kill_kid(k);
-            return -1;
-        }
+        if (overdue(k, end, timeout_s, ctx, "did not get there")) return -1;
         sleep_us(500);
     }
 }
@@ -335,29 +359,20 @@ static int finish(kid_t *k, double timeout_s, const char *ctx)
 {
     double end = now() + timeout_s;
     while (k->pid > 0) {
-        int st = 0;
-        pid_t r = waitpid(k->pid, &st, WNOHANG);
-        if (r == k->pid) {
-            mark_reaped(k, st);
-            break;
-        }
+        int r = reap_if_exited(k);
+        if (r == 1) break;
         if (r < 0 && errno != EINTR) {
             add_error("%s: waitpid: %s", ctx, strerror(errno));
             tp_untrack(k->pid);
             k->pid = 0;
             return -1;
         }
-        if (now() > end) {
-            add_error("%s: child %d (pid %d) did not exit in %.0f s (killed)", ctx, k->slot,
-                      (int)k->pid, timeout_s);
-            kill_kid(k);
-            return -1;
-        }
+        if (overdue(k, end, timeout_s, ctx, "did not exit")) return -1;
         sleep_us(1000);
     }
     if (k->reaped && WIFEXITED(k->status) && WEXITSTATUS(k->status) == 0) return 0;
-    char how[128] = "is gone";
-    if (k->reaped) describe_status(k->status, how, sizeof how);
+    char how[128];
+    how_it_ended(k, how, sizeof how);
     slot_t *s = &g_sh->slot[k->slot];
     add_error("%s: child %d %s at its end%s%.400s", ctx, k->slot, how,
               s->err[0] ? ": " : "", s->err);
@@ -434,12 +449,10 @@ static int broker_start(broker_t *b, const char *name, uint64_t quota, uint64_t 
         add_error("broker %s: cannot write %s", name, b->conf);
         return -1;
     }
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) {
-        add_error("broker %s: fork: %s", name, strerror(errno));
-        return -1;
-    }
+    char what[64];
+    snprintf(what, sizeof what, "broker %s", name);
+    pid_t pid = fork_tracked(what);
+    if (pid < 0) return -1;
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != g_coordinator) _exit(3);
@@ -453,7 +466,6 @@ static int broker_start(broker_t *b, const char *name, uint64_t quota, uint64_t 
         _exit(gm_cli_broker(3, argv));
     }
     b->pid = pid;
-    tp_track(pid);
     double end = now() + BROKER_WAIT_S;
     for (;;) {
         gm_broker_tenant_t t;
@@ -1147,13 +1159,7 @@ static void run_reclaim(reclaim_res_t *r, const info_t *info, uint64_t bytes, in
         double t0 = now(), t_exit = NAN, t_back = NAN;
         kill(k.pid, SIGKILL);
         while (now() - t0 < RECLAIM_WAIT_S) {
-            if (isnan(t_exit) && k.pid > 0) {
-                int st;
-                if (waitpid(k.pid, &st, WNOHANG) == k.pid) {
-                    t_exit = now();
-                    mark_reaped(&k, st);
-                }
-            }
+            if (isnan(t_exit) && k.pid > 0 && reap_if_exited(&k) == 1) t_exit = now();
             if (books(&b, &t, NULL) == 0 && t.used <= base) {
                 t_back = now();
                 break;
@@ -1308,16 +1314,19 @@ typedef struct results {
 
 static int met_le(double v, double goal) { return isnan(v) ? -1 : v <= goal; }
 
-static void write_json(FILE *f, const results_t *r, const char *date, const char *command,
-                       const char *commit)
+/* A figure of the kernel's count: NAN when it was not taken (not the sim). */
+static double kernel_fig(const race_res_t *ra, uint64_t v) { return ra->kernel ? (double)v : NAN; }
+
+static void write_json(FILE *f, const void *results, const bench_label_t *l)
 {
+    const results_t *r = results;
     const race_res_t *ra = &r->race;
     const lease_res_t *le = &r->lease;
     const reclaim_res_t *rc = &r->reclaim;
     const steady_res_t *st = &r->steady;
-    jhead(f, date, command, r->info.ok, r->info.device_name, r->info.backend_name,
-          r->info.driver_version, commit);
-    jfield(f, "page_bytes", (double)r->info.granularity);
+    jhead(f, l->date, l->command, r->info.ok, r->info.device_name, r->info.backend_name,
+          r->info.driver_version, l->commit);
+    jfield(f, "page_bytes", r->info.granularity);
     jfield(f, "clients", ra->ran ? ra->ready : NAN);
     jfield(f, "clients_asked", ra->ran ? ra->clients : NAN);
     jfield(f, "quota_bytes", ra->ran ? (double)ra->quota : NAN);
@@ -1336,80 +1345,66 @@ static void write_json(FILE *f, const results_t *r, const char *date, const char
     jsizes(f, "steady_alloc_ns", st->broker, st->ok);
     jsizes(f, "steady_alloc_ns_local", st->local, st->ok);
     jsizes(f, "steady_alloc_ratio", r->ratio, st->ok);
-    jkey(f, "steady_alloc_no_slower");
-    jbool(f, r->no_slower);
+    jfield_bool(f, "steady_alloc_no_slower", r->no_slower);
     fprintf(f, ",\"goals\":{\"quota_overshoot_bytes\":0,\"reclaim_ms\":1000,"
                "\"steady_alloc_ratio\":%.2f}", STEADY_TOLERANCE);
     fputs(",\"meets\":{\"quota_overshoot_bytes\":", f);
     jbool(f, isnan(r->overshoot) ? -1 : r->overshoot == 0);
-    jkey(f, "reclaim_ms");
-    jbool(f, met_le(r->reclaim_ms, 1000));
-    jkey(f, "reclaim_max_ms");
-    jbool(f, met_le(r->reclaim_max, 1000));
-    jkey(f, "steady_alloc_no_slower");
-    jbool(f, r->no_slower);
+    jfield_bool(f, "reclaim_ms", met_le(r->reclaim_ms, 1000));
+    jfield_bool(f, "reclaim_max_ms", met_le(r->reclaim_max, 1000));
+    jfield_bool(f, "steady_alloc_no_slower", r->no_slower);
     fputs("}", f);
     fputs(",\"details\":{\"parts\":", f);
     jstr(f, r->parts);
-    jkey(f, "quick");
-    jbool(f, r->quick);
+    jfield_bool(f, "quick", r->quick);
     fputs(",\"race\":{\"ran\":", f);
     jbool(f, ra->ran);
     jfield(f, "clients_ready", ra->ready);
     jfield(f, "seconds", ra->seconds);
-    jfield(f, "capacity_bytes", (double)ra->capacity);
-    jfield(f, "books_samples", (double)ra->samples);
-    jfield(f, "books_query_failures", (double)ra->query_failures);
-    jfield(f, "books_max_used_bytes", (double)ra->books_max_used);
-    jfield(f, "books_peak_bytes", (double)ra->books_peak);
-    jfield(f, "freezes", (double)ra->freezes);
-    jfield(f, "freezes_counted", (double)ra->freezes_counted);
-    jfield(f, "freeze_timeouts", (double)ra->freeze_timeouts);
+    jfield(f, "capacity_bytes", ra->capacity);
+    jfield(f, "books_samples", ra->samples);
+    jfield(f, "books_query_failures", ra->query_failures);
+    jfield(f, "books_max_used_bytes", ra->books_max_used);
+    jfield(f, "books_peak_bytes", ra->books_peak);
+    jfield(f, "freezes", ra->freezes);
+    jfield(f, "freezes_counted", ra->freezes_counted);
+    jfield(f, "freeze_timeouts", ra->freeze_timeouts);
     jfield(f, "freeze_ms_median", ra->freeze_ms_median);
     jfield(f, "freeze_ms_max", ra->freeze_ms_max);
-    jfield(f, "clients_counted_max_bytes", (double)ra->counted_max);
-    jfield(f, "clients_published_max_bytes", (double)ra->naive_max);
-    jfield(f, "clients_upper_bound_max_bytes", (double)ra->counted_upper_max);
-    jkey(f, "selftest");
-    jbool(f, ra->selftest);
+    jfield(f, "clients_counted_max_bytes", ra->counted_max);
+    jfield(f, "clients_published_max_bytes", ra->naive_max);
+    jfield(f, "clients_upper_bound_max_bytes", ra->counted_upper_max);
+    jfield_bool(f, "selftest", ra->selftest);
     jfield(f, "reclaim_ms_config", RACE_RECLAIM_MS);
-    jkey(f, "kernel_count");
-    jbool(f, ra->kernel);
-    jfield(f, "kernel_max_bytes", ra->kernel ? (double)ra->kernel_max : NAN);
-    jfield(f, "kernel_shared_pages_max", ra->kernel ? (double)ra->shared_pages_max : NAN);
-    jfield(f, "kernel_over_books_max_bytes", ra->kernel ? (double)ra->kernel_over_books_max : NAN);
-    jfield(f, "refusals", (double)ra->refusals);
-    jfield(f, "reclaims", (double)ra->reclaims);
-    jfield(f, "used_after_bytes", (double)ra->used_after);
-    jfield(f, "client_ops", (double)ra->ops);
-    jfield(f, "client_allocs", (double)ra->allocs);
-    jfield(f, "client_limit_refusals", (double)ra->limit_refusals);
-    jfield(f, "client_oom_refusals", (double)ra->oom_refusals);
-    jfield(f, "client_trims", (double)ra->trims);
+    jfield_bool(f, "kernel_count", ra->kernel);
+    jfield(f, "kernel_max_bytes", kernel_fig(ra, ra->kernel_max));
+    jfield(f, "kernel_shared_pages_max", kernel_fig(ra, ra->shared_pages_max));
+    jfield(f, "kernel_over_books_max_bytes", kernel_fig(ra, ra->kernel_over_books_max));
+    jfield(f, "refusals", ra->refusals);
+    jfield(f, "reclaims", ra->reclaims);
+    jfield(f, "used_after_bytes", ra->used_after);
+    jfield(f, "client_ops", ra->ops);
+    jfield(f, "client_allocs", ra->allocs);
+    jfield(f, "client_limit_refusals", ra->limit_refusals);
+    jfield(f, "client_oom_refusals", ra->oom_refusals);
+    jfield(f, "client_trims", ra->trims);
     fputs("},\"lease\":{\"bytes\":", f);
     jnum(f, (double)LEASE_BYTES);
-    jkey(f, "warm_runs_us");
-    jarr(f, le->warm, le->n);
-    jkey(f, "warm_backend_runs_us");
-    jarr(f, le->warm_bk, le->n);
-    jkey(f, "cold_runs_us");
-    jarr(f, le->cold, le->n_cold);
-    jkey(f, "cold_backend_runs_us");
-    jarr(f, le->cold_bk, le->n_cold);
-    jkey(f, "local_runs_us");
-    jarr(f, le->local, le->n_local);
-    jkey(f, "local_backend_runs_us");
-    jarr(f, le->local_bk, le->n_local);
+    jfield_arr(f, "warm_runs_us", le->warm, le->n);
+    jfield_arr(f, "warm_backend_runs_us", le->warm_bk, le->n);
+    jfield_arr(f, "cold_runs_us", le->cold, le->n_cold);
+    jfield_arr(f, "cold_backend_runs_us", le->cold_bk, le->n_cold);
+    jfield_arr(f, "local_runs_us", le->local, le->n_local);
+    jfield_arr(f, "local_backend_runs_us", le->local_bk, le->n_local);
     jfield(f, "warm_backend_us", median_of(le->warm_bk, le->n));
     jfield(f, "cold_backend_us", median_of(le->cold_bk, le->n_cold));
     jfield(f, "local_backend_us", median_of(le->local_bk, le->n_local));
-    jfield(f, "odd_runs_warm", (double)le->odd_warm);
-    jfield(f, "odd_runs_cold", (double)le->odd_cold);
-    jfield(f, "odd_runs_local", (double)le->odd_local);
+    jfield(f, "odd_runs_warm", le->odd_warm);
+    jfield(f, "odd_runs_cold", le->odd_cold);
+    jfield(f, "odd_runs_local", le->odd_local);
     fputs("},\"reclaim\":{\"runs_ms\":", f);
     jarr(f, rc->ms, rc->n);
-    jkey(f, "exit_runs_ms");
-    jarr(f, rc->exit_ms, rc->n);
+    jfield_arr(f, "exit_runs_ms", rc->exit_ms, rc->n);
     jfield(f, "timeouts", rc->timeouts);
     fputs("},\"steady\":{\"pairs_per_batch\":", f);
     jnum(f, STEADY_PAIRS);
@@ -1432,17 +1427,17 @@ static void mib(char *buf, size_t cap, double b)
     else snprintf(buf, cap, "%.4g MiB", b / (double)MiB);
 }
 
-static void write_md(FILE *f, const results_t *r, const char *date, const char *command,
-                     const char *commit)
+static void write_md(FILE *f, const void *results, const bench_label_t *l)
 {
+    const results_t *r = results;
+    char a[64], b[64], c[64];
     const race_res_t *ra = &r->race;
     const lease_res_t *le = &r->lease;
     const reclaim_res_t *rc = &r->reclaim;
     const steady_res_t *st = &r->steady;
-    char a[64], b[64], c[64], runs[1200];
-    fprintf(f, "# Broker — %s, %s\n\n", r->info.ok ? r->info.device_name : "unknown device", date);
+    fprintf(f, "# Broker — %s, %s\n\n", r->info.ok ? r->info.device_name : "unknown device", l->date);
     fprintf(f, "- command: `%s`; code: commit %s; backend %s, driver %d; pages of %" PRIu64
-               " KiB; %d failure(s)\n", command, commit, r->info.ok ? r->info.backend_name : "unknown",
+               " KiB; %d failure(s)\n", l->command, l->commit, r->info.ok ? r->info.backend_name : "unknown",
             r->info.driver_version, r->info.granularity >> 10, g_nerrors);
     fprintf(f, "- every broker is `gpumem broker`'s code (gm_cli_broker) in a forked process with a "
                "config file of its own, one tenant for this user; every client a forked process with "
@@ -1488,24 +1483,17 @@ static void write_md(FILE *f, const results_t *r, const char *date, const char *
     fputc('\n', f);
 
     fprintf(f, "| figure | value | goal | met |\n|---|---:|---:|:---:|\n");
-    fmt_num(a, sizeof a, r->overshoot, "%.0f");
-    fprintf(f, "| quota_overshoot_bytes (%d clients) | %s | 0 | %s |\n", ra->clients, a,
-            yes(isnan(r->overshoot) ? -1 : r->overshoot == 0));
-    fmt_num(a, sizeof a, ra->over_books, "%.0f");
-    fmt_num(b, sizeof b, ra->over_clients, "%.0f");
-    fmt_num(c, sizeof c, ra->over_kernel, "%.0f");
-    fprintf(f, "| — by the books; the clients' counters; the kernel | %s; %s; %s | | |\n", a, b, c);
-    fmt_num(a, sizeof a, r->lease_us, "%.0f");
-    fmt_num(b, sizeof b, r->lease_p90, "%.0f");
-    fprintf(f, "| lease_us (64 MiB, warm; p90) | %s; %s | | |\n", a, b);
-    fmt_num(a, sizeof a, r->cold_us, "%.0f");
-    fmt_num(b, sizeof b, r->cold_p90, "%.0f");
-    fprintf(f, "| lease_cold_us (p90) | %s; %s | | |\n", a, b);
-    fmt_num(a, sizeof a, r->local_us, "%.0f");
-    fprintf(f, "| lease_local_us (no broker) | %s | | |\n", a);
-    fmt_num(a, sizeof a, r->reclaim_ms, "%.2f");
-    fmt_num(b, sizeof b, r->reclaim_max, "%.2f");
-    fprintf(f, "| reclaim_ms (median; max) | %s; %s | 1000 | %s |\n", a, b, yes(met_le(r->reclaim_max, 1000)));
+    char label[64];
+    snprintf(label, sizeof label, "quota_overshoot_bytes (%d clients)", ra->clients);
+    md_figure(f, label, &r->overshoot, 1, "%.0f", "0", yes(isnan(r->overshoot) ? -1 : r->overshoot == 0));
+    md_figure(f, "— by the books; the clients' counters; the kernel",
+           (const double[]){ra->over_books, ra->over_clients, ra->over_kernel}, 3, "%.0f", NULL, NULL);
+    md_figure(f, "lease_us (64 MiB, warm; p90)", (const double[]){r->lease_us, r->lease_p90}, 2, "%.0f",
+           NULL, NULL);
+    md_figure(f, "lease_cold_us (p90)", (const double[]){r->cold_us, r->cold_p90}, 2, "%.0f", NULL, NULL);
+    md_figure(f, "lease_local_us (no broker)", &r->local_us, 1, "%.0f", NULL, NULL);
+    md_figure(f, "reclaim_ms (median; max)", (const double[]){r->reclaim_ms, r->reclaim_max}, 2, "%.2f",
+           "1000", yes(met_le(r->reclaim_max, 1000)));
     for (int k = 0; k < 3; k++) {
         fmt_num(a, sizeof a, st->ok ? st->broker[k] : NAN, "%.1f");
         fmt_num(b, sizeof b, st->ok ? st->local[k] : NAN, "%.1f");
@@ -1522,7 +1510,7 @@ static void write_md(FILE *f, const results_t *r, const char *date, const char *
         mib(q2, sizeof q2, (double)ra->books_max_used);
         mib(q3, sizeof q3, (double)ra->counted_max);
         mib(q4, sizeof q4, (double)ra->naive_max);
-        mib(q5, sizeof q5, ra->kernel ? (double)ra->kernel_max : NAN);
+        mib(q5, sizeof q5, kernel_fig(ra, ra->kernel_max));
         fprintf(f, "Race: the broker's peak %s (largest sample %s); the clients' counters at most "
                    "%s (as published, not bounded: %s); the kernel at most %s; %" PRIu64
                    " refusals and %" PRIu64 " reclaim requests by the books; the clients made %"
@@ -1536,18 +1524,13 @@ static void write_md(FILE *f, const results_t *r, const char *date, const char *
                     ra->kernel_over_books_max);
         fprintf(f, " After every client exited, the tenant held %" PRIu64 " bytes.\n\n", ra->used_after);
     }
-    fmt_runs(runs, sizeof runs, le->warm, le->n, "%.0f");
-    fprintf(f, "Runs — lease warm µs: %s", runs);
+    md_runs(f, "Runs — lease warm µs: ", le->warm, le->n, "%.0f", "");
     fmt_num(a, sizeof a, median_of(le->warm_bk, le->n), "%.0f");
     fprintf(f, " (inside backend calls, median: %s)", a);
-    fmt_runs(runs, sizeof runs, le->cold, le->n_cold, "%.0f");
-    fprintf(f, "; cold µs: %s", runs);
-    fmt_runs(runs, sizeof runs, le->local, le->n_local, "%.0f");
-    fprintf(f, "; local µs: %s", runs);
-    fmt_runs(runs, sizeof runs, rc->ms, rc->n, "%.2f");
-    fprintf(f, "; reclaim ms: %s", runs);
-    fmt_runs(runs, sizeof runs, rc->exit_ms, rc->n, "%.2f");
-    fprintf(f, " (kill() to the process reaped: %s)", runs);
+    md_runs(f, "; cold µs: ", le->cold, le->n_cold, "%.0f", "");
+    md_runs(f, "; local µs: ", le->local, le->n_local, "%.0f", "");
+    md_runs(f, "; reclaim ms: ", rc->ms, rc->n, "%.2f", "");
+    md_runs(f, " (kill() to the process reaped: ", rc->exit_ms, rc->n, "%.2f", ")");
     if (st->ok)
         fprintf(f, "; backend calls in the timed steady batches: broker pool %" PRIu64 ", local %" PRIu64,
                 st->broker_calls, st->local_calls);
@@ -1719,15 +1702,5 @@ int main(int argc, char **argv)
     }
     fprintf(stderr, "broker_bench: done in %.1f s, %d failure(s)\n", now() - t_start, g_nerrors);
 
-    int status = g_nerrors ? 1 : 0;
-    FILE *jf = json_path ? bench_open(json_path, &status) : stdout;
-    if (!jf) jf = stdout;
-    write_json(jf, &r, lbl.date, lbl.command, lbl.commit);
-    bench_close(jf, &status);
-    FILE *mf = md_path ? bench_open(md_path, &status) : NULL;
-    if (mf) {
-        write_md(mf, &r, lbl.date, lbl.command, lbl.commit);
-        bench_close(mf, &status);
-    }
-    return status;
+    return bench_write(json_path, md_path, write_json, write_md, &r, &lbl);
 }

@@ -565,10 +565,8 @@ static void jrun(FILE *f, const run_t *r, const ceiling_t *c)
     jfield(f, "host_reserved_after_offload", r->host_reserved_after);
     jfield(f, "host_reserved_end", r->host_reserved_end);
     jfield(f, "warm_host_register_calls", r->warm_host_registers);
-    jkey(f, "data_ok_first_restore");
-    jbool(f, r->data_first);
-    jkey(f, "data_ok_last_restore");
-    jbool(f, r->data_last);
+    jfield_bool(f, "data_ok_first_restore", r->data_first);
+    jfield_bool(f, "data_ok_last_restore", r->data_last);
     jfield(f, "bad_blocks", (double)r->bad_blocks);
     if (r->info_ok) {
         const gm_tag_info_t *a = &r->info_off;
@@ -607,8 +605,9 @@ static int all_verified(const results_t *res)
     return v;
 }
 
-static void write_json(FILE *f, const results_t *res, const bench_label_t *l)
+static void write_json(FILE *f, const void *results, const bench_label_t *l)
 {
+    const results_t *res = results;
     const ceiling_t *c = &res->ceiling;
     jhead(f, l->date, l->command, g_info.ok, g_info.device_name, g_info.backend_name,
           g_info.driver_version, l->commit);
@@ -667,8 +666,7 @@ static void write_json(FILE *f, const results_t *res, const bench_label_t *l)
         jnum(f, m->res_GBps);
     }
     fputc('}', f);
-    jkey(f, "verified");
-    jbool(f, all_verified(res));
+    jfield_bool(f, "verified", all_verified(res));
     fputs(",\"details\":{\"pinned_ceiling\":{\"d2h_s\":", f);
     jarr(f, c->d2h_s, c->n);
     jfield_arr(f, "h2d_s", c->h2d_s, c->n);
@@ -707,8 +705,9 @@ static void md_row(FILE *f, const run_t *r, const ceiling_t *c, const char *what
                                                      r->data_first < 0 && r->data_last < 0 ? -1 : 0));
 }
 
-static void write_md(FILE *f, const results_t *res, const bench_label_t *l)
+static void write_md(FILE *f, const void *results, const bench_label_t *l)
 {
+    const results_t *res = results;
     const ceiling_t *c = &res->ceiling;
     char a[32], b[32];
     fprintf(f, "# Offload and restore — %s, %s\n\n", g_info.ok ? g_info.device_name : "unknown device",
@@ -889,18 +888,8 @@ int main(int argc, char **argv)
     res.seconds = now() - t_start;
     fprintf(stderr, BENCH_NAME ": done in %.1f s, %d failure(s)\n", res.seconds, g_nerrors);
 
-    int status = g_nerrors ? 1 : 0;
     /* the readable table */
     write_md(stdout, &res, &lbl);
     fflush(stdout);
-    FILE *jf = json_path ? bench_open(json_path, &status) : stdout;
-    if (!jf) jf = stdout;
-    write_json(jf, &res, &lbl);
-    bench_close(jf, &status);
-    FILE *mf = md_path ? bench_open(md_path, &status) : NULL;
-    if (mf) {
-        write_md(mf, &res, &lbl);
-        bench_close(mf, &status);
-    }
-    return status;
+    return bench_write(json_path, md_path, write_json, write_md, &res, &lbl);
 }

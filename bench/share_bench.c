@@ -1109,6 +1109,13 @@ static const char *const k_ws_keys[2][WS_PARTS] = {
      "weight_sync_per_tensor_publish_to_importer_s", "weight_sync_per_tensor_publish_calls_s"},
 };
 
+/* The figures that head the results (from the runs, at the end). */
+typedef struct headline {
+    double import_us, import_p90_us, import_64_us, weight_sync_s, weight_sync_per_tensor_s;
+    double import_64_names_us, weight_sync_per_name_s;
+    double di_ms, de_ms, legacy_us, legacy_first_us;
+} headline_t;
+
 typedef struct results {
     info_t info;
     double import_runs[IMPORT_RUNS], import_connect_runs[IMPORT_RUNS];
@@ -1134,6 +1141,7 @@ typedef struct results {
     double legacy_runs[LEGACY_PAIRS];
     int n_legacy;
     char legacy_note[300];
+    headline_t head;
 } results_t;
 
 /* import_us / import_64_us: a fresh exporter with nblocks published blocks
@@ -1308,17 +1316,12 @@ out:
 
 /* ---- output ----------------------------------------------------------------------- */
 
-typedef struct headline {
-    double import_us, import_p90_us, import_64_us, weight_sync_s, weight_sync_per_tensor_s;
-    double import_64_names_us, weight_sync_per_name_s;
-    double di_ms, de_ms, legacy_us, legacy_first_us;
-} headline_t;
-
-static void write_json(FILE *f, const results_t *r, const headline_t *h, const char *date,
-                       const char *command, const char *commit)
+static void write_json(FILE *f, const void *results, const bench_label_t *l)
 {
-    jhead(f, date, command, r->info.ok, r->info.device_name, r->info.backend_name,
-          r->info.driver_version, commit);
+    const results_t *r = results;
+    const headline_t *h = &r->head;
+    jhead(f, l->date, l->command, r->info.ok, r->info.device_name, r->info.backend_name,
+          r->info.driver_version, l->commit);
     jfield(f, "import_us", h->import_us);
     jfield(f, "import_p90_us", h->import_p90_us);
     jfield(f, "import_64_us", h->import_64_us);
@@ -1326,21 +1329,16 @@ static void write_json(FILE *f, const results_t *r, const headline_t *h, const c
     jfield(f, "weight_sync_per_tensor_s", h->weight_sync_per_tensor_s);
     jfield(f, "import_64_names_us", h->import_64_names_us);
     jfield(f, "weight_sync_per_name_s", h->weight_sync_per_name_s);
-    jfield(f, "weight_sync_bytes", (double)r->weight_bytes);
+    jfield(f, "weight_sync_bytes", r->weight_bytes);
     jfield(f, "dead_importer_reclaim_ms", h->di_ms);
     jfield(f, "dead_exporter_reclaim_ms", h->de_ms);
-    jkey(f, "dead_exporter_reclaim_note");
-    if (*r->de_note) jstr(f, r->de_note); else fputs("null", f);
-    jkey(f, "readonly_enforced");
-    jbool(f, r->ro_enforced);
-    jkey(f, "readonly_error");
-    if (r->ro_enforced > 0) jstr(f, r->ro_error); else fputs("null", f);
-    jkey(f, "readonly_read_ok");
-    jbool(f, r->ro_read_ok);
+    jfield_str(f, "dead_exporter_reclaim_note", *r->de_note ? r->de_note : NULL);
+    jfield_bool(f, "readonly_enforced", r->ro_enforced);
+    jfield_str(f, "readonly_error", r->ro_enforced > 0 ? r->ro_error : NULL);
+    jfield_bool(f, "readonly_read_ok", r->ro_read_ok);
     jfield(f, "legacy_ipc_open_us", h->legacy_us);
     jfield(f, "legacy_ipc_open_first_us", h->legacy_first_us);
-    jkey(f, "legacy_ipc_note");
-    if (*r->legacy_note) jstr(f, r->legacy_note); else fputs("null", f);
+    jfield_str(f, "legacy_ipc_note", *r->legacy_note ? r->legacy_note : NULL);
     fputs(",\"goals\":{\"weight_sync_s\":0.5,\"dead_importer_reclaim_ms\":1000,"
           "\"dead_exporter_reclaim_ms\":1000}", f);
     fputs(",\"details\":{\"import_runs_us\":", f);
@@ -1355,7 +1353,7 @@ static void write_json(FILE *f, const results_t *r, const headline_t *h, const c
     jfield(f, "export_fd", r->n_import ? r->import_calls[3] : NAN);
     fputs("}", f);
     jfield_arr(f, "import_64_runs_us", r->import64_runs, r->n_import64);
-    jfield(f, "weight_sync_tensor_bytes", (double)r->tensor_bytes);
+    jfield(f, "weight_sync_tensor_bytes", r->tensor_bytes);
     for (int k = WS_IMPORT; k < WS_PARTS; k++) jfield(f, k_ws_keys[0][k], r->ws[k]);
     for (int k = WS_IMPORT; k < WS_PARTS; k++) jfield(f, k_ws_keys[1][k], r->wst[k]);
     jfield_arr(f, "dead_importer_runs_ms", r->di_runs, r->n_di);
@@ -1370,15 +1368,12 @@ static void write_json(FILE *f, const results_t *r, const headline_t *h, const c
     jfield_arr(f, "dead_exporter_free_imported_bytes", r->de_imported, r->n_de);
     jfield_arr(f, "dead_exporter_free_final_bytes", r->de_final, r->n_de);
     jfield(f, "readonly_import_access", r->ro_access);
-    jkey(f, "readonly_data_intact");
-    jbool(f, r->ro_intact);
-    jkey(f, "readonly_read_error");
-    if (*r->ro_read_error) jstr(f, r->ro_read_error); else fputs("null", f);
+    jfield_bool(f, "readonly_data_intact", r->ro_intact);
+    jfield_str(f, "readonly_read_error", *r->ro_read_error ? r->ro_read_error : NULL);
     jfield_arr(f, "legacy_ipc_open_runs_us", r->legacy_runs, r->n_legacy);
-    jfield(f, "device_total_memory", (double)r->info.total_memory);
-    jfield(f, "page_bytes", (double)r->info.granularity);
-    jkey(f, "quick");
-    fputs(quick() ? "true" : "false", f);
+    jfield(f, "device_total_memory", r->info.total_memory);
+    jfield(f, "page_bytes", r->info.granularity);
+    jfield_bool(f, "quick", quick());
     jerrors_end(f);
 }
 
@@ -1407,15 +1402,16 @@ static void ws_ms(char ms[WS_PARTS][32], const double *ws)
     for (int k = 0; k < WS_PARTS; k++) fmt_num(ms[k], sizeof ms[k], ws[k] * 1e3, "%.3f");
 }
 
-static void write_md(FILE *f, const results_t *r, const headline_t *h, const char *date,
-                     const char *command, const char *commit)
+static void write_md(FILE *f, const void *results, const bench_label_t *l)
 {
+    const results_t *r = results;
+    const headline_t *h = &r->head;
     char a[64], label[96], wb[32], tb[32];
     human_bytes(wb, sizeof wb, (double)r->weight_bytes);
     human_bytes(tb, sizeof tb, (double)r->tensor_bytes);
-    fprintf(f, "# Sharing between processes — %s, %s\n\n", r->info.ok ? r->info.device_name : "unknown device", date);
-    fprintf(f, "- command: `%s`; code: commit %s; backend %s, driver %d; %d failure(s)\n", command,
-            commit, r->info.ok ? r->info.backend_name : "unknown", r->info.driver_version, g_nerrors);
+    fprintf(f, "# Sharing between processes — %s, %s\n\n", r->info.ok ? r->info.device_name : "unknown device", l->date);
+    fprintf(f, "- command: `%s`; code: commit %s; backend %s, driver %d; %d failure(s)\n", l->command,
+            l->commit, r->info.ok ? r->info.backend_name : "unknown", r->info.driver_version, g_nerrors);
     fprintf(f, "- every run in fresh processes: the coordinator forks one exporter and one importer per "
                "run (before any pool or CUDA context exists in it), each makes its own pool; times "
                "that cross processes are CLOCK_MONOTONIC (system-wide)\n");
@@ -1454,25 +1450,25 @@ static void write_md(FILE *f, const results_t *r, const headline_t *h, const cha
                "import)\n\n", LEGACY_PAIRS);
 
     fprintf(f, "| figure | value | goal | met |\n|---|---:|---:|:---:|\n");
-    md_row(f, "import_us (1 GiB)", &h->import_us, 1, "%.0f", NULL, NULL);
-    md_row(f, "import_p90_us", &h->import_p90_us, 1, "%.0f", NULL, NULL);
-    md_row(f, "import_64_us (64 × 16 MiB under one name, one request)", &h->import_64_us, 1, "%.0f",
+    md_figure(f, "import_us (1 GiB)", &h->import_us, 1, "%.0f", NULL, NULL);
+    md_figure(f, "import_p90_us", &h->import_p90_us, 1, "%.0f", NULL, NULL);
+    md_figure(f, "import_64_us (64 × 16 MiB under one name, one request)", &h->import_64_us, 1, "%.0f",
            NULL, NULL);
-    md_row(f, "import_64_names_us (the same 64 blocks, a name each)", &h->import_64_names_us, 1,
+    md_figure(f, "import_64_names_us (the same 64 blocks, a name each)", &h->import_64_names_us, 1,
            "%.0f", NULL, NULL);
     snprintf(label, sizeof label, "weight_sync_s (%s, one name)", wb);
-    md_row(f, label, &h->weight_sync_s, 1, "%.4f", "0.5", met(h->weight_sync_s, 0.5));
+    md_figure(f, label, &h->weight_sync_s, 1, "%.4f", "0.5", met(h->weight_sync_s, 0.5));
     snprintf(label, sizeof label, "weight_sync_per_tensor_s (%d blocks under one name)", TENSORS);
-    md_row(f, label, &h->weight_sync_per_tensor_s, 1, "%.4f", NULL, NULL);
+    md_figure(f, label, &h->weight_sync_per_tensor_s, 1, "%.4f", NULL, NULL);
     snprintf(label, sizeof label, "weight_sync_per_name_s (%d blocks, a name each)", TENSORS);
-    md_row(f, label, &h->weight_sync_per_name_s, 1, "%.4f", NULL, NULL);
-    md_row(f, "dead_importer_reclaim_ms", &h->di_ms, 1, "%.2f", "1000", met(h->di_ms, 1000));
+    md_figure(f, label, &h->weight_sync_per_name_s, 1, "%.4f", NULL, NULL);
+    md_figure(f, "dead_importer_reclaim_ms", &h->di_ms, 1, "%.2f", "1000", met(h->di_ms, 1000));
     fmt_num(a, sizeof a, h->de_ms, "%.2f");
     fprintf(f, "| dead_exporter_reclaim_ms | %s%s | 1000 | %s |\n", a, *r->de_note ? " (see note)" : "",
             met(h->de_ms, 1000));
     md_check_row(f, "readonly_enforced", r->ro_enforced);
     md_check_row(f, "readonly_read_ok", r->ro_read_ok);
-    md_row(f, "legacy_ipc_open_us (median; first)", (const double[]){h->legacy_us, h->legacy_first_us},
+    md_figure(f, "legacy_ipc_open_us (median; first)", (const double[]){h->legacy_us, h->legacy_first_us},
            2, "%.0f", NULL, NULL);
     fputc('\n', f);
 
@@ -1669,7 +1665,7 @@ int main(int argc, char **argv)
                  "timeout)", r.de_timeouts, r.n_de, RECLAIM_WAIT_S);
     }
 
-    headline_t h = {
+    r.head = (headline_t){
         .import_us = median_of(r.import_runs, r.n_import),
         .import_p90_us = quantile_of(r.import_runs, r.n_import, 0.9),
         .import_64_us = median_of(r.import64_runs, r.n_import64),
@@ -1686,15 +1682,5 @@ int main(int argc, char **argv)
      * missing runs are among the errors. */
     fprintf(stderr, "share_bench: done in %.1f s, %d failure(s)\n", now() - t_start, g_nerrors);
 
-    int status = g_nerrors ? 1 : 0;
-    FILE *jf = json_path ? bench_open(json_path, &status) : stdout;
-    if (!jf) jf = stdout;
-    write_json(jf, &r, &h, lbl.date, lbl.command, lbl.commit);
-    bench_close(jf, &status);
-    FILE *mf = md_path ? bench_open(md_path, &status) : NULL;
-    if (mf) {
-        write_md(mf, &r, &h, lbl.date, lbl.command, lbl.commit);
-        bench_close(mf, &status);
-    }
-    return status;
+    return bench_write(json_path, md_path, write_json, write_md, &r, &lbl);
 }
