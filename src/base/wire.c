@@ -13,19 +13,15 @@
 #include "base/internal.h"
 #include "base/wire.h"
 
-int gm__wire_send(int fd, const void *msg, size_t len, const int *fds, size_t nfds, int flags,
-                  const char *who)
+ssize_t gm__wire_sendmsg(int fd, const void *msg, size_t len, const int *fds, size_t nfds,
+                         int flags, void *ctl, size_t ctl_cap)
 {
     struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * GM__WIRE_FDS_MAX)];
-        struct cmsghdr align;
-    } u;
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    gm_assert(nfds <= GM__WIRE_FDS_MAX);
+    gm_assert(CMSG_SPACE(sizeof(int) * nfds) <= ctl_cap || nfds == 0);
     if (nfds) {
-        memset(&u, 0, sizeof u);
-        mh.msg_control = u.buf;
+        memset(ctl, 0, CMSG_SPACE(sizeof(int) * nfds));
+        mh.msg_control = ctl;
         mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
         struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
         c->cmsg_level = SOL_SOCKET;
@@ -36,6 +32,18 @@ int gm__wire_send(int fd, const void *msg, size_t len, const int *fds, size_t nf
     ssize_t n;
     do n = sendmsg(fd, &mh, flags | MSG_NOSIGNAL);
     while (n < 0 && errno == EINTR);
+    return n;
+}
+
+int gm__wire_send(int fd, const void *msg, size_t len, const int *fds, size_t nfds, int flags,
+                  const char *who)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * GM__WIRE_FDS_MAX)];
+        struct cmsghdr align;
+    } u;
+    gm_assert(nfds <= GM__WIRE_FDS_MAX);
+    ssize_t n = gm__wire_sendmsg(fd, msg, len, fds, nfds, flags, u.buf, sizeof u.buf);
     if (n == (ssize_t)len) return GM_OK;
     return gm__set_error(GM_IO, "%s: send failed: %s", who, n < 0 ? strerror(errno) : "short message");
 }

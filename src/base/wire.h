@@ -26,6 +26,13 @@
 int gm__wire_send(int fd, const void *msg, size_t len, const int *fds, size_t nfds, int flags,
                   const char *who);
 
+/* The same as one sendmsg(2) (MSG_NOSIGNAL added, EINTR retried), the
+ * control message built in ctl[0..ctl_cap) (aligned for a struct cmsghdr,
+ * room for CMSG_SPACE of nfds descriptors): what sendmsg returned, errno
+ * set when -1.  For a caller that attaches more than GM__WIRE_FDS_MAX. */
+ssize_t gm__wire_sendmsg(int fd, const void *msg, size_t len, const int *fds, size_t nfds,
+                         int flags, void *ctl, size_t ctl_cap);
+
 /* Receive one message of exactly len bytes into msg; descriptors attached
  * go to fds[0..*nfds) (at most cap; fds NULL takes none).  GM_OK; GM_IO when
  * the peer closed (*closed set) or the socket failed; GM_NOT_READY when the

@@ -462,25 +462,13 @@ int tp_raw_send(int fd, const void *buf, size_t len, const int *fds, size_t nfds
     if (nfds <= GM__WIRE_FDS_MAX)
         return gm__wire_send(fd, buf, len, fds, nfds, 0, "raw peer") == GM_OK ? 0 : -1;
     /* More descriptors than the library ever attaches: only a hostile peer
-     * sends these, so the message is made here. */
+     * sends these, in a control buffer of this harness's size. */
     if (nfds > TP_RAW_FDS_MAX) return -1;
-    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
     union {
         char b[CMSG_SPACE(sizeof(int) * TP_RAW_FDS_MAX)];
         struct cmsghdr align;
     } u;
-    memset(&u, 0, sizeof u);
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b,
-                        .msg_controllen = CMSG_SPACE(sizeof(int) * nfds)};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-    memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
-    ssize_t n;
-    do n = sendmsg(fd, &mh, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    return n == (ssize_t)len ? 0 : -1;
+    return gm__wire_sendmsg(fd, buf, len, fds, nfds, 0, u.b, sizeof u.b) == (ssize_t)len ? 0 : -1;
 }
 
 ssize_t tp_raw_recv(int fd, void *buf, size_t len, int *fds, size_t cap, size_t *nfds, int ms)
