@@ -521,8 +521,11 @@ typedef struct results {
     double seconds;
 } results_t;
 
-/* ,"key":{"1GiB":x,...} over the runs, field at `off` (a double) */
-static void jper(FILE *f, const char *key, const results_t *res, size_t off)
+static double ratio(double a, double b) { return isnan(a) || isnan(b) || b == 0 ? NAN : a / b; }
+
+/* ,"key":{"1GiB":x,...} over the runs, x the field at `off` (a double)
+ * divided by `per` (1: as it is; NAN or 0: null) */
+static void jper(FILE *f, const char *key, const results_t *res, size_t off, double per)
 {
     jkey(f, key);
     fputc('{', f);
@@ -530,12 +533,23 @@ static void jper(FILE *f, const char *key, const results_t *res, size_t off)
         if (i) fputc(',', f);
         jstr(f, res->runs[i].label);
         fputc(':', f);
-        jnum(f, *(const double *)((const char *)&res->runs[i] + off));
+        jnum(f, ratio(*(const double *)((const char *)&res->runs[i] + off), per));
     }
     fputc('}', f);
 }
 
-static double ratio(double a, double b) { return isnan(a) || isnan(b) || b == 0 ? NAN : a / b; }
+/* ,"key":{"label":v} of the mixed run m; {} when it was not made */
+static void jmixed(FILE *f, const char *key, const run_t *m, double v)
+{
+    jkey(f, key);
+    fputc('{', f);
+    if (m->bytes) {
+        jstr(f, m->label);
+        fputc(':', f);
+        jnum(f, v);
+    }
+    fputc('}', f);
+}
 
 static void jrun(FILE *f, const run_t *r, const ceiling_t *c)
 {
@@ -629,43 +643,17 @@ static void write_json(FILE *f, const void *results, const bench_label_t *l)
     jfield(f, "pinned_ceiling_d2h_GBps", c->d2h_GBps);
     jfield(f, "pinned_ceiling_h2d_GBps", c->h2d_GBps);
     jfield(f, "pinned_ceiling_bytes", c->ran ? (double)c->bytes : NAN);
-    jper(f, "offload_GBps", res, offsetof(run_t, off_GBps));
-    jper(f, "restore_GBps", res, offsetof(run_t, res_GBps));
-    jper(f, "offload_cold_GBps", res, offsetof(run_t, cold_GBps));
-    jper(f, "restore_first_GBps", res, offsetof(run_t, first_res_GBps));
-    jper(f, "gpu_freed_fraction", res, offsetof(run_t, frac_free));
-    jper(f, "gpu_freed_fraction_reserved", res, offsetof(run_t, frac_reserved));
-    jkey(f, "offload_of_ceiling");
-    fputc('{', f);
-    for (int i = 0; i < res->nruns; i++) {
-        if (i) fputc(',', f);
-        jstr(f, res->runs[i].label);
-        fputc(':', f);
-        jnum(f, ratio(res->runs[i].off_GBps, c->d2h_GBps));
-    }
-    fputs("},\"restore_of_ceiling\":{", f);
-    for (int i = 0; i < res->nruns; i++) {
-        if (i) fputc(',', f);
-        jstr(f, res->runs[i].label);
-        fputc(':', f);
-        jnum(f, ratio(res->runs[i].res_GBps, c->h2d_GBps));
-    }
-    fputc('}', f);
+    jper(f, "offload_GBps", res, offsetof(run_t, off_GBps), 1);
+    jper(f, "restore_GBps", res, offsetof(run_t, res_GBps), 1);
+    jper(f, "offload_cold_GBps", res, offsetof(run_t, cold_GBps), 1);
+    jper(f, "restore_first_GBps", res, offsetof(run_t, first_res_GBps), 1);
+    jper(f, "gpu_freed_fraction", res, offsetof(run_t, frac_free), 1);
+    jper(f, "gpu_freed_fraction_reserved", res, offsetof(run_t, frac_reserved), 1);
+    jper(f, "offload_of_ceiling", res, offsetof(run_t, off_GBps), c->d2h_GBps);
+    jper(f, "restore_of_ceiling", res, offsetof(run_t, res_GBps), c->h2d_GBps);
     const run_t *m = &res->mixed;
-    jkey(f, "offload_mixed_GBps");
-    fputc('{', f);
-    if (m->bytes) {
-        jstr(f, m->label);
-        fputc(':', f);
-        jnum(f, m->off_GBps);
-    }
-    fputs("},\"restore_mixed_GBps\":{", f);
-    if (m->bytes) {
-        jstr(f, m->label);
-        fputc(':', f);
-        jnum(f, m->res_GBps);
-    }
-    fputc('}', f);
+    jmixed(f, "offload_mixed_GBps", m, m->off_GBps);
+    jmixed(f, "restore_mixed_GBps", m, m->res_GBps);
     jfield_bool(f, "verified", all_verified(res));
     fputs(",\"details\":{\"pinned_ceiling\":{\"d2h_s\":", f);
     jarr(f, c->d2h_s, c->n);
