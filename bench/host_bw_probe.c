@@ -45,16 +45,7 @@
 static int g_threads;
 static size_t g_size;
 
-static char *fresh(void)
-{
-    void *p = mmap(NULL, g_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        perror("mmap");
-        exit(1);
-    }
-    (void)madvise(p, g_size, MADV_HUGEPAGE);
-    return p;
-}
+static char *fresh(void) { return probe_host_map(g_size); }
 
 static void *fill_main(void *arg)
 {
@@ -68,9 +59,10 @@ static void fill(char *p)
     probe_parallel(p, g_size, g_threads, fill_main);
 }
 
+/* A register of g_size bytes at p timed on a thread of its own, in ctx. */
 typedef struct reg_arg {
-    char *p;
     CUcontext ctx;
+    char *p;
     double ms;
     int ok;
 } reg_arg_t;
@@ -178,7 +170,7 @@ int main(int argc, char **argv)
     for (int r = 0; r < rounds; r++) {
         char *a = fresh(), *b = fresh();
         probe_touch(a, g_size, g_threads);
-        reg_arg_t ra = {a, ctx, 0, 0};
+        reg_arg_t ra = {.ctx = ctx, .p = a};
         pthread_t th;
         double t0 = now_ms();
         pthread_create(&th, NULL, reg_main, &ra);

@@ -67,6 +67,7 @@ typedef struct chunk {
     CUdeviceptr va;
     CUmemGenericAllocationHandle h;
     int hugetlb;
+    int rc; /* what registering it returned (par_register, pipelined) */
 } chunk_t;
 
 static CUdevice dev;
@@ -152,18 +153,14 @@ static int unmake(int way, chunk_t *c)
     return -1;
 }
 
-typedef struct reg_job {
-    chunk_t *c;
-    int rc;
-} reg_job_t;
-
+/* Register chunk arg (a chunk_t) in g_ctx: its rc says how that went. */
 static void *reg_main(void *arg)
 {
-    reg_job_t *j = arg;
-    j->rc = cuCtxSetCurrent(g_ctx);
-    if (j->rc == CUDA_SUCCESS)
-        j->rc = cuMemHostRegister(j->c->p, CHUNK, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
-    j->c->va = (CUdeviceptr)(uintptr_t)j->c->p;
+    chunk_t *c = arg;
+    c->rc = cuCtxSetCurrent(g_ctx);
+    if (c->rc == CUDA_SUCCESS)
+        c->rc = cuMemHostRegister(c->p, CHUNK, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    c->va = (CUdeviceptr)(uintptr_t)c->p;
     return NULL;
 }
 
@@ -182,17 +179,14 @@ static int make_batch(int way, chunk_t *c, size_t n, CUdeviceptr src, CUstream s
         if (!(c[i].p = map_thp(CHUNK, &c[i].hugetlb))) return -1;
     }
     if (way == PAR_REGISTER) {
-        static reg_job_t job[MAX_CHUNKS];
         static pthread_t th[MAX_CHUNKS];
         for (size_t i = 0; i < n; i++) probe_touch(c[i].p, CHUNK, g_threads);
-        for (size_t i = 0; i < n; i++) {
-            job[i] = (reg_job_t){&c[i], 0};
-            if (pthread_create(&th[i], NULL, reg_main, &job[i])) return -1;
-        }
+        for (size_t i = 0; i < n; i++)
+            if (pthread_create(&th[i], NULL, reg_main, &c[i])) return -1;
         int bad = 0;
         for (size_t i = 0; i < n; i++) {
             pthread_join(th[i], NULL);
-            bad |= job[i].rc != 0;
+            bad |= c[i].rc != 0;
         }
         return bad ? -1 : 0;
     }
@@ -201,12 +195,11 @@ static int make_batch(int way, chunk_t *c, size_t n, CUdeviceptr src, CUstream s
     for (size_t i = 0; i < n; i++) {
         pthread_t th;
         int started = i + 1 < n && pthread_create(&th, NULL, touch_chunk_main, &c[i + 1]) == 0;
-        reg_job_t j = {&c[i], 0};
-        reg_main(&j);
-        if (way == PIPE_COPY && !j.rc) CK(cuMemcpyAsync(c[i].va, src + i * CHUNK, CHUNK, st));
+        reg_main(&c[i]);
+        if (way == PIPE_COPY && !c[i].rc) CK(cuMemcpyAsync(c[i].va, src + i * CHUNK, CHUNK, st));
         if (started) pthread_join(th, NULL);
         else if (i + 1 < n) touch_chunk_main(&c[i + 1]);
-        if (j.rc) return -1;
+        if (c[i].rc) return -1;
     }
     if (way == PIPE_COPY) CK(cuStreamSynchronize(st));
     return 0;

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * probe.h — what the driver probes (vmm_probe.c, host_pin_probe.c) share:
- * a clock, a failed-call report, touching host memory with many threads,
- * and the allocation properties of device pages.  Header only; the probes
+ * probe.h — what the driver probes (vmm_probe.c, host_pin_probe.c,
+ * host_bw_probe.c) share: a clock, a failed-call report, fresh host memory
+ * and touching it with many threads, and the allocation properties of
+ * device pages.  Header only; the probes
  * are built alone (see each file's head), not by the project's build.
  */
 #ifndef GM_BENCH_PROBE_H
@@ -14,6 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #define PROBE_TOUCH_MAX 64
@@ -81,6 +83,19 @@ static void *probe_touch_main(void *arg)
 static inline void probe_touch(char *p, size_t n, int threads)
 {
     probe_parallel(p, n, threads, probe_touch_main);
+}
+
+/* n bytes of fresh anonymous host memory, transparent huge pages asked
+ * for; the probe ends when it cannot be mapped. */
+static inline char *probe_host_map(size_t n)
+{
+    char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        perror("mmap");
+        exit(1);
+    }
+    (void)madvise(p, n, MADV_HUGEPAGE);
+    return p;
 }
 
 /* Properties of pinned device memory of dev (cuMemCreate). */

@@ -129,17 +129,6 @@ static int handles_probe(void)
     return 0;
 }
 
-static char *host_map(size_t n)
-{
-    char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        perror("mmap");
-        exit(1);
-    }
-    (void)madvise(p, n, MADV_HUGEPAGE);
-    return p;
-}
-
 /* Work timed on a thread of its own while the main thread does other work:
  * touching a buffer with `threads` threads, or (threads 0) registering it. */
 typedef struct bgjob {
@@ -209,7 +198,7 @@ int main(int argc, char **argv)
     int thr[4] = {1, 4, 8, 16};
     for (int s = 0; s < 2; s++)
         for (int t = 0; t < 4; t++) {
-            char *h = host_map(sizes[s]);
+            char *h = probe_host_map(sizes[s]);
             double t0 = now_ms();
             probe_touch(h, sizes[s], thr[t]);
             double t1 = now_ms();
@@ -224,7 +213,7 @@ int main(int argc, char **argv)
                    t4 - t3);
         }
     {   /* register untouched */
-        char *h = host_map(sizes[0]);
+        char *h = probe_host_map(sizes[0]);
         double t0 = now_ms();
         CK(cuMemHostRegister(h, sizes[0], CU_MEMHOSTREGISTER_DEVICEMAP));
         printf("{\"probe\":\"host_register_untouched\",\"bytes\":%zu,\"register_ms\":%.2f}\n", sizes[0],
@@ -237,7 +226,7 @@ int main(int argc, char **argv)
     CUstream st;
     CK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
     size_t cb = (size_t)256 << 20;
-    char *pin = host_map(cb);
+    char *pin = probe_host_map(cb);
     probe_touch(pin, cb, 16);
     CK(cuMemHostRegister(pin, cb, CU_MEMHOSTREGISTER_DEVICEMAP));
     CUdeviceptr d;
@@ -249,7 +238,7 @@ int main(int argc, char **argv)
         CK(cuStreamSynchronize(st));
         double alone = now_ms() - t0;
         /* C2: copy while 16 threads touch a fresh 256 MiB. */
-        char *h = host_map(cb);
+        char *h = probe_host_map(cb);
         bgjob_t tj = {h, cb, 16, ctx, 0};
         double with_touch = copy_during(pin, d, cb, st, &tj);
         pthread_t th;
@@ -262,7 +251,7 @@ int main(int argc, char **argv)
         double first, gb = drop_run(&r, 0, &first, &rrc);
         pthread_join(th, NULL);
         /* C4: copy while registering (a second fresh buffer). */
-        char *h2 = host_map(cb);
+        char *h2 = probe_host_map(cb);
         probe_touch(h2, cb, 16);
         bgjob_t rj2 = {h2, cb, 0, ctx, 0};
         double with_reg = copy_during(pin, d, cb, st, &rj2);
