@@ -59,12 +59,13 @@ static void fill(char *p)
     probe_parallel(p, g_size, g_threads, fill_main);
 }
 
-/* A register of g_size bytes at p timed on a thread of its own, in ctx. */
+/* A register of g_size bytes at p timed on a thread of its own, in ctx:
+ * how long it took and whether it succeeded. */
 typedef struct reg_arg {
-    CUcontext ctx;
-    char *p;
     double ms;
     int ok;
+    CUcontext ctx;
+    char *p;
 } reg_arg_t;
 
 static void *reg_main(void *arg)
