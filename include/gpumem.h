@@ -845,6 +845,28 @@ GM_API int gm_alloc_tagged(gm_pool_t *pool, size_t size, gm_stream_t stream, gm_
  * (other threads' allocations wait).  A held tag (gm_tag_acquire) is
  * offloaded all the same: holding only stops eviction. */
 GM_API int gm_offload(gm_pool_t *pool, gm_tag_t tag, unsigned flags, gm_stream_t stream);
+/* Make the pinned host memory of the tag's next gm_offload ahead of time,
+ * so that a first sleep copies at the speed of a later one: pinning new
+ * host memory (the kernel zeroes it, the driver registers it) otherwise
+ * happens during the first offload and dominates it.  Sized from the tag's
+ * resident blocks of this pool now, in the pieces the offload will ask
+ * for; memory already free in the host pool counts.  The memory stays in
+ * the pool's pinned host pool (host_reserved; the host pool's growth does
+ * not give it back) until gm_host_trim; a tag that grows after the call
+ * gets the rest pinned by its offload as usual.  A GM_TAG_DISCARD tag needs
+ * none: GM_OK at once.
+ * flags: GM_PREPARE_ASYNC makes it on a thread of the pool's and returns at
+ *   once; gm_offload (of any tag), gm_offload_prepare and
+ *   gm_offload_prepare_wait of this pool wait for it to end first.
+ * When pinned memory cannot be made (GM_NO_HOST_MEMORY, or the backend's
+ * status when the driver refuses a registration) the message says "N of M
+ * bytes made", and what was made stays; GM_INVALID_ARGUMENT for an unknown
+ * tag or flag. */
+#define GM_PREPARE_ASYNC 0x1u
+GM_API int gm_offload_prepare(gm_pool_t *pool, gm_tag_t tag, unsigned flags);
+/* Wait for this pool's GM_PREPARE_ASYNC preparation, if one runs or ran
+ * since the last wait: its status (GM_OK when none). */
+GM_API int gm_offload_prepare_wait(gm_pool_t *pool);
 /* Wake the tag's offloaded blocks of this pool: pages are obtained and
  * mapped at the blocks' own addresses, the data is copied back, the host
  * copies are freed (their pinned memory stays in the host pool for the

@@ -55,6 +55,7 @@ __all__ = [
     "__version__", "GpumemError", "OutOfMemoryError", "InvalidArgumentError", "library_path", "version", "stats", "trim",
     "set_limit", "leak_report", "alloc", "Allocation", "max_batch_size", "is_out_of_memory",
     "forget_stream", "Tag", "tag", "offload", "restore", "tag_info", "acquire", "release",
+    "prepare_offload", "prepare_wait",
     "TAG_DISCARD", "TAG_EVICTABLE",
 ]
 
@@ -221,6 +222,8 @@ def _declare(lib):
         "gm_tag_scope": (c_tag, [c_tag]),
         "gm_offload": (c_int, [c_void_p, c_tag, c_uint, c_void_p]),
         "gm_restore": (c_int, [c_void_p, c_tag, c_void_p]),
+        "gm_offload_prepare": (c_int, [c_void_p, c_tag, c_uint]),
+        "gm_offload_prepare_wait": (c_int, [c_void_p]),
         "gm_tag_acquire": (c_int, [c_void_p, c_tag, c_void_p]),
         "gm_tag_release": (c_int, [c_void_p, c_tag, c_void_p]),
         "gm_tag_info": (c_int, [c_void_p, c_tag, c_void_p]),
@@ -505,6 +508,10 @@ class Tag:
         """gpumem.offload(self, ...)."""
         offload(self, discard=discard, device=device, stream=stream)
 
+    def prepare_offload(self, background=True, device=None):
+        """gpumem.prepare_offload(self, ...)."""
+        prepare_offload(self, background=background, device=device)
+
     def restore(self, device=None, stream=None):
         """gpumem.restore(self, ...)."""
         restore(self, device=device, stream=stream)
@@ -632,6 +639,41 @@ def offload(tag, discard=False, device=None, stream=None):
     lib = _tag_lib("offload")
     _check(lib.gm_offload(_pool(device), tid, _OFFLOAD_DISCARD if discard else 0, ctypes.c_void_p(s)),
            "gm_offload(%s)" % _tag_label(tag))
+
+
+def _prepare_lib(what):
+    lib = _tag_lib(what)
+    if not hasattr(lib, "gm_offload_prepare"):
+        raise GpumemError("%s: %s has no gm_offload_prepare (built before it existed)"
+                          % (what, library_path()))
+    return lib
+
+
+def prepare_offload(tag, background=True, device=None):
+    """Pin the host memory of the tag's next offload ahead of time
+    (gm_offload_prepare), so that a first sleep runs at the speed of later
+    ones.  Sized from the tag's resident blocks now; the memory stays pinned
+    in the pool's host pool until gm_host_trim (host_reserved in stats()).
+    background=True (GM_PREPARE_ASYNC) returns at once; the next offload
+    waits for it, prepare_wait() gives its status.  A TAG_DISCARD tag needs
+    nothing.  Raises GpumemError when pinned memory cannot be made (what was
+    made stays)."""
+    if not isinstance(background, bool):
+        raise TypeError("prepare_offload: background must be True or False, not %s"
+                        % type(background).__name__)
+    tid = _tag_id(tag, "prepare_offload")
+    device = _device(device)
+    lib = _prepare_lib("prepare_offload")
+    _check(lib.gm_offload_prepare(_pool(device), tid, 1 if background else 0),
+           "gm_offload_prepare(%s)" % _tag_label(tag))
+
+
+def prepare_wait(device=None):
+    """Wait for the device pool's background prepare_offload() and raise its
+    error, if it had one (gm_offload_prepare_wait)."""
+    device = _device(device)
+    lib = _prepare_lib("prepare_wait")
+    _check(lib.gm_offload_prepare_wait(_pool(device)), "gm_offload_prepare_wait")
 
 
 def restore(tag, device=None, stream=None):

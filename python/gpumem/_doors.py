@@ -124,6 +124,15 @@ class DoorTag:
             done.append(pool)
         return done
 
+    def prepare(self, background):
+        """Pin the host memory of the tag's next sleep ahead, in every pool
+        it has memory in (gm_offload_prepare; GM_PREPARE_ASYNC when
+        background)."""
+        lib = _gm._prepare_lib("prepare")
+        for pool in list(self.pools):
+            _gm._check(lib.gm_offload_prepare(ctypes.c_void_p(pool), self.tag.id, 1 if background else 0),
+                       "gm_offload_prepare(%r)" % self.tag.name)
+
     def info(self):
         """The tag's figures summed over its pools (gm_tag_info)."""
         lib = _gm._tag_lib("tag_info")

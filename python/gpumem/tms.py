@@ -186,6 +186,21 @@ class TorchMemorySaver:
                 if t.drop is not None:
                     t.drop.offload(discard=True)
 
+    def prepare_pause(self, tag=None, background=True):
+        """(gpumem's own, not torch_memory_saver's) Pin now the host memory
+        that pause() will copy backed-up memory of `tag` (None: every tag)
+        into, so that the first pause runs at the speed of later ones;
+        background=True returns at once (the pause waits for it)."""
+        tag = _tag_arg(tag, "prepare_pause")
+        if not isinstance(background, bool):
+            raise TypeError("prepare_pause: background must be True or False")
+        with _registry.lock:
+            names = list(_registry.tags) if tag is None else [tag] if tag in _registry.tags else []
+            for n in names:
+                t = _registry.tags[n]
+                if t.keep is not None:
+                    t.keep.prepare(background)
+
     def resume(self, tag=None):
         """Map device memory again at the same addresses for `tag` (None: every
         paused tag) and copy backed-up bytes back; discarded memory comes back

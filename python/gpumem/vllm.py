@@ -157,6 +157,20 @@ class CuMemAllocator:
                 self._tags[n].offload(discard=True)
             _doors.trim_pools(self._tags.values())
 
+    def prepare_sleep(self, offload_tags=None, background=True):
+        """(gpumem's own, not vLLM's) Pin now the host memory that sleep()
+        will copy offload_tags into (as sleep() reads them), so that the
+        first sleep runs at the speed of later ones; background=True returns
+        at once (the sleep waits for it).  The memory stays pinned for later
+        sleeps.  Call it once the weights are loaded."""
+        if not isinstance(background, bool):
+            raise TypeError("prepare_sleep: background must be True or False")
+        keep = _tag_list(offload_tags, "prepare_sleep") if offload_tags is not None else [self.default_tag]
+        with self._lock:
+            for n in keep:
+                if n in self._tags:
+                    self._tags[n].prepare(background)
+
     def wake_up(self, tags=None):
         """Wake the tags named (a str or a list of str; None: every tag
         asleep): pages mapped at the same addresses, kept tags' bytes copied

@@ -179,6 +179,23 @@ class TestVllmDoor(DoorCase):
         self.assertTrue(self.filled(kv[0], 0x55))
         self.assertEqual(gpumem.stats(self.DEV)["offloaded"], 0)
 
+    def test_prepare_sleep(self):
+        alloc = CuMemAllocator.get_instance()
+        w, kv = self._model(alloc)
+        host0 = gpumem.stats(self.DEV)["host_reserved"]
+        alloc.prepare_sleep(offload_tags=("weights",), background=False)
+        host1 = gpumem.stats(self.DEV)["host_reserved"]
+        self.assertGreaterEqual(host1, sum(a.size for a in w))
+        self.assertGreater(host1, host0)
+        alloc.prepare_sleep(offload_tags="weights")     # again, on a thread: nothing new needed
+        with self.assertRaises(TypeError):
+            alloc.prepare_sleep(background="yes")
+        alloc.sleep(level=1)                            # waits for the preparation
+        self.assertEqual(gpumem.stats(self.DEV)["host_reserved"], host1)
+        alloc.wake_up()
+        for a, v in zip(w, (0x11, 0x22, 0x33)):
+            self.assertTrue(self.filled(a, v))
+
     def test_level2_copies_nothing(self):
         alloc = CuMemAllocator.get_instance()
         w, kv = self._model(alloc)
@@ -472,6 +489,22 @@ class TestTmsDoor(DoorCase):
         self.assertFalse(saver.is_paused("weights"))
         kv.memset(0x34)
         self.assertTrue(self.filled(kv, 0x34))
+
+    def test_prepare_pause(self):
+        saver = tms.TorchMemorySaver()
+        with saver.region(tag="p", enable_cpu_backup=True):
+            k = self.alloc(5 * MiB, 0x61)
+        host0 = gpumem.stats(self.DEV)["host_reserved"]
+        saver.prepare_pause("p", background=False)
+        saver.prepare_pause()                           # every tag, on a thread
+        saver.prepare_pause("never-used")               # nothing to do
+        host1 = gpumem.stats(self.DEV)["host_reserved"]
+        self.assertGreaterEqual(host1, 5 * MiB)
+        self.assertGreaterEqual(host1, host0)
+        saver.pause("p")
+        self.assertEqual(gpumem.stats(self.DEV)["host_reserved"], host1)  # it found its memory
+        saver.resume("p")
+        self.assertTrue(self.filled(k, 0x61))
 
     def test_one_tag_both_kinds(self):
         saver = tms.TorchMemorySaver()

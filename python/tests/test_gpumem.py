@@ -781,6 +781,28 @@ class TestTags(unittest.TestCase):
         finally:
             a.free()
 
+    def test_prepare_offload(self):
+        t = gpumem.tag("py-prepared")
+        with t:
+            a = gpumem.alloc(9 * MiB + 5, device=self.DEV)
+        try:
+            a.memset(0x3C)
+            before = gpumem.stats(self.DEV)["host_reserved"]
+            t.prepare_offload(background=False, device=self.DEV)
+            after = gpumem.stats(self.DEV)["host_reserved"]
+            self.assertGreater(after, before)  # (pinned memory free already counts)
+            self.assertGreaterEqual(after, 9 * MiB)
+            gpumem.prepare_offload("py-prepared", device=self.DEV)  # background
+            gpumem.prepare_wait(self.DEV)
+            gpumem.prepare_wait(self.DEV)  # nothing running: returns
+            t.offload(device=self.DEV)
+            t.restore(device=self.DEV)
+            self.assertEqual(read_device(self.DEV, a.ptr, 9 * MiB + 5), b"\x3c" * (9 * MiB + 5))
+            with self.assertRaises(TypeError):
+                gpumem.prepare_offload(t, background=1, device=self.DEV)
+        finally:
+            a.free()
+
     def test_offload_then_free(self):
         t = gpumem.tag("py-free")
         with t:

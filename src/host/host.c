@@ -88,6 +88,8 @@ struct gm__host {
     int numa_nodes;              /* online nodes */
     uint64_t reserved, reserved_peak, allocated, allocated_peak, alloc_count;
     uint64_t in_use;             /* sum of live block sizes */
+    uint64_t keep;               /* unused bytes growth leaves alone: a reserve
+                                  * made ahead (gm__host_keep_unused; 0 after a trim) */
     /* Memory mapped and touched ahead of a chunk (gm__host_prepare), not
      * registered yet: the next new chunk of its size takes it. */
     struct host_prep {
@@ -312,7 +314,7 @@ static int release_chunks_locked(gm_pool_t *pool, uint64_t excess, bool stop_on_
 static void release_unused_locked(gm_pool_t *pool, size_t adding)
 {
     struct gm__host *h = pool->host;
-    uint64_t budget = (h->in_use + adding) / HOST_UNUSED_DIV;
+    uint64_t budget = (h->in_use + adding) / HOST_UNUSED_DIV + h->keep;
     if (h->reserved - h->in_use <= budget) return;
     reclaim_locked(pool, NULL);
     size_t released = 0;
@@ -697,6 +699,14 @@ int gm_host_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     return rc;
 }
 
+void gm__host_keep_unused(gm_pool_t *pool)
+{
+    struct gm__host *h = pool->host;
+    gm__lock(&h->lock);
+    if (h->reserved - h->in_use > h->keep) h->keep = h->reserved - h->in_use;
+    gm__unlock(&h->lock);
+}
+
 int gm_host_trim(gm_pool_t *pool, size_t keep, size_t *released)
 {
     GM_CHECK(resolve(&pool));
@@ -709,6 +719,7 @@ int gm_host_trim(gm_pool_t *pool, size_t keep, size_t *released)
     for (hchunk_t *c = h->chunks; c; c = c->next)
         if (chunk_unused(h, c)) unused += c->size;
     if (unused > keep) rc = release_chunks_locked(pool, unused - keep, true, &done);
+    h->keep = 0; /* a reserve made ahead is given back like the rest */
     HOST_CHECK(h);
     gm__unlock(&h->lock);
     if (released) *released = done;

@@ -44,6 +44,9 @@ size_t gm__host_prepare_size(gm_pool_t *pool, size_t size);
 void gm__host_prepare(gm_pool_t *pool, size_t csize);
 void gm__host_prepared_drop(gm_pool_t *pool);
 size_t gm__host_prepared_bytes(gm_pool_t *pool);
+/* Let the unused pinned memory there is now stay when the host pool grows
+ * (a reserve made ahead, gm_offload_prepare), until gm_host_trim. */
+void gm__host_keep_unused(gm_pool_t *pool);
 /* Staging buffers (copy.c): GM__HOST_STAGING. */
 int gm__host_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr, uintptr_t *dptr);
 int gm__host_free(gm_pool_t *pool, void *ptr, gm_stream_t stream);

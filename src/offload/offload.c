@@ -153,6 +153,14 @@ struct gm__offload {
     gm__event_t mark[OFFL_MARKS];            /* an offload's copies, piece by piece */
     uint64_t tick;
     tagstate_t tag[GM_TAGS_MAX + 1];
+    /* A preparation made ahead on a thread (gm_offload_prepare with
+     * GM_PREPARE_ASYNC): started and joined under mu; its sizes are the
+     * thread's until joined, its status kept until gm_offload_prepare_wait. */
+    pthread_t prep_th;
+    bool prep_started, prep_ended;
+    size_t *prep_sizes, prep_n;
+    int prep_rc;
+    char prep_msg[256];
 };
 
 int gm__offload_init(gm_pool_t *root)
@@ -164,10 +172,13 @@ int gm__offload_init(gm_pool_t *root)
     return GM_OK;
 }
 
+static void prep_join_locked(struct gm__offload *o);
+
 void gm__offload_fini(gm_pool_t *root)
 {
     struct gm__offload *o = root->offl;
     if (!o) return;
+    prep_join_locked(o); /* its memory goes with the host pool */
     int rc;
     for (unsigned i = 0; i < o->n_streams; i++) GM_BK(rc, root, stream_destroy, (root->bk, o->stream[i]));
     if (o->start) GM_BK(rc, root, event_destroy, (root->bk, o->start));
@@ -920,10 +931,142 @@ int gm_offload(gm_pool_t *pool, gm_tag_t tag, unsigned flags, gm_stream_t stream
     struct gm__offload *o = root->offl;
     result_t res = {0};
     pthread_mutex_lock(&o->mu);
+    prep_join_locked(o); /* a preparation made ahead first: its memory serves */
     int rc = offload_all(root, tag, flags, stream, &res);
     if (res.blocks) o->tag[tag].offloads++;
     pthread_mutex_unlock(&o->mu);
     return rc;
+}
+
+/* ---- pinned host memory made ahead (gm_offload_prepare) ------------------------- */
+
+/* The sizes of the segments the tag's offload would ask for now: its
+ * windows in every heap (offl->mu held). */
+static int prepare_sizes(gm_pool_t *root, gm_tag_t tag, size_t **out, size_t *n_out)
+{
+    size_t *v = NULL, n = 0;
+    int rc = GM_OK;
+    gm_pool_t *h;
+    for (unsigned i = 0; rc == GM_OK && (h = gm__heap_next(root, &i));) {
+        blist_t bl = {0};
+        ocopy_t c = {.root = root, .h = h, .o = root->offl, .bl = &bl};
+        gm__lock(&h->lock);
+        rc = collect_locked(h, tag, false, &bl);
+        if (rc == GM_OK && bl.n) rc = plan_windows(&c);
+        if (rc == GM_OK && c.n_win) {
+            size_t *nv = realloc(v, (n + c.n_win) * sizeof *v);
+            if (!nv) rc = gm__set_error(GM_NO_HOST_MEMORY, "gm_offload_prepare: out of host memory");
+            else {
+                v = nv;
+                memcpy(v + n, c.win_bytes, c.n_win * sizeof *v);
+                n += c.n_win;
+            }
+        }
+        gm__unlock(&h->lock);
+        free(c.copies);
+        free(c.segs);
+        free(c.win_end);
+        free(c.win_bytes);
+        free(c.wseg);
+        free(bl.b);
+    }
+    if (rc != GM_OK) {
+        free(v);
+        return rc;
+    }
+    *out = v;
+    *n_out = n;
+    return GM_OK;
+}
+
+/* Make the segments, all at once (so that none reuses another's memory),
+ * and give them back to the host pool, which keeps them pinned and free
+ * for the offload to find.  No pool lock held. */
+static int prepare_make(gm_pool_t *root, const size_t *sizes, size_t n)
+{
+    size_t total = 0, made = 0;
+    for (size_t i = 0; i < n; i++) total += sizes[i];
+    offseg_t **segs = gm__calloc(n ? n : 1, sizeof *segs);
+    if (!segs) return gm__set_error(GM_NO_HOST_MEMORY, "gm_offload_prepare: out of host memory");
+    int rc = GM_OK;
+    for (size_t i = 0; i < n && rc == GM_OK; i++)
+        if ((segs[i] = seg_new(root, sizes[i], &rc))) made += sizes[i];
+    char msg[256] = "";
+    if (rc != GM_OK) snprintf(msg, sizeof msg, "%s", gm_last_error());
+    for (size_t i = 0; i < n; i++) seg_drop(root, segs[i]);
+    gm__free(segs);
+    gm__host_keep_unused(root);
+    if (rc != GM_OK)
+        return gm__set_error(rc, "gm_offload_prepare: %s; %zu of %zu bytes made (they stay in "
+                             "the pinned host pool)", msg, made, total);
+    return GM_OK;
+}
+
+static void *prep_thread(void *arg)
+{
+    gm_pool_t *root = arg;
+    struct gm__offload *o = root->offl;
+    o->prep_rc = prepare_make(root, o->prep_sizes, o->prep_n);
+    if (o->prep_rc != GM_OK) snprintf(o->prep_msg, sizeof o->prep_msg, "%s", gm_last_error());
+    gm__clear_error();
+    return NULL;
+}
+
+/* Let a preparation on a thread end (offl->mu held, or the pool going
+ * away); its status stays for gm_offload_prepare_wait. */
+static void prep_join_locked(struct gm__offload *o)
+{
+    if (!o->prep_started) return;
+    pthread_join(o->prep_th, NULL);
+    o->prep_started = false;
+    o->prep_ended = true;
+    free(o->prep_sizes);
+    o->prep_sizes = NULL;
+    o->prep_n = 0;
+}
+
+int gm_offload_prepare(gm_pool_t *pool, gm_tag_t tag, unsigned flags)
+{
+    GM_CHECK(gm__pool_resolve(&pool, "gm_offload_prepare"));
+    GM_CHECK(check_tag(tag, "gm_offload_prepare"));
+    if (flags & ~GM_PREPARE_ASYNC)
+        return gm__set_error(GM_INVALID_ARGUMENT, "gm_offload_prepare: unknown flags %#x", flags);
+    gm_pool_t *root = pool->root;
+    struct gm__offload *o = root->offl;
+    if (tag_flags_of(tag) & GM_TAG_DISCARD) return GM_OK; /* nothing is copied */
+    pthread_mutex_lock(&o->mu);
+    prep_join_locked(o);
+    o->prep_ended = false;
+    o->prep_rc = GM_OK;
+    size_t *sizes = NULL, n = 0;
+    int rc = prepare_sizes(root, tag, &sizes, &n);
+    if (rc == GM_OK && n && (flags & GM_PREPARE_ASYNC)) {
+        o->prep_sizes = sizes;
+        o->prep_n = n;
+        o->prep_started = pthread_create(&o->prep_th, NULL, prep_thread, root) == 0;
+        if (o->prep_started) sizes = NULL;
+        else o->prep_sizes = NULL;
+    }
+    if (rc == GM_OK && sizes) rc = prepare_make(root, sizes, n); /* here, or no thread */
+    pthread_mutex_unlock(&o->mu);
+    free(sizes);
+    return rc;
+}
+
+int gm_offload_prepare_wait(gm_pool_t *pool)
+{
+    GM_CHECK(gm__pool_resolve(&pool, "gm_offload_prepare_wait"));
+    struct gm__offload *o = pool->root->offl;
+    pthread_mutex_lock(&o->mu);
+    prep_join_locked(o);
+    int rc = o->prep_ended ? o->prep_rc : GM_OK;
+    char msg[sizeof o->prep_msg];
+    snprintf(msg, sizeof msg, "%s", o->prep_msg);
+    o->prep_ended = false;
+    o->prep_rc = GM_OK;
+    pthread_mutex_unlock(&o->mu);
+    if (rc != GM_OK) return gm__set_error(rc, "%s", msg);
+    return GM_OK;
 }
 
 int gm__offload_check(gm_pool_t *root)
