@@ -35,7 +35,9 @@ void gm_cli_metrics_usage(FILE *out)
             "pid, pool (one series per pool of each process: never a duplicate).\n\n"
             "  --pid-labels    accepted for compatibility (pid labels are always on)\n"
             "  --broker PATH   also the tenants of the broker on PATH (default:\n"
-            "                  $GPUMEM_BROKER when set): gpumem_broker_* series\n");
+            "                  $GPUMEM_BROKER when set): gpumem_broker_* series\n"
+            "                  labelled tenant; a Slurm job's tenant (job_7, a\n"
+            "                  step's job_7.3) also job=\"7\" (and step=\"3\")\n");
 }
 
 static const char *const descs[][2] = {

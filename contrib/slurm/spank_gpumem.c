@@ -186,6 +186,29 @@ static int grant_of(uint32_t job, const char *node, uint64_t *count, char *err, 
     return rc;
 }
 
+/* A step's own gpumem request on node (srun --gres=gpumem:N inside a
+ * larger job; Slurm tells it only through the controller's step records):
+ * 0 found (*count), 1 the step asked for none (it uses the job's), -1 err. */
+static int step_request(uint32_t job, uint32_t step, uint64_t *count, char *err, size_t cap)
+{
+    job_step_info_response_msg_t *msg = NULL;
+    if (slurm_get_job_steps(0, job, step, &msg, SHOW_ALL) != 0 || !msg)
+        return snprintf(err, cap, "job %u step %u: slurm_get_job_steps: %s", job, step,
+                        slurm_strerror(slurm_get_errno())), -1;
+    int rc = 1;
+    for (uint32_t i = 0; i < msg->job_step_count && rc == 1; i++) {
+        job_step_info_t *s = &msg->job_steps[i];
+        if (s->step_id.job_id == job && s->step_id.step_id == step &&
+            count_in(s->tres_per_node, count) == 0)
+            rc = 0;
+    }
+    slurm_free_job_step_info_response_msg(msg);
+    return rc;
+}
+
+/* The step's tenant this slurmstepd made (removed at the step's end). */
+static char g_step_tenant[64], g_step_sock[108];
+
 static void say(spank_t sp, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void say(spank_t sp, const char *fmt, ...)
 {
@@ -242,13 +265,47 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
     } else {
         quota = o.unit_mib ? count << 20 : count;
     }
+    /* A step of its own smaller request gets a tenant of it, carved out of
+     * the job's (the job's tenant made first, without this step daemon as
+     * an anchor: the step's processes cannot come in at the job's door). */
+    uint64_t scount = 0, squota = 0;
+    int own = 0;
+    if (g == 0 && step != SLURM_BATCH_SCRIPT && step != SLURM_EXTERN_CONT) {
+        int sr = step_request(job, step, &scount, err, sizeof err);
+        if (sr < 0) {
+            say(sp, "job %u step %u on %s: %s; the step's tenant is not made", job, step, node,
+                err);
+            return -1;
+        }
+        squota = o.unit_mib ? scount << 20 : scount;
+        if (sr == 0 && squota > quota) {
+            say(sp, "job %u step %u on %s asks for %" PRIu64 " bytes of GPU memory; the job "
+                "has %" PRIu64 " here", job, step, node, squota, quota);
+            return -1;
+        }
+        own = sr == 0 && squota < quota;
+    }
     char name[64];
     snprintf(name, sizeof name, "job_%u", job);
     gm_broker_admin_result_t r;
     if (gm_broker_admin_create(sock, name, quota, o.guarantee ? quota : 0, uid, gid, job,
-                               getpid(), &r, err, sizeof err) != 0) {
+                               own ? 0 : getpid(), &r, err, sizeof err) != 0) {
         say(sp, "job %u on %s: the broker did not make its tenant: %s", job, node, err);
         return -1;
+    }
+    if (own) {
+        char sname_[64];
+        snprintf(sname_, sizeof sname_, "job_%u.%u", job, step);
+        if (gm_broker_admin_carve(sock, sname_, name, squota, o.guarantee ? squota : 0, uid, gid,
+                                  job, getpid(), &r, err, sizeof err) != 0) {
+            say(sp, "job %u step %u on %s: the step's %" PRIu64 " bytes of GPU memory are not "
+                "given: %s", job, step, node, squota, err);
+            return -1;
+        }
+        snprintf(g_step_tenant, sizeof g_step_tenant, "%s", sname_);
+        snprintf(g_step_sock, sizeof g_step_sock, "%s", sock);
+        snprintf(name, sizeof name, "%s", sname_);
+        quota = squota;
     }
     if (spank_setenv(sp, "GPUMEM_BROKER", r.door, 1) != ESPANK_SUCCESS) {
         say(sp, "job %u: cannot set GPUMEM_BROKER in its environment", job);
@@ -261,6 +318,45 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
     else snprintf(sname, sizeof sname, "%u", step);
     slurm_info("gpumem: job %u step %s on %s: tenant %s, quota %" PRIu64 " bytes, door %s", job,
                sname, node, name, quota, r.door);
+    return 0;
+}
+
+/* A step's end (slurmstepd): a step that had its own tenant gives its
+ * quota back to the job's, and its figures go to the node log.  The batch
+ * step's end is the job's: its figures go to the job's error output (the
+ * batch step daemon's stderr) as well. */
+int slurm_spank_exit(spank_t sp, int ac, char **av)
+{
+    if (!spank_remote(sp)) return 0;
+    uint32_t job = 0, step = 0;
+    spank_get_item(sp, S_JOB_ID, &job);
+    spank_get_item(sp, S_JOB_STEPID, &step);
+    char err[640];
+    gm_broker_admin_result_t r;
+    if (g_step_tenant[0]) {
+        if (gm_broker_admin_remove(g_step_sock, g_step_tenant, &r, err, sizeof err) == 0)
+            slurm_info("gpumem: job %u step %u ended: tenant %s removed, its quota back to "
+                       "job_%u; peak %" PRIu64 " bytes of quota %" PRIu64 ", held at the end %"
+                       PRIu64 ", %" PRIu64 " refusals (%" PRIu64 " out of device memory)", job,
+                       step, g_step_tenant, job, r.peak, r.quota, r.used, r.refusals, r.ooms);
+        else if (r.status) /* gone already (the job's end, or reaped) */
+            slurm_info("gpumem: job %u step %u: removing tenant %s: %s", job, step,
+                       g_step_tenant, err);
+        g_step_tenant[0] = '\0';
+        return 0;
+    }
+    if (step != SLURM_BATCH_SCRIPT) return 0;
+    opts_t o;
+    if (opts_parse(ac, av, &o, err, sizeof err) != 0) return 0;
+    char name[64], node[256], sock[108];
+    snprintf(name, sizeof name, "job_%u", job);
+    node_name(sp, node, sizeof node);
+    broker_path(&o, node, sock, sizeof sock);
+    if (gm_broker_admin_figures(sock, name, &r, err, sizeof err) != 0) return 0;
+    fprintf(stderr, "gpumem: job %u on %s: peak %" PRIu64 " bytes of GPU memory of its grant %"
+            PRIu64 ", held at the end %" PRIu64 ", %" PRIu64 " allocations refused (%" PRIu64
+            " out of device memory)\n", job, node, r.peak, r.quota, r.used, r.refusals, r.ooms);
+    fflush(stderr);
     return 0;
 }
 
@@ -287,7 +383,7 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
         return 0;
     }
     slurm_info("gpumem: job %u ended: tenant %s removed, peak %" PRIu64 " bytes of quota %" PRIu64
-               ", held at the end %" PRIu64 ", %" PRIu64 " refusals", job, name, r.peak, r.quota,
-               r.used, r.refusals);
+               ", held at the end %" PRIu64 ", %" PRIu64 " refusals (%" PRIu64 " out of device "
+               "memory)", job, name, r.peak, r.quota, r.used, r.refusals, r.ooms);
     return 0;
 }

@@ -21,6 +21,8 @@
  *     UNADOPT count cached              (no reply) adopted pages let go
  *     STATS  first                      -> REPLY count=tenants, first..; one
  *                                          tenant per reply (text = name)
+ *                                          (min = its refusals when the
+ *                                          device was full)
  *   admin (a privileged caller: root, the broker's own uid or a user of the
  *   config's `admins`, checked with SO_PEERCRED; anyone else is refused):
  *     ADMIN_CREATE tenant quota guaranteed count=uid min=gid first=job
@@ -29,8 +31,17 @@
  *                  process connecting there is the tenant's when its uid is
  *                  uid and its ancestry reaches an anchor process, e.g. the
  *                  job step's slurmstepd).  Again for the same tenant and
- *                  job: adds the anchor, sets the quota.
- *     ADMIN_REMOVE tenant                -> REPLY the tenant's last figures;
+ *                  job: adds the anchor, sets the quota (less what its
+ *                  steps' tenants hold of it).
+ *                  flags=CARVE text=the job's tenant: a job step's tenant
+ *                  whose quota (and guarantee, as far as the job's has
+ *                  one) is taken from the job's tenant, refused (GM_LIMIT)
+ *                  past what the job's processes do not hold, and given
+ *                  back when it is removed (the job's removal removes its
+ *                  steps' first); the REPLY has flags=CARVE (a broker that
+ *                  does not carve answers without it).
+ *     ADMIN_REMOVE tenant                -> REPLY the tenant's last figures
+ *                  (count = its refusals when the device was full);
  *                  its processes are dropped (every page back), its door
  *                  removed.
  *   events (the broker speaks, the client's thread listens):
@@ -81,6 +92,7 @@ enum {
 };
 
 #define GM__BROKER_FLAG_EVENTS 0x1u /* HELLO: this is the events connection */
+#define GM__BROKER_FLAG_CARVE 0x2u  /* ADMIN_CREATE: a step's tenant out of text's */
 
 typedef struct gm__broker_msg {
     uint32_t magic;       /* GM__BROKER_MAGIC */

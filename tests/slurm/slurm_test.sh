@@ -20,8 +20,17 @@
 #   slurmd restart  while a job runs: its tenant stays, its end removes it
 #   lost epilog  the broker down when a job ends: its tenant, back from the
 #             jobs file, is reaped once the job's step daemons are gone
-#   churn     50 jobs of random sizes and lengths: 0 bytes over, each job its
-#             grant and past it an error naming it, nothing left
+#   steps     a step's own smaller request: a tenant of it carved out of the
+#             job's (the job's quota less it while it runs), held to it; a
+#             step asking more than the job has left refused; its end gives
+#             the quota back; a step without a request uses the job's tenant
+#   accounting  the job's peak, final, refusals and OOMs at its end in the
+#             node log, the broker's log and the job's error output; job=
+#             labels in `gpumem metrics --broker`
+#   churn     50 jobs of random sizes and lengths over a minute (every fifth
+#             in a step of its own request): 0 bytes over any tenant's quota
+#             or job's grant, each job its grant and past it an error naming
+#             it, nothing left
 #   policy    a job without --gres=gpumem is refused with the reason
 # Exit 77 (skipped) when slurm-wlm or munge is not installed.  Every daemon
 # it starts is stopped on exit.  Runs as root (slurmd must).
@@ -202,9 +211,11 @@ ok "munge, slurmctld, 2 slurmd and 2 brokers up"
 
 # A figure of tenant NAME in node n's broker, asked now (gpumem metrics
 # --broker): used_bytes, quota_bytes, peak_bytes ...; empty when absent.
+# Job tenants carry job= (and step=) labels after their tenant label.
 books() { # node tenant field
   "$GPUMEM" metrics --broker "$D/$1/broker.sock" 2>/dev/null |
-    awk -v m="gpumem_broker_tenant_$3{tenant=\"$2\"}" '$1 == m { print $2 }'
+    awk -v m="gpumem_broker_tenant_$3{tenant=\"$2\"" \
+      'index($1, m) == 1 && substr($1, length(m) + 1, 1) ~ /[},]/ { print $2 }'
 }
 leased() { # node
   "$GPUMEM" metrics --broker "$D/$1/broker.sock" 2>/dev/null |
@@ -212,7 +223,7 @@ leased() { # node
 }
 job_tenants() { # node: the job tenants it lists
   "$GPUMEM" metrics --broker "$D/$1/broker.sock" 2>/dev/null |
-    grep -o 'used_bytes{tenant="job_[0-9]*"}' | sort -u
+    grep -o 'used_bytes{tenant="job_[0-9.]*"' | sort -u
 }
 # Wait (at most $2 s) until command $1 succeeds; 0 if it did.
 until_ok() { local i; for ((i = 0; i < $2 * 20; i++)); do eval "$1" && return 0; sleep 0.05; done; return 1; }
@@ -247,6 +258,72 @@ until_ok '[[ -z $(squeue -h -j $P 2>/dev/null) ]] && grep -qs "^job tenant" "$D/
   [[ $(sinfo -h -n n1 -o %t) == idle* ]] &&
   ok "policy: a batch job without --gres=gpumem gets nothing, naming the job; n1 not drained" ||
   bad "policy (batch): $(cat "$D/out/policy.out" 2>/dev/null); n1 $(sinfo -h -n n1 -o %t)"
+
+# ---- steps: a step's own smaller request, carved out of its job's grant ----------
+# A job of 512 MiB on n1 whose batch process holds 288 MiB; its steps:
+#   A  --gres=gpumem:128, 96 MiB held 2 s: its own tenant job_S.0 of 128 MiB,
+#      the job's quota 384 MiB meanwhile, 512 again after it
+#   B  --gres=gpumem:128, 200 MiB: fails naming the step's tenant
+#   C  --gres=gpumem:256: more than the job has left (224 MiB): refused
+#   D  --gres=gpumem:64 at the job's door: not a process of the job
+#   E  no --gres: the job's tenant, as before (96 MiB more: 384 of 512)
+# At the job's end its figures are in the node log, the broker's log and the
+# job's error output.
+cat >"$D/steps.sh" <<EOF
+#!/bin/bash
+$ALLOC $((288 << 20)) --hold 30000 &
+until grep -qs "^job tenant" "$D/out/steps.out"; do sleep 0.05; done
+echo "step A"; srun --gres=gpumem:128 $ALLOC $((96 << 20)) --hold 2000
+echo "step B"; srun --gres=gpumem:128 $ALLOC $((200 << 20))
+echo "step C"; srun --gres=gpumem:256 $ALLOC 1048576 2>&1
+echo "step D"; srun --gres=gpumem:64 bash -c "GPUMEM_BROKER=$D/n1/jobs/job_\$SLURM_JOB_ID/sock $ALLOC 1048576"
+echo "step E"; srun $ALLOC $((96 << 20))
+echo "steps done"
+kill %1; wait
+EOF
+chmod 755 "$D/steps.sh"
+S=$(sbatch --parsable -w n1 --gres=gpumem:512 -o "$D/out/steps.out" "$D/steps.sh")
+until_ok 'grep -qs "^step A" "$D/out/steps.out" && [[ -n $(books n1 job_$S.0 quota_bytes) ]]' 30
+jq_=$(books n1 "job_$S" quota_bytes) sq_=$(books n1 "job_$S.0" quota_bytes)
+[[ $jq_ -eq $((384 << 20)) && $sq_ -eq $((128 << 20)) ]] &&
+  ok "steps: step $S.0 asked 128 MiB: its tenant has 128 MiB, the job's 384 MiB while it runs" ||
+  bad "steps: job quota '$jq_', step quota '$sq_'"
+m=$("$GPUMEM" metrics --broker "$D/n1/broker.sock" 2>/dev/null)
+grep -q "^gpumem_broker_tenant_quota_bytes{tenant=\"job_$S.0\",job=\"$S\",step=\"0\"} $((128 << 20))$" <<<"$m" &&
+  grep -q "^gpumem_broker_tenant_used_bytes{tenant=\"job_$S\",job=\"$S\"} " <<<"$m" &&
+  ok "metrics: job tenants labelled job=\"$S\" (a step's also step=\"0\")" ||
+  bad "metrics: no job label: $(grep "job_$S" <<<"$m" | head -n 3)"
+until_ok 'grep -qs "^steps done" "$D/out/steps.out"' 30
+out=$(cat "$D/out/steps.out")
+stepout() { sed -n "/^step $1/,/^step [^$1]/p" <<<"$out"; }
+[[ $(stepout A) == *"ok pid "*"job tenant job_$S.0"* ]] && ok "steps: step A leased 96 MiB from job_$S.0" ||
+  bad "steps A: $(stepout A)"
+[[ $(stepout B) == *"fail pid "*"tenant 'job_$S.1' is over its quota"* ]] &&
+  ok "steps: step B held to its 128 MiB: $(grep -o "tenant 'job_$S.1' is over its quota: it holds [^)]*)" <<<"$out")" ||
+  bad "steps B: $(stepout B)"
+[[ $(stepout C) != *"ok pid"* ]] &&
+  grep -q "job $S step 2 on n1: the step's 268435456 bytes of GPU memory are not given: .*tenant 'job_$S' has [0-9.]* MiB left of its quota 512.00 MiB ([0-9.]* MiB held by its processes): a step's tenant 'job_$S.2' of 256.00 MiB does not fit" "$D/log/slurmd-n1.log" &&
+  ok "steps: step C (256 MiB, about 200 left) refused; the node log says why" ||
+  bad "steps C: $(stepout C) / $(grep "step 2" "$D/log/slurmd-n1.log" | tail -n 2)"
+[[ $(stepout D) == *"fail pid "*"not a process of the job"* ]] &&
+  ok "steps: a step's process is refused at its job's door" || bad "steps D: $(stepout D)"
+grep -A2 "^step E" <<<"$out" | grep -qx "job tenant job_$S" && grep -A2 "^step E" <<<"$out" | grep -q "^ok pid" &&
+  ok "steps: a step without its own request leases from the job's tenant" || bad "steps E: $(stepout E)"
+until_ok '[[ -z $(squeue -h -j $S 2>/dev/null) && -z $(books n1 job_$S quota_bytes) ]]' 30
+grep -q "gpumem: job $S step 0 ended: tenant job_$S.0 removed, its quota back to job_$S; peak [0-9]* bytes of quota $((128 << 20))" "$D/log/slurmd-n1.log" &&
+  ok "steps: step 0's end gave its quota back (node log)" ||
+  bad "steps: no step end in the node log: $(grep "step 0" "$D/log/slurmd-n1.log" | tail -n 2)"
+# ---- accounting: the job's figures at its end -----------------------------------------
+line=$(grep "gpumem: job $S ended: tenant job_$S removed" "$D/log/slurmd-n1.log")
+[[ $line == *"peak "*" bytes of quota $((512 << 20)), held at the end "*" refusals (0 out of device memory)"* ]] &&
+  ok "accounting: the node log: ${line#*gpumem: }" || bad "accounting: node log: '$line'"
+line=$(grep "tenant 'job_$S' (job $S) removed" "$D/log/broker-n1.log")
+[[ $line == *"peak "*" of quota 512"*" held at the end, "*" refusals (0 out of device memory)"* ]] &&
+  ok "accounting: the broker's log: ${line#*removed: }" || bad "accounting: broker log: '$line'"
+line=$(grep "^gpumem: job $S on n1: peak" "$D/out/steps.out")
+pk=$(sed -n 's/.* peak \([0-9]*\) bytes of GPU memory of its grant .*/\1/p' <<<"$line")
+[[ ${pk:-0} -ge $((384 << 20)) && $pk -le $((512 << 20)) && $line == *"of its grant $((512 << 20))"*"allocations refused"* ]] &&
+  ok "accounting: the job's error output: $line" || bad "accounting: job output: '$line' ($(tail -n 3 "$D/out/steps.out"))"
 
 # ---- place: two jobs of 800 MiB on both nodes, a third pending ------------------
 submit() { # i: a job of 800 MiB whose process holds 700 MiB (the script stays when it dies)
@@ -369,45 +446,97 @@ else
   bad "slurmd restart: job $R held '$u', tenant now '$(books n2 "job_$R" quota_bytes)'"
 fi
 
-# ---- churn: jobs of random sizes and lengths on both nodes ---------------------------
-# Each asks 64..512 MiB, allocates 50..125 % of it (those past the grant must
-# fail naming their job) and holds it 0..1.5 s.  While they run, no tenant
-# of either broker holds more than its quota.
+# ---- churn: jobs of random sizes and lengths on both nodes, for a minute ------------
+# 50 jobs, one every 1.2 s (GM_SLURM_CHURN jobs over GM_SLURM_CHURN_S s), each
+# asks 64..512 MiB, allocates 50..125 % of its grant (those past it must fail
+# naming their tenant) and holds it 0..4 s; every fifth runs its process in
+# a step of its own smaller request (half the job's), carved out of the
+# job's tenant.  While they run, no tenant of either broker holds more than
+# its quota, and each job's tenants (its own and its steps') hold no more
+# than its grant, their quotas adding up to it exactly.
 CHURN=${GM_SLURM_CHURN:-50}
+CHURN_S=${GM_SLURM_CHURN_S:-60}
 RANDOM=4521
-for ((i = 0; i < CHURN; i++)); do
-  g=$(( 64 + RANDOM % 449 )) pct=$(( 50 + RANDOM % 76 )) hold=$(( RANDOM % 16 ))
-  bytes=$(( (g << 20) * pct / 100 ))
-  C[$i]=$(sbatch --parsable --gres=gpumem:$g -o "$D/out/churn$i.out" \
-    --wrap "$ALLOC $bytes --hold $((hold * 100)); true")
-  CB[$i]=$bytes CG[$i]=$g
-done
-worst=0 polls=0
-while [[ -n $(squeue -h 2>/dev/null) ]] && (( $(ms) < 150000 )); do
+worst=0 polls=0 jworst=0 qwrong=0 jseen=0
+: >"$D/grants"
+churn_look() { # both brokers' books, once
+  local n w jw qb
   for n in n1 n2; do
-    m=$("$GPUMEM" metrics --broker "$D/$n/broker.sock" 2>/dev/null |
+    w=$("$GPUMEM" metrics --broker "$D/$n/broker.sock" 2>/dev/null |
       awk -F'[{}" ]+' '/^gpumem_broker_tenant_used_bytes/ { u[$3] = $NF }
                       /^gpumem_broker_tenant_quota_bytes/ { q[$3] = $NF }
                       END { w = 0; for (t in u) if (t in q && u[t] - q[t] > w) w = u[t] - q[t]; print w }')
-    (( ${m:-0} > worst )) && worst=$m
+    (( ${w:-0} > worst )) && worst=$w
   done
+  # A job's tenants together, from each broker's stats file (one snapshot:
+  # the metrics above ask tenant by tenant, while steps come and go).
+  read -r jw qb js < <(python3 - "$D/grants" "$D"/n1/stats.json "$D"/n2/stats.json <<'PYEOF3'
+import json, re, sys
+grants = dict(l.split() for l in open(sys.argv[1]) if l.strip())
+over = bad = seen = 0
+for path in sys.argv[2:]:
+    try: tenants = json.load(open(path))["tenants"]
+    except (OSError, ValueError): continue
+    used, quota = {}, {}
+    for t in tenants:
+        m = re.fullmatch(r"job_(\d+)(\.\d+)?", t["name"])
+        if m and m.group(1) in grants:
+            used[m.group(1)] = used.get(m.group(1), 0) + t["used"]
+            quota[m.group(1)] = quota.get(m.group(1), 0) + t["quota"]
+    for j in used:
+        seen += 1
+        over = max(over, used[j] - int(grants[j]))
+        bad += quota[j] != int(grants[j])
+print(over, bad, seen)
+PYEOF3
+  )
+  (( ${jw:-0} > jworst )) && jworst=$jw
+  qwrong=$(( qwrong + ${qb:-0} )) jseen=$(( jseen + ${js:-0} ))
   polls=$((polls + 1))
+}
+t0=$(ms)
+for ((i = 0; i < CHURN; i++)); do
+  g=$(( 64 + RANDOM % 449 )) pct=$(( 50 + RANDOM % 76 )) hold=$(( RANDOM % 41 ))
+  if (( i % 5 == 4 )); then
+    sg=$(( g / 2 )) bytes=$(( ((g / 2) << 20) * pct / 100 ))
+    run="srun --gres=gpumem:$sg $ALLOC $bytes --hold $((hold * 100)); true"
+    CG[$i]=$sg
+  else
+    bytes=$(( (g << 20) * pct / 100 ))
+    run="$ALLOC $bytes --hold $((hold * 100)); true"
+    CG[$i]=$g
+  fi
+  C[$i]=$(sbatch --parsable --gres=gpumem:$g -o "$D/out/churn$i.out" --wrap "$run")
+  echo "${C[$i]} $((g << 20))" >>"$D/grants"
+  CB[$i]=$bytes
+  next=$(( t0 + (i + 1) * CHURN_S * 1000 / CHURN ))
+  while (( $(ms) < next )); do churn_look; sleep 0.05; done
 done
-[[ -z $(squeue -h) ]] && ok "churn: $CHURN jobs done" || bad "churn: jobs still queued: $(squeue -h | wc -l)"
-[[ $worst -eq 0 ]] && ok "churn: 0 bytes over any job's quota in $polls looks at both brokers" ||
+while [[ -n $(squeue -h 2>/dev/null) ]] && (( $(ms) < t0 + CHURN_S * 1000 + 60000 )); do
+  churn_look
+done
+[[ -z $(squeue -h) ]] && ok "churn: $CHURN jobs done in $(( ($(ms) - t0) / 1000 )) s" ||
+  bad "churn: jobs still queued: $(squeue -h | wc -l)"
+[[ $worst -eq 0 ]] && ok "churn: 0 bytes over any tenant's quota in $polls looks at both brokers" ||
   bad "churn: a tenant $worst bytes over its quota"
+[[ $jworst -eq 0 && $qwrong -eq 0 && $jseen -gt 0 ]] &&
+  ok "churn: 0 bytes over any job's grant (its tenant and its steps' together), their quotas adding up to it, in $jseen looks at a job" ||
+  bad "churn: a job $jworst bytes over its grant; $qwrong of $jseen looks where a job's quotas did not add up to its grant"
 right=0 wrong=0
 for ((i = 0; i < CHURN; i++)); do
   f="$D/out/churn$i.out"
   t=$(sed -n 's/^job tenant //p' "$f" 2>/dev/null)
+  want=job_${C[i]}
+  (( i % 5 == 4 )) && want=$want.0  # the step's own tenant
   if (( CB[i] <= CG[i] << 20 )); then
-    grep -q "^ok pid" "$f" 2>/dev/null && right=$((right + 1)) || { wrong=$((wrong + 1)); echo "churn $i: $(head -c 300 "$f" 2>/dev/null)"; }
+    grep -q "^ok pid" "$f" 2>/dev/null && [[ $t == "$want" ]] && right=$((right + 1)) ||
+      { wrong=$((wrong + 1)); echo "churn $i ($want): $(head -c 300 "$f" 2>/dev/null)"; }
   else
-    grep -q "^fail pid.*tenant '$t' is over its quota" "$f" 2>/dev/null && [[ $t == job_* ]] &&
-      right=$((right + 1)) || { wrong=$((wrong + 1)); echo "churn $i: $(head -c 300 "$f" 2>/dev/null)"; }
+    grep -q "^fail pid.*tenant '$t' is over its quota" "$f" 2>/dev/null && [[ $t == "$want" ]] &&
+      right=$((right + 1)) || { wrong=$((wrong + 1)); echo "churn $i ($want): $(head -c 300 "$f" 2>/dev/null)"; }
   fi
 done
-[[ $wrong -eq 0 ]] && ok "churn: every job got its grant, and past it an error naming the job ($right jobs)" ||
+[[ $wrong -eq 0 ]] && ok "churn: every job (or its step) got its grant, and past it an error naming its tenant ($right jobs)" ||
   bad "churn: $wrong jobs got what they should not"
 
 # ---- books: 0 bytes over, nothing left ---------------------------------------------

@@ -480,6 +480,14 @@ typedef struct tenant {
     size_t n_anchors;
     bool anchored;       /* had an anchor once: reaped when they are all gone */
     uint64_t orphan_ns;  /* since when it has no live anchor and no client */
+    /* A job step's tenant (ADMIN_CREATE with GM__BROKER_FLAG_CARVE): its
+     * quota and guarantee were taken from the job's tenant carved_from and
+     * go back to it when this one is removed, so that
+     *   job's quota + the quotas of its steps' tenants == the job's grant
+     * and the job's processes and its steps' together hold at most that. */
+    char carved_from[GM__BROKER_NAME_MAX];
+    uint64_t carved, carved_guaranteed; /* bytes */
+    uint64_t ooms;       /* refusals because the device was full (in refusals too) */
 } tenant_t;
 
 enum { C_FREE, C_NEW, C_CONTROL, C_VIEWER };
@@ -1240,6 +1248,7 @@ static void refuse(broker_t *b, client_t *c, int status, const char *fmt_, ...)
     vsnprintf(m.text, sizeof m.text, fmt_, ap);
     va_end(ap);
     b->tenants[c->tenant].refusals++;
+    b->tenants[c->tenant].ooms += status == GM_OUT_OF_MEMORY;
     c->pending = false;
     send_msg(b, c, c->fd, &m, NULL, 0);
 }
@@ -1507,6 +1516,7 @@ static void on_stats(broker_t *b, client_t *c, gm__broker_msg_t *in)
         m.peak = t->peak * b->page;
         m.cached_bytes = t->cached * b->page;
         m.refusals = t->refusals;
+        m.min = t->ooms;
         m.clients = t->clients;
         m.reclaims = t->reclaims;
     }
@@ -1664,10 +1674,13 @@ static void jobs_write(broker_t *b)
         if (!t->runtime || t->gone) continue;
         fprintf(f, "%s %u %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %d", t->cfg.name,
                 (unsigned)t->job_uid, (unsigned)t->job_gid, t->job_id,
-                t->cfg.quota == UINT64_MAX ? 0 : t->cfg.quota, t->cfg.guaranteed,
+                t->cfg.quota, t->cfg.guaranteed,
                 t->anchored ? 1 : 0);
         for (size_t k = 0; k < t->n_anchors; k++)
             fprintf(f, " %d:%" PRIu64, (int)t->anchors[k].pid, t->anchors[k].start);
+        if (t->carved_from[0])
+            fprintf(f, " from=%s:%" PRIu64 ":%" PRIu64, t->carved_from, t->carved,
+                    t->carved_guaranteed);
         fputc('\n', f);
     }
     if (fclose(f) != 0) {
@@ -1717,7 +1730,9 @@ static void jobs_load(broker_t *b)
                        &guaranteed, &anchored, &used) != 7 || tenant_find(b, name) >= 0)
                 continue;
             snprintf(c.name, sizeof c.name, "%s", name);
-            c.quota = quota ? quota : UINT64_MAX;
+            /* As written: a quota of 0 stays 0 (a job's tenant that gave
+             * all it had to its steps, or a job without a request). */
+            c.quota = quota;
             c.guaranteed = guaranteed;
             ssize_t ti = tenant_add(b, &c, false);
             if (ti < 0) break;
@@ -1727,12 +1742,22 @@ static void jobs_load(broker_t *b)
             t->job_gid = gid;
             t->job_id = job;
             t->anchored = anchored != 0;
-            for (char *s = line + used, *end; t->n_anchors < 16;) {
+            char *s = line + used, *end;
+            while (t->n_anchors < 16) {
                 long pid = strtol(s, &end, 10);
                 if (end == s || *end != ':') break;
                 unsigned long long start = strtoull(end + 1, &s, 10);
                 t->anchors[t->n_anchors].pid = (pid_t)pid;
                 t->anchors[t->n_anchors++].start = start;
+            }
+            /* A step's tenant: what it took from its job's (given back at
+             * its removal; the job's line already has the rest). */
+            char from[GM__BROKER_NAME_MAX];
+            unsigned long long carved, carved_g;
+            if (sscanf(s, " from=%63[^:]:%llu:%llu", from, &carved, &carved_g) == 3) {
+                snprintf(t->carved_from, sizeof t->carved_from, "%s", from);
+                t->carved = carved;
+                t->carved_guaranteed = carved_g;
             }
             char why[512];
             if (door_open(b, t, why, sizeof why) != 0) {
@@ -1765,12 +1790,31 @@ static void jobs_load(broker_t *b)
                  " pages their processes kept are booked to them", n, booked);
 }
 
-/* Remove runtime tenant ti: its processes dropped (every page back), its
- * door closed.  why: logged with its figures (NULL: quietly). */
+/* Is tenant i a live step tenant carved from tenant ti? */
+static bool carved_from(const broker_t *b, size_t i, size_t ti)
+{
+    const tenant_t *s = &b->tenants[i];
+    return i != ti && s->runtime && !s->gone && s->carved_from[0] &&
+           !strcmp(s->carved_from, b->tenants[ti].cfg.name);
+}
+
+/* Remove the step tenants carved from ti (a job that ends ends its steps);
+ * each gives its share back to ti. */
+static void steps_remove(broker_t *b, size_t ti)
+{
+    for (size_t i = 0; i < b->n_tenants; i++)
+        if (carved_from(b, i, ti)) tenant_remove(b, i, "its job's tenant was removed");
+}
+
+/* Remove runtime tenant ti: its steps' tenants first, its processes
+ * dropped (every page back), its door closed; a step's tenant gives its
+ * quota and guarantee back to its job's.  why: logged with its figures
+ * (NULL: quietly). */
 static void tenant_remove(broker_t *b, size_t ti, const char *why)
 {
+    steps_remove(b, ti);
     tenant_t *t = &b->tenants[ti];
-    uint64_t dropped = 0;
+    uint64_t dropped = 0, held = t->used;
     for (size_t i = 0; i < b->n_clients; i++) {
         client_t *c = &b->clients[i];
         if (c->state == C_FREE) continue;
@@ -1785,11 +1829,20 @@ static void tenant_remove(broker_t *b, size_t ti, const char *why)
             b->kept[k].tenant = 0;
         }
     door_close(b, t);
+    ssize_t job = t->carved_from[0] ? tenant_find(b, t->carved_from) : -1;
+    if (job >= 0) {
+        tenant_t *j = &b->tenants[job];
+        if (j->cfg.quota != UINT64_MAX) j->cfg.quota += t->carved;
+        j->cfg.guaranteed += t->carved_guaranteed;
+        j->futile = false;
+    }
     if (why) {
-        char a[32], q[32];
-        logf_(b, "tenant '%s' (job %" PRIu64 ") removed: %s; peak %s of quota %s, %" PRIu64
-              " refusals, %" PRIu64 " processes dropped", t->cfg.name, t->job_id, why,
-              fmt(t->peak * b->page, a), fmt(t->cfg.quota, q), t->refusals, dropped);
+        char a[32], q[32], h[32];
+        logf_(b, "tenant '%s' (job %" PRIu64 ") removed: %s; peak %s of quota %s, %s held at "
+              "the end, %" PRIu64 " refusals (%" PRIu64 " out of device memory), %" PRIu64
+              " processes dropped%s%s", t->cfg.name, t->job_id, why, fmt(t->peak * b->page, a),
+              fmt(t->cfg.quota, q), fmt(held * b->page, h), t->refusals, t->ooms, dropped,
+              job >= 0 ? "; its quota back to " : "", job >= 0 ? b->tenants[job].cfg.name : "");
     }
     t->gone = true;
     t->cfg.guaranteed = 0;
@@ -1821,7 +1874,9 @@ static void jobs_reap(broker_t *b, uint64_t now)
             t->n_anchors = k;
             jobs_write(b);
         }
-        if (k || t->clients) {
+        bool steps = false; /* a job's tenant lives while its steps' do */
+        for (size_t j = 0; j < b->n_tenants && !steps && !k; j++) steps = carved_from(b, j, i);
+        if (k || t->clients || steps) {
             t->orphan_ns = 0;
             continue;
         }
@@ -1857,12 +1912,14 @@ static void on_admin(broker_t *b, client_t *c, gm__broker_msg_t *in)
                      "tenant '%s' is of the config, not made at run time",
                      shown(name, sh, sizeof sh));
         } else {
+            steps_remove(b, (size_t)ti); /* their quotas back: the job's figures whole */
             tenant_t *t = &b->tenants[ti];
             snprintf(m.tenant, sizeof m.tenant, "%s", t->cfg.name);
             m.quota = t->cfg.quota;
             m.used = t->used * b->page;
             m.peak = t->peak * b->page;
             m.refusals = t->refusals;
+            m.count = t->ooms;
             m.clients = t->clients;
             tenant_remove(b, (size_t)ti, "removed by its admin");
         }
@@ -1877,7 +1934,33 @@ static void on_admin(broker_t *b, client_t *c, gm__broker_msg_t *in)
                   (name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'z') ||
                   (name[i] >= 'A' && name[i] <= 'Z');
     uint64_t quota = in->quota, guaranteed = in->guaranteed;
-    if (!name_ok) {
+    bool carve = in->flags & GM__BROKER_FLAG_CARVE;
+    ssize_t ji = carve ? tenant_find(b, in->text) : -1; /* the job's tenant a step carves from */
+    char sh2[96];
+    if (in->flags & ~GM__BROKER_FLAG_CARVE) {
+        m.status = GM_INVALID_ARGUMENT;
+        snprintf(m.text, sizeof m.text, "unknown flags 0x%x in a create", (unsigned)in->flags);
+    } else if (carve != (in->text[0] != '\0')) {
+        m.status = GM_INVALID_ARGUMENT;
+        snprintf(m.text, sizeof m.text, carve ? "a step's tenant must name its job's tenant" :
+                 "a create names a job's tenant but does not carve from it");
+    } else if (carve && (ji < 0 || !b->tenants[ji].runtime || b->tenants[ji].carved_from[0] ||
+                         (size_t)ji == (size_t)ti)) {
+        m.status = GM_INVALID_ARGUMENT;
+        snprintf(m.text, sizeof m.text, "no job's tenant '%s' to carve a step's tenant from",
+                 shown(in->text, sh2, sizeof sh2));
+    } else if (carve && (b->tenants[ji].job_uid != in->count || b->tenants[ji].job_id != in->first)) {
+        m.status = GM_INVALID_STATE;
+        snprintf(m.text, sizeof m.text, "tenant '%s' is not this job's",
+                 shown(in->text, sh2, sizeof sh2));
+    } else if (ti >= 0 && b->tenants[ti].runtime &&
+               (carve ? strcmp(b->tenants[ti].carved_from, in->text) != 0 ||
+                            b->tenants[ti].carved != quota
+                      : b->tenants[ti].carved_from[0] != '\0')) {
+        m.status = GM_INVALID_STATE;
+        snprintf(m.text, sizeof m.text, "tenant '%s' exists with another grant or job's tenant",
+                 shown(name, sh, sizeof sh));
+    } else if (!name_ok) {
         m.status = GM_INVALID_ARGUMENT;
         snprintf(m.text, sizeof m.text, "tenant name '%s': 1 to 63 letters, digits, - _ .",
                  shown(name, sh, sizeof sh));
@@ -1898,7 +1981,27 @@ static void on_admin(broker_t *b, client_t *c, gm__broker_msg_t *in)
         m.status = GM_INVALID_ARGUMENT;
         snprintf(m.text, sizeof m.text, "anchor pid %lld is not running", (long long)in->pid);
     }
-    if (m.status == GM_OK) {
+    uint64_t carved = 0, carved_g = 0; /* a job's tenant: what its steps hold of its grant */
+    for (size_t i = 0; ti >= 0 && i < b->n_tenants; i++)
+        if (carved_from(b, i, (size_t)ti))
+            carved += b->tenants[i].carved, carved_g += b->tenants[i].carved_guaranteed;
+    if (m.status == GM_OK && carve && ti < 0) {
+        /* The step's grant comes out of what the job has not used: the
+         * job's processes keep what they hold, within what is left. */
+        tenant_t *j = &b->tenants[ji];
+        uint64_t held = j->used * b->page;
+        uint64_t left = j->cfg.quota == UINT64_MAX ? UINT64_MAX
+                        : j->cfg.quota > held ? j->cfg.quota - held : 0;
+        if (quota > left) {
+            char a[32], q[32], g[32], h[32];
+            m.status = GM_LIMIT;
+            snprintf(m.text, sizeof m.text, "tenant '%s' has %s left of its quota %s (%s held by "
+                     "its processes): a step's tenant '%s' of %s does not fit", j->cfg.name,
+                     fmt(left, a), fmt(j->cfg.quota, q), fmt(held, h), shown(name, sh, sizeof sh),
+                     fmt(quota, g));
+        }
+        if (guaranteed > j->cfg.guaranteed) guaranteed = j->cfg.guaranteed;
+    } else if (m.status == GM_OK && !carve) {
         /* Guarantees promised together fit the capacity: one that does not
          * is cut to what is left (logged), never refused, since the tenant
          * of a job that ended while its remover could not reach the broker
@@ -1906,7 +2009,8 @@ static void on_admin(broker_t *b, client_t *c, gm__broker_msg_t *in)
          * already have given its share to the next job. */
         uint64_t promised = 0, cap = b->cap_pages * b->page;
         for (size_t i = 0; i < b->n_tenants; i++)
-            if (!b->tenants[i].gone && (ssize_t)i != ti) promised += b->tenants[i].cfg.guaranteed;
+            if (!b->tenants[i].gone && (ssize_t)i != ti && !(ti >= 0 && carved_from(b, i, (size_t)ti)))
+                promised += b->tenants[i].cfg.guaranteed;
         if (promised + guaranteed > cap) {
             char a[32], q[32], g[32], h[32];
             uint64_t left = promised < cap ? cap - promised : 0;
@@ -1938,8 +2042,25 @@ static void on_admin(broker_t *b, client_t *c, gm__broker_msg_t *in)
         t->job_uid = (uid_t)in->count;
         t->job_gid = (gid_t)in->min;
         t->job_id = in->first;
+        if (carve) {
+            /* Taken from the job's tenant now, given back at removal. */
+            tenant_t *j = &b->tenants[ji];
+            snprintf(t->carved_from, sizeof t->carved_from, "%s", j->cfg.name);
+            t->carved = quota;
+            t->carved_guaranteed = guaranteed;
+            t->cfg.quota = quota;
+            t->cfg.guaranteed = guaranteed;
+            if (j->cfg.quota != UINT64_MAX) j->cfg.quota -= quota;
+            j->cfg.guaranteed -= guaranteed;
+            j->anchored = true; /* reaped once neither it nor its steps live */
+        }
         char why[GM__BROKER_TEXT_MAX];
         if (door_open(b, t, why, sizeof why) != 0) {
+            if (carve) { /* back to the job */
+                tenant_t *j = &b->tenants[ji];
+                if (j->cfg.quota != UINT64_MAX) j->cfg.quota += t->carved;
+                j->cfg.guaranteed += t->carved_guaranteed;
+            }
             t->gone = true;
             m.status = GM_IO;
             snprintf(m.text, sizeof m.text, "%s", why);
@@ -1949,8 +2070,12 @@ static void on_admin(broker_t *b, client_t *c, gm__broker_msg_t *in)
         }
     }
     tenant_t *t = &b->tenants[ti];
-    t->cfg.quota = quota;
-    t->cfg.guaranteed = guaranteed;
+    if (!carve) {
+        /* A job's grant again: what its steps hold of it stays theirs. */
+        t->cfg.quota = quota == UINT64_MAX ? quota : quota > carved ? quota - carved : 0;
+        t->cfg.guaranteed = guaranteed > carved_g ? guaranteed - carved_g : 0;
+        if (t->cfg.guaranteed > t->cfg.quota) t->cfg.guaranteed = t->cfg.quota;
+    }
     t->futile = false;
     if (in->pid) {
         bool have = false;
@@ -1971,7 +2096,11 @@ static void on_admin(broker_t *b, client_t *c, gm__broker_msg_t *in)
         t->orphan_ns = 0;
     }
     char q[32];
-    if (fresh)
+    if (fresh && carve)
+        logf_(b, "tenant '%s' made for a step of job %" PRIu64 " (uid %u): quota %s taken from "
+              "tenant '%s' (%s left to it), door %s", name, t->job_id, (unsigned)t->job_uid,
+              fmt(quota, q), t->carved_from, fmt(b->tenants[ji].cfg.quota, sh2), t->door);
+    else if (fresh)
         logf_(b, "tenant '%s' made for job %" PRIu64 " (uid %u): quota %s, door %s", name,
               t->job_id, (unsigned)t->job_uid, fmt(quota, q), t->door);
     jobs_write(b);
@@ -1981,6 +2110,7 @@ static void on_admin(broker_t *b, client_t *c, gm__broker_msg_t *in)
     m.quota = t->cfg.quota;
     m.guaranteed = t->cfg.guaranteed;
     m.used = t->used * b->page;
+    m.flags = carve ? GM__BROKER_FLAG_CARVE : 0; /* a broker that carves says so */
     send_msg(b, c, c->fd, &m, NULL, 0);
 }
 
@@ -2879,6 +3009,21 @@ static void label_value(FILE *out, const char *shown_name)
     }
 }
 
+/* The labels of a Slurm job's tenant (docs/slurm.md): `job_7` gives
+ * ,job="7"; a step's `job_7.3` ,job="7",step="3" (digits only, nothing to
+ * escape); any other name nothing. */
+static void job_labels(FILE *out, const char *name)
+{
+    if (strncmp(name, "job_", 4) != 0) return;
+    const char *j = name + 4, *e = j;
+    while (*e >= '0' && *e <= '9') e++;
+    const char *st = *e == '.' ? e + 1 : e, *se = st;
+    while (*se >= '0' && *se <= '9') se++;
+    if (e == j || e - j > 20 || *se || (*e == '.' && (se == st || se - st > 20))) return;
+    fprintf(out, ",job=\"%.*s\"", (int)(e - j), j);
+    if (*e == '.') fprintf(out, ",step=\"%.*s\"", (int)(se - st), st);
+}
+
 const char *gm_broker_safe_text(const char *s, char *buf, size_t cap)
 {
     if (cap < 8) return cap ? (buf[0] = '\0', buf) : buf;
@@ -2972,7 +3117,9 @@ void gm_broker_print_metrics(FILE *out, const gm_broker_view_t *v)
             name_shown(v->tenants[i].name, name, sizeof name);
             fprintf(out, "%s{tenant=\"", rows[r].name);
             label_value(out, name);
-            fprintf(out, "\"} %llu\n", (unsigned long long)x);
+            fputc('"', out);
+            job_labels(out, v->tenants[i].name);
+            fprintf(out, "} %llu\n", (unsigned long long)x);
         }
     }
 }
