@@ -25,7 +25,8 @@
 #             step asking more than the job has left refused; its end gives
 #             the quota back; a step without a request uses the job's tenant
 #   accounting  the job's peak, final, refusals and OOMs at its end in the
-#             node log, the broker's log and the job's error output; job=
+#             node log, the broker's log and the job's error output (a
+#             cancelled job's too; a reaped job's in the broker's log); job=
 #             labels in `gpumem metrics --broker`
 #   churn     50 jobs of random sizes and lengths over a minute (every fifth
 #             in a step of its own request): 0 bytes over any tenant's quota
@@ -390,6 +391,10 @@ else
   bad "scancel: job ${J[2]} still in the books of $N2"
 fi
 left=$(leased "$N2")
+# The job's figures at its end, in its error output (its batch step's end).
+until_ok 'grep -qs "^gpumem: job ${J[2]} on $N2: peak [0-9]* bytes of GPU memory of its grant $((800 << 20)), held at the end [0-9]*, [0-9]* allocations refused" "$D/out/place2.out"' 5 &&
+  ok "accounting: a cancelled job's figures in its output: $(grep "^gpumem: job" "$D/out/place2.out")" ||
+  bad "accounting: job ${J[2]}'s output has no figures: $(tail -n 2 "$D/out/place2.out")"
 until_ok '[[ $(state_of ${J[3]}) == RUNNING* ]]' 30 && ok "place: job ${J[3]} started once memory was free" ||
   bad "place: job ${J[3]}: $(state_of "${J[3]}")"
 scancel "${J[1]}" "${J[3]}"
@@ -414,9 +419,9 @@ start_broker n1
 t=$(date +%s%N)
 # The broker's log says it removed it (a query may come before the broker
 # has read its jobs file back), then its books agree.
-if until_ok 'grep -q "tenant '"'"'job_$L'"'"' (job $L) removed: its job" "$D/log/broker-n1.log"' 15 &&
+if until_ok 'grep -q "tenant '"'"'job_$L'"'"' (job $L) removed: its job.*; peak .* held at the end, [0-9]* refusals ([0-9]* out of device memory)" "$D/log/broker-n1.log"' 15 &&
    [[ -z $(books n1 "job_$L" quota_bytes) ]]; then
-  ok "lost epilog: job $L's tenant, back from the jobs file, reaped $(( ($(date +%s%N) - t) / 1000000 )) ms after the restart (job_grace 2 s)"
+  ok "lost epilog: job $L's tenant, back from the jobs file, reaped $(( ($(date +%s%N) - t) / 1000000 )) ms after the restart (job_grace 2 s), its figures logged"
 else
   bad "lost epilog: job $L's tenant is still there: $(books n1 "job_$L" quota_bytes)"
 fi
