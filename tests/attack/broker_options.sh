@@ -115,8 +115,15 @@ else
         { echo "FAIL: after SIGHUP with a FIFO config the broker does not answer: ${out:0:300}"; fail=1; }
     grep -q "gpumem_broker_capacity_bytes 67108864" <<<"$out" ||
         { echo "FAIL: metrics after the refused reload: ${out:0:300}"; fail=1; }
+    # (The query may be answered before the signal is handled: wait for the line.)
+    for _ in $(seq 200); do
+        grep -q "SIGHUP: .*run.conf.*FIFO.*the config in force stays" "$dir/broker.log" && break
+        sleep 0.1
+    done
     grep -q "SIGHUP: .*run.conf.*FIFO.*the config in force stays" "$dir/broker.log" ||
         { echo "FAIL: the log does not say why the reload was refused: $(cat "$dir/broker.log")"; fail=1; }
+    out=$(timeout 20 "$gpumem" metrics --broker "$dir/run.sock" 2>&1) ||
+        { echo "FAIL: after the refused reload the broker does not answer: ${out:0:300}"; fail=1; }
 fi
 kill -TERM $bpid 2>/dev/null
 # A writer opening the FIFO lets an old broker stuck in its open go on and stop.
