@@ -64,6 +64,7 @@ static void heap_gone(gm_pool_t *h)
 /* The broker client's reclaim, one heap (broker.h). */
 static int broker_trim_locked(gm_pool_t *h, size_t keep, size_t *released)
 {
+    gm__tcache_reclaim_large_locked(h); /* large blocks threads' caches hold */
     int rc = gm__pages_trim_locked(h, keep, released);
     gm__observe_trimmed_locked(h);
     return rc;
@@ -576,6 +577,8 @@ static void device_foreach(gm_pool_t *pool, gm__kind_each_fn fn, void *arg)
     for (size_t i = 0; i < pool->live.cap; i++) {
         if (!pool->live.keys[i]) continue;
         const gm__block_t *b = pool->live.vals[i];
+        /* Freed by the program, waiting in a thread's cache: not live. */
+        if (atomic_load_explicit(&b->tc_cached, memory_order_relaxed)) continue;
         fn(b->addr, b->requested, arg);
     }
 }
@@ -749,6 +752,7 @@ int gm_trim(gm_pool_t *pool, size_t keep, size_t *released)
         size_t got = 0;
         gm__lock(&h->lock);
         gm__tcache_flush_self_locked(h);
+        gm__tcache_reclaim_large_locked(h); /* other threads' large cached blocks */
         int r = gm__pages_trim_locked(h, keep, &got);
         if (r != GM_OK && rc == GM_OK) rc = r;
         uint64_t cached = h->st.reserved - h->st.active;

@@ -144,6 +144,7 @@ bool gm__heaps_reclaim_others(gm_pool_t *h)
     for (unsigned i = 0; (o = gm__heap_next(root, &i));) {
         if (o == h) continue;
         gm__lock(&o->lock);
+        gm__tcache_reclaim_large_locked(o);
         gm__drain_streams_locked(o);
         size_t r = 0;
         if (gm__pages_trim_locked(o, 0, &r) != GM_OK) gm__clear_error();

@@ -172,6 +172,12 @@ struct gm_pool {
                                     gm__pages_limit_allows) */
     gm__page_provider_t provider; /* where physical pages come from (provider.h) */
     uint64_t tc_next;            /* the next block generation (tcache.h) */
+    /* Large cached blocks other threads' caches still count, taken back by
+     * gm__tcache_reclaim_large_locked: the statistics subtract them until
+     * each owner notices (tcache.c). */
+    struct {
+        _Atomic uint64_t req, act, n, frees, free_bytes;
+    } tc_reclaimed;
     double slack_eff;            /* reserve slack in force (gm__pages_budget),
                                     between cfg.reserve_slack and its max */
     bool offl_dirty;             /* offloaded blocks may have pages to give back

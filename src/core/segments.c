@@ -237,6 +237,7 @@ size_t gm__pool_reclaim_locked(gm_pool_t *pool)
 {
     size_t pages = 0;
     gm__tcache_flush_self_locked(pool);
+    gm__tcache_reclaim_large_locked(pool); /* other threads' large cached blocks */
     gm__drain_streams_locked(pool);
     if (gm__pages_trim_locked(pool, 0, &pages) != GM_OK) gm__clear_error();
     /* Cached registrable segments (the root's) hold the limit too. */

@@ -2,15 +2,22 @@
 /*
  * tcache.c — the per-thread front cache of small blocks; see tcache.h.
  *
- * Blocks over GM_TC_MAX, up to GM_TC_LARGE_MAX: while one stream allocates
- * from the pool, one at a time, and only until the thread's next allocation
- * or free that takes the pool lock, which gives it back first.  Such an
- * operation would have seen the same pool had the free gone the locked way,
- * because the fast paths change nothing the pool sees; so the cache changes
- * the pool's placement only where it serves the very next allocation of the
- * size on the stream, and holds no page other threads or later sizes could
- * have used, beyond that one block while the thread runs only fast-path
- * operations.
+ * Blocks over GM_TC_MAX, of any size: while one stream allocates from the
+ * pool, one at a time, and only until the thread's next allocation or free
+ * that takes the pool lock, which gives it back first.  Such an operation
+ * would have seen the same pool had the free gone the locked way, because
+ * the fast paths change nothing the pool sees; so the cache changes the
+ * pool's placement only where it serves the very next allocation of the
+ * size on the stream (a warm pair of 1 GiB touches no page then), and holds
+ * no page other threads or later sizes could have used, beyond that one
+ * block while the thread runs only fast-path operations.  Another thread's
+ * trim or out-of-memory reclaim takes that block back (it may be large):
+ * the owner publishes the block in its cache (large_blk), the reclaim
+ * swaps it out there (under cache_mu, the pool lock held) and frees it the
+ * locked way, adding what the owner's counts still hold of it to the
+ * pool's tc_reclaimed; the owner swaps it out itself to hand it out or give
+ * it back, and when it finds it gone puts its counts right, and the pool's
+ * with them (under cache_mu, where the statistics read them).
  *
  * Locking: the fast paths touch only the calling thread's cache and one
  * atomic load of a block record's generation.  The caches of the process
@@ -91,6 +98,42 @@ static inline void count_sub(_Atomic uint64_t *c, uint64_t v)
                           memory_order_relaxed);
 }
 
+/* ---- the large block ------------------------------------------------------------- */
+
+/* The owner takes its cached large block e back, to hand out or to give to
+ * the pool: true when it is still there (unpublished now); false when
+ * another thread's reclaim took it, and then the entry is forgotten and the
+ * counts that still held it (the cache's and the pool's correction) are
+ * put right. */
+static bool large_take(gm__tcache_t *tc, gm__tc_entry_t *e)
+{
+    tc->held_large = 0;
+    tc->large_bin = 0;
+    struct gm__block *mine = e->blk;
+    if (atomic_compare_exchange_strong_explicit(&tc->large_blk, &mine, NULL, memory_order_acq_rel,
+                                                memory_order_acquire))
+        return true;
+    /* Under cache_mu, as the reclaim added it and the statistics read it:
+     * the counts move together. */
+    pthread_mutex_lock(&cache_mu);
+    gm_pool_t *pool = tc->pool;
+    count_sub(&tc->c.held_req, e->req);
+    count_sub(&tc->c.held_act, e->asize);
+    count_sub(&tc->c.held_n, 1);
+    count_sub(&tc->c.frees, 1);
+    count_sub(&tc->c.free_bytes, e->req);
+    atomic_fetch_sub_explicit(&pool->tc_reclaimed.req, e->req, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&pool->tc_reclaimed.act, e->asize, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&pool->tc_reclaimed.n, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&pool->tc_reclaimed.frees, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&pool->tc_reclaimed.free_bytes, e->req, memory_order_relaxed);
+    pthread_mutex_unlock(&cache_mu);
+    tc->held -= e->asize;
+    e->addr = 0;
+    e->cached = 0;
+    return false;
+}
+
 int gm__tcache_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr)
 {
     gm__tcache_t *tc = gm__tc_self;
@@ -99,8 +142,8 @@ int gm__tcache_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **pt
     if (bin->n == 0 || bin->req != size || bin->stream != stream) return GM_NOT_READY;
     while (bin->n) {
         gm__tc_entry_t *e = &tc->table[bin->slot[--bin->n]];
+        if (e->req > GM_TC_MAX && !large_take(tc, e)) continue; /* a reclaim took it */
         e->cached = 0;
-        if (e->req > GM_TC_MAX) tc->large_bin = 0; /* there was one */
         atomic_store_explicit(&e->blk->tc_cached, 0, memory_order_relaxed);
         tc->held -= e->asize;
         count_sub(&tc->c.held_req, e->req);
@@ -137,7 +180,9 @@ int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     unsigned k = bin_of(e->req, stream);
     gm__tc_bin_t *bin = &tc->bins[k];
     if (bin->n && (bin->req != e->req || bin->stream != stream)) return GM_NOT_READY;
-    if (bin->n == GM_TC_DEPTH || tc->held + e->asize > GM_TC_BYTES) return GM_NOT_READY;
+    if (bin->n == GM_TC_DEPTH ||
+        (e->req <= GM_TC_MAX && tc->held - tc->held_large + e->asize > GM_TC_BYTES))
+        return GM_NOT_READY;
     if (e->req > GM_TC_MAX && tc->large_bin)
         return GM_NOT_READY; /* the locked free gives that one back first */
     /* Claim the block against a free of it on another thread, which takes
@@ -152,7 +197,10 @@ int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
         e->addr = 0; /* stale (not cached: checked above) */
         return GM_NOT_READY;
     }
-    if (e->req > GM_TC_MAX) tc->large_bin = (uint8_t)(k + 1);
+    if (e->req > GM_TC_MAX) {
+        tc->large_bin = (uint8_t)(k + 1);
+        tc->held_large = e->asize;
+    }
     bin->req = e->req;
     bin->stream = stream;
     bin->slot[bin->n++] = (uint16_t)i;
@@ -164,6 +212,11 @@ int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     count_add(&tc->c.held_n, 1);
     count_add(&tc->c.frees, 1);
     count_add(&tc->c.free_bytes, e->req);
+    if (e->req > GM_TC_MAX) { /* counted: now other threads may take it back */
+        tc->large_stream = stream;
+        tc->large_fepoch = e->fepoch;
+        atomic_store_explicit(&tc->large_blk, e->blk, memory_order_release);
+    }
     return GM_OK;
 }
 
@@ -188,6 +241,7 @@ static void drain_bin_locked(gm_pool_t *pool, gm__tcache_t *tc, gm__tc_bin_t *bi
     if (bin->n && bin->req > GM_TC_MAX) tc->large_bin = 0;
     while (bin->n) {
         gm__tc_entry_t *e = &tc->table[bin->slot[--bin->n]];
+        if (e->req > GM_TC_MAX && !large_take(tc, e)) continue; /* a reclaim took it */
         atomic_store_explicit(&e->blk->tc_cached, 0, memory_order_relaxed);
         count_sub(&tc->c.held_req, e->req);
         count_sub(&tc->c.held_act, e->asize);
@@ -230,6 +284,60 @@ void gm__tcache_release_large_slow_locked(gm_pool_t *pool)
     gm__clear_error();
 }
 
+/* Take one large block another thread's cache (not this one's) holds for
+ * pool, under cache_mu: *b, its stream and forget epoch; false when none. */
+static bool reclaim_one(gm_pool_t *pool, gm__block_t **b, gm_stream_t *stream, uint32_t *fepoch)
+{
+    bool got = false;
+    pthread_mutex_lock(&cache_mu);
+    for (gm__tcache_t *tc = caches; tc && !got; tc = tc->next) {
+        if (tc == gm__tc_self || tc->pool != pool || tc->pool_gen != pool->tc_gen) continue;
+        gm__block_t *blk = atomic_load_explicit(&tc->large_blk, memory_order_acquire);
+        /* Swapped out, or the owner took it first (it hands it out). */
+        if (!blk || !atomic_compare_exchange_strong_explicit(&tc->large_blk, &blk, NULL,
+                                                             memory_order_acq_rel,
+                                                             memory_order_acquire))
+            continue;
+        *b = blk;
+        *stream = tc->large_stream;
+        *fepoch = tc->large_fepoch;
+        /* The owner's counts hold it until it looks (large_take). */
+        atomic_fetch_add_explicit(&pool->tc_reclaimed.req, (*b)->requested, memory_order_relaxed);
+        atomic_fetch_add_explicit(&pool->tc_reclaimed.act, (*b)->size, memory_order_relaxed);
+        atomic_fetch_add_explicit(&pool->tc_reclaimed.n, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&pool->tc_reclaimed.frees, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&pool->tc_reclaimed.free_bytes, (*b)->requested,
+                                  memory_order_relaxed);
+        got = true;
+    }
+    pthread_mutex_unlock(&cache_mu);
+    return got;
+}
+
+size_t gm__tcache_reclaim_large_locked(gm_pool_t *pool)
+{
+    size_t n = 0;
+    gm__block_t *b;
+    gm_stream_t handle;
+    uint32_t fepoch;
+    while (reclaim_one(pool, &b, &handle, &fepoch)) {
+        /* Its owner's table still says "cached": a free of it there is a
+         * double free, as it should be, and it never hands it out again
+         * (large_take).  The pool's own free, the stream as drain's. */
+        atomic_store_explicit(&b->tc_cached, 0, memory_order_relaxed);
+        gm__stream_t *s = forgotten_since(pool, handle, fepoch)
+                              ? gm__stream_forgotten_locked(pool, handle)
+                              : gm__stream_get_locked(pool, handle);
+        size_t freed = 0;
+        if (s && gm__free_locked(pool, (void *)b->addr, s, &freed, NULL) == GM_OK) {
+            pool->st.freed_total += freed;
+            n++;
+        }
+        gm__clear_error();
+    }
+    return n;
+}
+
 void gm__tcache_flush_self_locked(gm_pool_t *pool)
 {
     gm__tcache_t *tc = gm__tc_self;
@@ -243,6 +351,8 @@ static void forget_all(gm__tcache_t *tc)
     memset(tc->bins, 0, sizeof tc->bins);
     tc->held = 0;
     tc->large_bin = 0;
+    tc->held_large = 0;
+    atomic_store_explicit(&tc->large_blk, NULL, memory_order_relaxed);
     atomic_store_explicit(&tc->c.held_req, 0, memory_order_relaxed);
     atomic_store_explicit(&tc->c.held_act, 0, memory_order_relaxed);
     atomic_store_explicit(&tc->c.held_n, 0, memory_order_relaxed);
@@ -322,6 +432,9 @@ void gm__tcache_note_alloc_locked(gm_pool_t *pool, gm__block_t *b)
      * memory between streams (more events and remaps on the multistream
      * trace). */
     if (b->requested > GM_TC_MAX && pool->n_active > 1) return;
+    /* Nor one larger than the cached memory a free keeps (release_threshold):
+     * its free would have given pages back at once. */
+    if (b->requested > GM_TC_MAX && b->size > pool->cfg.release_threshold) return;
     gm__tcache_t *tc = gm__tc_self;
     if (!tc) {
         pthread_once(&key_once, make_key);
@@ -344,6 +457,14 @@ void gm__tcache_note_alloc_locked(gm_pool_t *pool, gm__block_t *b)
     if (tc->pool != pool || tc->pool_gen != pool->tc_gen) {
         if (tc->pool) return; /* bound elsewhere: gm__tcache_prepare unbinds it first */
         set_pool(tc, pool);
+    }
+    /* A block over GM_TC_MAX only when the locked path made one of the
+     * same size just before: a size that repeats (a loop's buffer, a
+     * layer's activations) may come back through the cache, a size seen
+     * once would only pass through it on its way to the pool. */
+    if (b->requested > GM_TC_MAX && tc->last_large != b->requested) {
+        tc->last_large = b->requested;
+        return;
     }
     gm__tc_entry_t *e = &tc->table[entry_of(b->addr, b->requested)];
     if (e->addr && e->cached) return; /* the slot holds a cached block */
@@ -371,20 +492,35 @@ bool gm__tcache_held_any_locked(gm_pool_t *pool)
 void gm__tcache_adjust_locked(gm_pool_t *pool, gm_stats_t *s)
 {
     pthread_mutex_lock(&cache_mu);
+    /* Less what reclaims took that owners have not seen yet (in their
+     * counts still). */
+    uint64_t hr = 0, ha = 0, hn = 0, fr = 0, fb = 0;
     for (gm__tcache_t *tc = caches; tc; tc = tc->next) {
         if (tc->pool != pool || tc->pool_gen != pool->tc_gen) continue;
-        uint64_t hr = atomic_load_explicit(&tc->c.held_req, memory_order_relaxed);
-        uint64_t ha = atomic_load_explicit(&tc->c.held_act, memory_order_relaxed);
-        uint64_t hn = atomic_load_explicit(&tc->c.held_n, memory_order_relaxed);
-        s->allocated -= hr < s->allocated ? hr : s->allocated;
-        s->active -= ha < s->active ? ha : s->active;
-        s->live_blocks -= hn < s->live_blocks ? hn : s->live_blocks;
+        hr += atomic_load_explicit(&tc->c.held_req, memory_order_relaxed);
+        ha += atomic_load_explicit(&tc->c.held_act, memory_order_relaxed);
+        hn += atomic_load_explicit(&tc->c.held_n, memory_order_relaxed);
         s->alloc_count += atomic_load_explicit(&tc->c.hits, memory_order_relaxed);
-        s->free_count += atomic_load_explicit(&tc->c.frees, memory_order_relaxed);
+        fr += atomic_load_explicit(&tc->c.frees, memory_order_relaxed);
         s->allocated_total += atomic_load_explicit(&tc->c.hit_bytes, memory_order_relaxed);
-        s->freed_total += atomic_load_explicit(&tc->c.free_bytes, memory_order_relaxed);
+        fb += atomic_load_explicit(&tc->c.free_bytes, memory_order_relaxed);
     }
+    uint64_t rr = atomic_load_explicit(&pool->tc_reclaimed.req, memory_order_relaxed);
+    uint64_t ra = atomic_load_explicit(&pool->tc_reclaimed.act, memory_order_relaxed);
+    uint64_t rn = atomic_load_explicit(&pool->tc_reclaimed.n, memory_order_relaxed);
+    uint64_t rf = atomic_load_explicit(&pool->tc_reclaimed.frees, memory_order_relaxed);
+    uint64_t rb = atomic_load_explicit(&pool->tc_reclaimed.free_bytes, memory_order_relaxed);
     pthread_mutex_unlock(&cache_mu);
+    hr -= rr < hr ? rr : hr;
+    ha -= ra < ha ? ra : ha;
+    hn -= rn < hn ? rn : hn;
+    fr -= rf < fr ? rf : fr;
+    fb -= rb < fb ? rb : fb;
+    s->allocated -= hr < s->allocated ? hr : s->allocated;
+    s->active -= ha < s->active ? ha : s->active;
+    s->live_blocks -= hn < s->live_blocks ? hn : s->live_blocks;
+    s->free_count += fr;
+    s->freed_total += fb;
 }
 
 void gm__tcache_pool_fini_locked(gm_pool_t *pool)

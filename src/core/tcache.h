@@ -24,7 +24,7 @@
  * wins and the other reports GM_DOUBLE_FREE.
  *
  * Bounded: blocks of at most GM_TC_MAX bytes, GM_TC_DEPTH per bin, at most
- * GM_TC_BYTES held per thread.  The statistics subtract what the caches hold
+ * GM_TC_BYTES of them held per thread; and one larger block.  The statistics subtract what the caches hold
  * and add what they served (gm__tcache_adjust_locked), so gm_pool_stats reads
  * as if every operation had gone through the lock; peaks may overstate by at
  * most what the caches hold.  Off while leak checking or tracing is on.
@@ -40,14 +40,15 @@
 #include "gpumem.h"
 
 #define GM_TC_MAX ((size_t)64 << 10) /* largest request cached in the bins */
-/* Larger requests, up to this, are cached one at a time and only until the
- * thread's next operation that takes the pool lock (see tcache.c). */
-#define GM_TC_LARGE_MAX ((size_t)2 << 20)
+/* Larger requests, of any size up to this, are cached one at a time and
+ * only until the thread's next operation that takes the pool lock, or until
+ * another thread's trim or out-of-memory reclaim takes it (see tcache.c). */
+#define GM_TC_LARGE_MAX ((size_t)1 << 46)
 #define GM_TC_BINS 32 /* < 255: gm__tcache_t.large_bin holds 1 + an index */
 #define GM_TC_DEPTH 4
 #define GM_TC_SLOTS 256               /* table entries (direct-mapped by address) */
 #define GM_TC_LARGE_SLOT GM_TC_SLOTS  /* one more: the entry of blocks over GM_TC_MAX */
-#define GM_TC_BYTES ((size_t)4 << 20) /* held per thread at most */
+#define GM_TC_BYTES ((size_t)4 << 20) /* held per thread in blocks up to GM_TC_MAX */
 
 struct gm__block;
 struct gm__stream;
@@ -81,6 +82,16 @@ typedef struct gm__tcache {
     size_t held;                 /* bytes (aligned) in bins */
     uint8_t large_bin;           /* 1 + the bin holding the one cached block over
                                     GM_TC_MAX; 0: none */
+    size_t held_large;           /* its bytes (aligned), in held too */
+    size_t last_large;           /* the size of the last block over GM_TC_MAX
+                                    the locked path made for this thread */
+    /* That block, published for other threads' reclaim (tcache.c): stored
+     * by the owner once cached (release), swapped to NULL by whoever takes
+     * it: the owner when it hands it out or gives it back, or a reclaim.
+     * Stream and epoch are written by the owner before it publishes. */
+    _Atomic(struct gm__block *) large_blk;
+    gm_stream_t large_stream;    /* freed on */
+    uint32_t large_fepoch;       /* the pool's forget_epoch at the free */
     gm__tc_entry_t table[GM_TC_SLOTS + 1];
     gm__tc_bin_t bins[GM_TC_BINS];
     gm__tc_counts_t c;
@@ -113,6 +124,10 @@ static inline void gm__tcache_release_large_locked(gm_pool_t *pool)
 /* Pool lock held: give this thread's cached blocks back (before an OOM
  * retry, a trim, or when tracing started). */
 void gm__tcache_flush_self_locked(gm_pool_t *pool);
+/* Pool lock held: take back the large block every other thread's cache
+ * holds for this pool (a trim, an allocation about to fail), as if freed
+ * by the locked path.  Returns how many. */
+size_t gm__tcache_reclaim_large_locked(gm_pool_t *pool);
 /* Does any thread's cache hold blocks of pool (pool lock held)? */
 bool gm__tcache_held_any_locked(gm_pool_t *pool);
 /* Pool lock held: subtract from *s what every cache of the pool holds and

@@ -1092,6 +1092,8 @@ static int restore_map(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, gm_stream_t 
     blist_t bl = {0};
     int rc = GM_OK;
     gm__lock(&h->lock);
+    gm__tcache_release_large_locked(h); /* a locked operation of this thread: its large
+                                         * cached block goes back first (tcache.h) */
     GM_CHECK_GOTO(collect_locked(h, tag, true, &bl), rc, out);
     if (bl.n == 0) goto out;
     gm__stream_t *s = gm__stream_get_locked(h, stream);

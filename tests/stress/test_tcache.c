@@ -7,8 +7,9 @@
  * one stream never serves another, a freed block is no longer a block
  * (gm_block_size), a thread's exit gives its cache back, and a pool
  * destroyed while another thread caches its blocks reports no live
- * allocation for them.  Blocks over 64 KiB, up to 2 MiB: one at a time,
- * held only until the thread's next locked allocation or free.  A stress
+ * allocation for them.  Blocks over 64 KiB, of any size: one at a time,
+ * held only until the thread's next locked allocation or free, or until
+ * another thread's allocation that would fail without it takes it back.  A stress
  * test so that the TSan phase runs it.
  *
  * usage: test_tcache [threads] [scale] [iterations] [seed]
@@ -18,6 +19,7 @@
  */
 // ctest-args: 4 1 1000 1
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -99,13 +101,25 @@ static int large_blocks(void)
         REQUIRE(keep[2] != NULL);
         CHECK_OK(gm_alloc(pool, page, NULL, &a));
         CHECK_OK(gm_free(pool, a, NULL));
-        /* Cached, the block keeps its page from other threads ... */
+        /* Cached, the block is taken back by another thread whose
+         * allocation would fail without its page (that allocation's
+         * reclaim) ... */
         void *big[3] = {pool, (void *)(uintptr_t)page, NULL};
         REQUIRE(pthread_create(&t, NULL, other_alloc, big) == 0);
         pthread_join(t, NULL);
-        CHECK((int)(intptr_t)big[2] == GM_LIMIT || (int)(intptr_t)big[2] == GM_OUT_OF_MEMORY);
-        /* ... until this thread's next locked operation (the free of a block
-         * it has no entry for) gives it back first: two pages fit again. */
+        CHECK((int)(intptr_t)big[2] == GM_OK);
+        st = stats(pool);
+        CHECK(st.allocated == 4096 && st.live_blocks == 1 && st.alloc_count == st.free_count + 1);
+        /* ... and this thread finds it gone: freeing it again is a double
+         * free, and its next allocation of the size is served. */
+        CHECK_RC(gm_free(pool, a, NULL), GM_DOUBLE_FREE);
+        CHECK_OK(gm_alloc(pool, page, NULL, &a));
+        CHECK_OK(gm_free(pool, a, NULL));
+        CHECK_OK(gm_pool_check(pool));
+        st = stats(pool);
+        CHECK(st.allocated == 4096 && st.live_blocks == 1 && st.alloc_count == st.free_count + 1);
+        /* Cached again: this thread's next locked operation (the free of a
+         * block it has no entry for) gives it back first: two pages fit. */
         CHECK_OK(gm_free(pool, keep[2], NULL));
         big[1] = (void *)(uintptr_t)(2 * page);
         big[2] = NULL;
@@ -125,7 +139,149 @@ static int large_blocks(void)
     return 0;
 }
 
+static void *other_trim(void *arg)
+{
+    size_t released = 0;
+    if (gm_trim(arg, 0, &released) != GM_OK) released = 0;
+    return (void *)(uintptr_t)released;
+}
+
+static uint64_t calls_of(gm_pool_t *pool)
+{
+    gm_stats_t st = stats(pool);
+    uint64_t n = 0;
+    for (int k = 0; k < GM_CALL_COUNT; k++) n += st.backend_calls[k];
+    return n;
+}
+
+/* Blocks of any size over GM_TC_MAX (here 64 MiB and 1 GiB): a warm pair
+ * is served by the cache (no backend call, the same block), and the block
+ * never costs memory anyone else needs: another thread's trim gives its
+ * pages back, another thread's allocation that needs them takes it, a leak
+ * report does not list it, and its owner then finds it gone. */
+static int large_any_size(void)
+{
+    const size_t GiB = (size_t)1 << 30, big = GiB, mid = (size_t)64 << 20;
+    gm_pool_t *pool = test_pool(4 * GiB, GiB + mid);
+    REQUIRE(pool != NULL);
+    void *a = NULL, *b = NULL;
+    CHECK_OK(gm_alloc(pool, big, NULL, &a));
+    CHECK_OK(gm_free(pool, a, NULL));
+    uint64_t c0 = calls_of(pool);
+    for (int i = 0; i < 10; i++) {
+        CHECK_OK(gm_alloc(pool, big, NULL, &b));
+        CHECK(b == a);
+        CHECK_OK(gm_free(pool, b, NULL));
+    }
+    CHECK(calls_of(pool) == c0);
+    gm_stats_t st = stats(pool);
+    CHECK(st.allocated == 0 && st.live_blocks == 0 && st.alloc_count == st.free_count);
+    CHECK(st.reserved >= big && st.reserved - st.active >= big); /* cached memory */
+    char buf[4096];
+    CHECK_OK(gm_leak_report(pool, buf, sizeof buf, NULL));
+    CHECK(strstr(buf, "Leaked") == NULL);
+
+    /* Another thread's trim takes it back and gives its pages back. */
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, other_trim, pool) == 0);
+    void *released = NULL;
+    pthread_join(t, &released);
+    CHECK((size_t)(uintptr_t)released >= big);
+    st = stats(pool);
+    CHECK(st.reserved < big && st.allocated == 0 && st.live_blocks == 0);
+    CHECK(st.alloc_count == st.free_count);
+    CHECK_RC(gm_free(pool, a, NULL), GM_DOUBLE_FREE); /* the owner finds it gone */
+    CHECK_OK(gm_pool_check(pool));
+
+    /* Another thread's allocation that needs its pages takes it. */
+    CHECK_OK(gm_alloc(pool, big, NULL, &a));
+    CHECK_OK(gm_free(pool, a, NULL));
+    void *other[3] = {pool, (void *)(uintptr_t)big, NULL};
+    REQUIRE(pthread_create(&t, NULL, other_alloc, other) == 0);
+    pthread_join(t, NULL);
+    CHECK((int)(intptr_t)other[2] == GM_OK);
+    CHECK_OK(gm_alloc(pool, mid, NULL, &b)); /* the owner: served, its entry put right */
+    st = stats(pool);
+    CHECK(st.allocated == mid && st.live_blocks == 1 && st.alloc_count == st.free_count + 1);
+    CHECK_OK(gm_free(pool, b, NULL));
+    CHECK_OK(gm_pool_check(pool));
+    gm_pool_destroy(pool);
+
+    /* A pool that gives memory back on free caches none larger than that. */
+    gm_pool_config_t cfg = GM_POOL_CONFIG_INIT;
+    cfg.backend = test_backend();
+    cfg.sim_capacity = 4 * GiB;
+    cfg.limit = cfg.backend == GM_BACKEND_SIM ? 0 : 2 * GiB;
+    cfg.release_threshold = 8 << 20;
+    REQUIRE(gm_pool_create(&cfg, &pool) == GM_OK);
+    CHECK_OK(gm_alloc(pool, mid, NULL, &a));
+    CHECK_OK(gm_free(pool, a, NULL));
+    st = stats(pool);
+    CHECK(st.reserved - st.active <= (8 << 20));
+    gm_pool_destroy(pool);
+    return 0;
+}
+
 static int n_threads = 4, scale = 1, iterations = 1000;
+
+/* Threads repeating large pairs while another trims all the time: each
+ * pair's free caches the block, each trim may take it from under its
+ * owner, whose next allocation must still be served and whose counts must
+ * come out right. */
+static _Atomic int race_stop;
+
+static _Atomic long race_trims, race_released;
+
+static void *trimmer(void *arg)
+{
+    while (!atomic_load(&race_stop)) {
+        size_t r = 0;
+        if (gm_trim(arg, 0, &r) != GM_OK) return (void *)1;
+        atomic_fetch_add(&race_trims, 1);
+        if (r) atomic_fetch_add(&race_released, 1);
+    }
+    return NULL;
+}
+
+static void *large_pairs(void *arg)
+{
+    gm_pool_t *pool = arg;
+    for (int i = 0; i < iterations; i++) {
+        void *p = NULL;
+        size_t n = ((size_t)(i % 3) + 1) << 24; /* 16, 32, 48 MiB */
+        if (gm_alloc(pool, n, NULL, &p) != GM_OK || gm_free(pool, p, NULL) != GM_OK) {
+            fprintf(stderr, "large pair %d: %s\n", i, gm_last_error());
+            return (void *)1;
+        }
+    }
+    return NULL;
+}
+
+static int large_race(void)
+{
+    gm_pool_t *pool = test_pool((size_t)1 << 30, 0);
+    REQUIRE(pool != NULL);
+    pthread_t tr, w[2];
+    atomic_store(&race_stop, 0);
+    REQUIRE(pthread_create(&tr, NULL, trimmer, pool) == 0);
+    for (int i = 0; i < 2; i++) REQUIRE(pthread_create(&w[i], NULL, large_pairs, pool) == 0);
+    void *bad = NULL;
+    for (int i = 0; i < 2; i++) {
+        pthread_join(w[i], &bad);
+        CHECK(bad == NULL);
+    }
+    atomic_store(&race_stop, 1);
+    pthread_join(tr, &bad);
+    CHECK(bad == NULL);
+    printf("large pairs against trims: %d pairs on 2 threads, %ld trims, %ld gave memory back\n",
+           iterations, atomic_load(&race_trims), atomic_load(&race_released));
+    gm_stats_t st = stats(pool);
+    CHECK(st.allocated == 0 && st.live_blocks == 0 && st.alloc_count == st.free_count);
+    CHECK(st.alloc_count == 2 * (uint64_t)iterations);
+    CHECK_OK(gm_pool_check(pool));
+    gm_pool_destroy(pool);
+    return 0;
+}
 static unsigned long seed = 1;
 
 static void *churn(void *arg)
@@ -280,6 +436,8 @@ int main(int argc, char **argv)
     gm_pool_destroy(pool);
 
     if (large_blocks() != 0) return test_summary();
+    if (large_any_size() != 0) return test_summary();
+    if (large_race() != 0) return test_summary();
 
     /* A pool destroyed while a cache holds its blocks: none reported live. */
     pool = test_pool((size_t)1 << 30, 0);
