@@ -420,7 +420,7 @@ static inline __attribute__((always_inline)) int alloc_impl(gm_pool_t *pool, siz
                                                             gm_tag_t tag, void **ptr)
 {
     pool = gm__heap_self(pool);
-    if (align == GM_ALIGNMENT && size <= GM_TC_LARGE_MAX && tag == GM_TAG_NONE) {
+    if (align == GM_ALIGNMENT && tag == GM_TAG_NONE && gm__tcache_may_serve(size)) {
         if (gm__tcache_alloc(pool, size, stream, ptr) == GM_OK) return GM_OK;
         gm__tcache_prepare(pool);
     }

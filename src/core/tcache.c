@@ -109,6 +109,7 @@ static bool large_take(gm__tcache_t *tc, gm__tc_entry_t *e)
 {
     tc->held_large = 0;
     tc->large_bin = 0;
+    if (e->req <= GM_TC_RECLAIM_MIN) return true; /* never published */
     struct gm__block *mine = e->blk;
     if (atomic_compare_exchange_strong_explicit(&tc->large_blk, &mine, NULL, memory_order_acq_rel,
                                                 memory_order_acquire))
@@ -212,7 +213,7 @@ int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream)
     count_add(&tc->c.held_n, 1);
     count_add(&tc->c.frees, 1);
     count_add(&tc->c.free_bytes, e->req);
-    if (e->req > GM_TC_MAX) { /* counted: now other threads may take it back */
+    if (e->req > GM_TC_RECLAIM_MIN) { /* counted: now other threads may take it back */
         tc->large_stream = stream;
         tc->large_fepoch = e->fepoch;
         atomic_store_explicit(&tc->large_blk, e->blk, memory_order_release);
@@ -458,11 +459,11 @@ void gm__tcache_note_alloc_locked(gm_pool_t *pool, gm__block_t *b)
         if (tc->pool) return; /* bound elsewhere: gm__tcache_prepare unbinds it first */
         set_pool(tc, pool);
     }
-    /* A block over GM_TC_MAX only when the locked path made one of the
-     * same size just before: a size that repeats (a loop's buffer, a
+    /* A block over GM_TC_RECLAIM_MIN only when the locked path made one of
+     * the same size just before: a size that repeats (a loop's buffer, a
      * layer's activations) may come back through the cache, a size seen
      * once would only pass through it on its way to the pool. */
-    if (b->requested > GM_TC_MAX && tc->last_large != b->requested) {
+    if (b->requested > GM_TC_RECLAIM_MIN && tc->last_large != b->requested) {
         tc->last_large = b->requested;
         return;
     }

@@ -44,6 +44,10 @@
  * only until the thread's next operation that takes the pool lock, or until
  * another thread's trim or out-of-memory reclaim takes it (see tcache.c). */
 #define GM_TC_LARGE_MAX ((size_t)1 << 46)
+/* Such a block over this is published for other threads' reclaim, and
+ * cached only when the locked path made one of its size just before; up to
+ * it, it stays its thread's (at most this much held that way). */
+#define GM_TC_RECLAIM_MIN ((size_t)2 << 20)
 #define GM_TC_BINS 32 /* < 255: gm__tcache_t.large_bin holds 1 + an index */
 #define GM_TC_DEPTH 4
 #define GM_TC_SLOTS 256               /* table entries (direct-mapped by address) */
@@ -83,8 +87,9 @@ typedef struct gm__tcache {
     uint8_t large_bin;           /* 1 + the bin holding the one cached block over
                                     GM_TC_MAX; 0: none */
     size_t held_large;           /* its bytes (aligned), in held too */
-    size_t last_large;           /* the size of the last block over GM_TC_MAX
-                                    the locked path made for this thread */
+    size_t last_large;           /* the size of the last block over
+                                    GM_TC_RECLAIM_MIN the locked path made
+                                    for this thread */
     /* That block, published for other threads' reclaim (tcache.c): stored
      * by the owner once cached (release), swapped to NULL by whoever takes
      * it: the owner when it hands it out or gives it back, or a reclaim.
@@ -105,6 +110,13 @@ extern _Thread_local gm__tcache_t *gm__tc_self;
  * path (nothing changed). */
 int gm__tcache_alloc(gm_pool_t *pool, size_t size, gm_stream_t stream, void **ptr);
 int gm__tcache_free(gm_pool_t *pool, void *ptr, gm_stream_t stream);
+/* May the fast path serve an allocation of size?  Over GM_TC_RECLAIM_MIN
+ * only while this thread's cache holds its one large block (a miss costs
+ * the locked path of a large allocation nothing then). */
+static inline bool gm__tcache_may_serve(size_t size)
+{
+    return size <= GM_TC_RECLAIM_MIN || (gm__tc_self != NULL && gm__tc_self->large_bin);
+}
 /* Before the locked path of an allocation (no lock held): a cache bound to
  * another pool is emptied into it and unbound. */
 void gm__tcache_prepare(gm_pool_t *pool);
