@@ -95,6 +95,7 @@ for phase in "$@"; do
     for f in tests/offload/*.c; do [[ -e $f ]] && stress+=("offload_$(basename "$f" .c)"); done
     for f in tests/multigpu/*.c; do [[ -e $f ]] && stress+=("multigpu_$(basename "$f" .c)"); done
     if [[ ${#stress[@]} -eq 0 ]]; then say "tsan: skipped (no tests/stress/*.c yet)"; continue; fi
+    stress+=(gpumem_cli) # the broker tests run `gpumem broker` (GM_TEST_CLI)
     if build_phase tsan "$B-tsan" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS=-O1 -DGM_DEBUG_LEVEL=1 \
         -DGM_SANITIZE=thread -DGM_VALGRIND=OFF -DGM_FUZZ=OFF -- "${stress[@]}"; then
       say "tsan: stress tests in $B-tsan"

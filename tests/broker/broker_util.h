@@ -66,14 +66,15 @@ static inline void tb_config(test_broker_t *b, const char *capacity, const char 
  * returning.  The program itself where the build names it (GM_TEST_CLI): a
  * fork of a process that has already used CUDA cannot use CUDA, and under
  * TSan a fork of a threaded process was seen to miss its signals.  Run by
- * hand without GM_TEST_CLI, the same code runs in this fork. */
+ * hand without GM_TEST_CLI (or in a build that did not make the program),
+ * the same code runs in this fork. */
 static inline void tb_broker_exec(char **argv) __attribute__((noreturn));
 static inline void tb_broker_exec(char **argv)
 {
     const char *cli = getenv("GM_TEST_CLI");
     int argc = 0;
     while (argv[argc]) argc++;
-    if (cli && *cli) {
+    if (cli && *cli && access(cli, X_OK) == 0) {
         char *xargv[16] = {"gpumem"};
         for (int i = 0; i < argc && i < 14; i++) xargv[i + 1] = argv[i];
         execv(cli, xargv);
