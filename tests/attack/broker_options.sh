@@ -105,6 +105,9 @@ case $out in *"backend sim, device 0, capacity 1.00 GiB, default_quota no limit"
 printf 'socket = %s\nbackend = sim\ncapacity = 64MiB\n' "$dir/run.sock" >"$dir/run.conf"
 timeout 120 "$gpumem" broker --config "$dir/run.conf" 2>"$dir/broker.log" &
 bpid=$!
+# Once the socket file is there the broker answers (it listens under another
+# name and renames the socket into place: before, a query right after the
+# file appeared was sometimes refused, "Connection refused").
 for _ in $(seq 600); do [ -S "$dir/run.sock" ] && break; sleep 0.1; done
 if ! timeout 20 "$gpumem" metrics --broker "$dir/run.sock" >/dev/null 2>"$dir/q.err"; then
     echo "FAIL: the broker did not answer at start: $(cat "$dir/q.err" "$dir/broker.log")"; fail=1

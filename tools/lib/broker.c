@@ -2594,14 +2594,35 @@ static int setup(broker_t *b)
     GM_CHECK(gm__wire_claim_path("gpumem broker", b->cfg.socket));
     b->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (b->lfd < 0) return gm__set_error(GM_IO, "socket: %s", strerror(errno));
+    /* Bound and listening under a name of its own first, then renamed into
+     * place: a client that sees the socket file can connect at once (a
+     * file bound but not yet listening refuses connections).  Where that
+     * name would not fit, or is taken, the socket's own path as before. */
     struct sockaddr_un a = {.sun_family = AF_UNIX};
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", b->cfg.socket);
+    char tmp[sizeof a.sun_path];
+    int n = snprintf(tmp, sizeof tmp, "%s.%d.new", b->cfg.socket, (int)getpid());
+    bool via_tmp = n > 0 && (size_t)n < sizeof tmp;
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", via_tmp ? tmp : b->cfg.socket);
     mode_t old = umask(0777 & ~b->cfg.socket_mode);
     int r = bind(b->lfd, (struct sockaddr *)&a, sizeof a);
+    if (r != 0 && via_tmp) {
+        via_tmp = false;
+        snprintf(a.sun_path, sizeof a.sun_path, "%s", b->cfg.socket);
+        r = bind(b->lfd, (struct sockaddr *)&a, sizeof a);
+    }
     umask(old);
     if (r != 0) return gm__set_error(GM_IO, "bind %s: %s", b->cfg.socket, strerror(errno));
-    chmod(b->cfg.socket, b->cfg.socket_mode);
-    if (listen(b->lfd, 128) != 0) return gm__set_error(GM_IO, "listen: %s", strerror(errno));
+    chmod(a.sun_path, b->cfg.socket_mode);
+    if (listen(b->lfd, 128) != 0) {
+        int e = errno;
+        if (via_tmp) unlink(tmp);
+        return gm__set_error(GM_IO, "listen: %s", strerror(e));
+    }
+    if (via_tmp && rename(tmp, b->cfg.socket) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return gm__set_error(GM_IO, "rename %s to %s: %s", tmp, b->cfg.socket, strerror(e));
+    }
     if (getentropy(&b->generation, sizeof b->generation) != 0) b->generation = gm__now_ns();
     return GM_OK;
 }
