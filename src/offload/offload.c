@@ -704,6 +704,16 @@ static int plan_windows(ocopy_t *c)
     return GM_OK;
 }
 
+/* What plan_windows (and the copies) allocated for c. */
+static void plan_free(ocopy_t *c)
+{
+    free(c->copies);
+    free(c->segs);
+    free(c->win_end);
+    free(c->win_bytes);
+    free(c->wseg);
+}
+
 /* Copy the blocks of c->bl to host memory and give their pages back (h's
  * lock held).  The copies go in order on one copy stream (one stream
  * reaches the copy engine's line rate), in pieces of c->piece bytes with an
@@ -817,11 +827,7 @@ static int offload_heap(gm_pool_t *root, gm_pool_t *h, gm_tag_t tag, bool discar
                       "still on the device, nothing lost", msg, c.fin, bl.n, tag_names[tag]);
     }
     segmaker_end(&c);
-    free(c.copies);
-    free(c.segs);
-    free(c.win_end);
-    free(c.win_bytes);
-    free(c.wseg);
+    plan_free(&c);
     /* Pages shared by neighbouring blocks of the tag, and those left by an
      * earlier call. */
     {
@@ -963,11 +969,7 @@ static int prepare_sizes(gm_pool_t *root, gm_tag_t tag, size_t **out, size_t *n_
             }
         }
         gm__unlock(&h->lock);
-        free(c.copies);
-        free(c.segs);
-        free(c.win_end);
-        free(c.win_bytes);
-        free(c.wseg);
+        plan_free(&c);
         free(bl.b);
     }
     if (rc != GM_OK) {

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "../test.h" /* rng_next */
+#include "../lib/procs.h"
 
 static inline double now_ms(void)
 {
@@ -37,30 +38,15 @@ static inline void sleep_ms(long ms) { sleep_us(ms * 1000); }
         while (!(cond) && now_ms() - w0_ < (ms)) sleep_us(1000);               \
     } while (0)
 
-/* Open descriptors of this process (the directory's own one not counted);
- * on cuda its sockets only: the driver opens descriptors of its own when it
- * likes (a leak of the sharing code's pages shows on the sim, where a page
- * is a descriptor). */
+/* Open descriptors of this process; on cuda its sockets only: the driver
+ * opens descriptors of its own when it likes (a leak of the sharing code's
+ * pages shows on the sim, where a page is a descriptor). */
 static inline int fd_count(void)
 {
     const char *be = getenv("GPUMEM_BACKEND");
-    int sockets_only = be && !strcmp(be, "cuda");
-    DIR *d = opendir("/proc/self/fd");
-    if (!d) return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        if (sockets_only) {
-            char link[300], target[64];
-            snprintf(link, sizeof link, "/proc/self/fd/%.255s", e->d_name);
-            ssize_t len = readlink(link, target, sizeof target - 1);
-            if (len < 7 || memcmp(target, "socket:", 7) != 0) continue;
-        }
-        n++;
-    }
-    closedir(d);
-    return sockets_only ? n : n - 1;
+    if (be && !strcmp(be, "cuda")) return tp_fd_count_to(getpid(), "socket:");
+    int n = tp_fd_count(getpid());
+    return n < 0 ? n : n - 1; /* the listing's own descriptor */
 }
 
 #ifdef GPUMEM_H

@@ -1645,7 +1645,7 @@ static int door_open(broker_t *b, tenant_t *t, char *why, size_t cap)
     if (!what && !mine && (lchown(path, t->job_uid, t->job_gid) != 0 ||
                            lchown(dir, t->job_uid, t->job_gid) != 0))
         what = "chown", err = errno;
-    if (!what && chmod(dir, 0700) != 0) what = "chmod", err = errno;
+    if (!what && fchmodat(AT_FDCWD, dir, 0700, AT_SYMLINK_NOFOLLOW) != 0) what = "chmod", err = errno;
     if (!what && listen(fd, 128) != 0) what = "listen", err = errno;
     if (what) {
         close(fd);
@@ -2612,7 +2612,9 @@ static int setup(broker_t *b)
     }
     umask(old);
     if (r != 0) return gm__set_error(GM_IO, "bind %s: %s", b->cfg.socket, strerror(errno));
-    chmod(a.sun_path, b->cfg.socket_mode);
+    /* Never through a link put where the socket was just bound (a root
+     * broker would change the link's target). */
+    fchmodat(AT_FDCWD, a.sun_path, b->cfg.socket_mode, AT_SYMLINK_NOFOLLOW);
     if (listen(b->lfd, 128) != 0) {
         int e = errno;
         if (via_tmp) unlink(tmp);
